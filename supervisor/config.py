@@ -1,0 +1,238 @@
+"""The TOML config: schema, loading and validation.
+
+Parsing is stdlib `tomllib`; the schema is msgspec Structs that reject unknown keys. Every
+error is reported as `key.path: what is wrong`, so that `corral config check`, startup and
+(later) reload all say the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from supervisor.templates import BUILTIN_CHAT_TEMPLATES
+
+Pooling = Literal["mean", "cls", "last", "rank", "none"]
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Upper bound on a request body; OpenAI payloads with long chats stay far below it.
+    max_body_bytes: int = 16 * 1024 * 1024
+
+
+class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    idle_timeout: float = 600.0  # seconds; 0 = never unload
+    start_timeout: float = 120.0  # seconds from spawn to Ready
+    stop_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+
+
+class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    path: str
+    aliases: list[str] = []
+    slots: int = 4
+    n_ctx: int = 4096  # KV cells shared by all slots
+    n_batch: int = 512  # most tokens in one decode step; prompts are prefilled in chunks of it
+    threads: int | None = None  # None: all cores
+    n_gpu_layers: int = 0
+    chat_template: str | None = None  # built-in name ("gemma") or a Jinja file
+    embeddings: bool = False
+    pooling: Pooling | None = None  # embeddings only; None: the model's own, else mean
+    idle_timeout: float | None = None  # overrides [supervisor] idle_timeout
+    # Weight repacking (llama-server's --repack). Off by default: on AMX CPUs a repacked
+    # model segfaults on the first multi-token decode (ggml-org/llama.cpp#20824).
+    repack: bool = False
+    # Keep the full KV history of sliding-window layers so prefix reuse stays exact.
+    swa_full: bool = True
+
+
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    server: ServerConfig = ServerConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    models: dict[str, ModelConfig] = {}
+
+
+class ConfigError(Exception):
+    """One or more problems in a config file, each as `key.path: message`."""
+
+    def __init__(self, problems: list[str], source: str = "") -> None:
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the supervisor runs it: config with paths resolved and defaults applied."""
+
+    name: str
+    path: Path
+    aliases: tuple[str, ...]
+    slots: int
+    n_ctx: int
+    n_batch: int
+    threads: int | None
+    n_gpu_layers: int
+    chat_template: str | None  # built-in name, or absolute path of a Jinja file
+    embeddings: bool
+    pooling: str | None
+    idle_timeout: float
+    repack: bool
+    swa_full: bool
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig
+    supervisor: SupervisorConfig
+    models: dict[str, ModelSpec]
+    source: Path | None = None
+
+    def resolve(self, name: str) -> ModelSpec | None:
+        """The model a request's `model` field names, by name or alias."""
+        spec = self.models.get(name)
+        if spec is not None:
+            return spec
+        for spec in self.models.values():
+            if name in spec.aliases:
+                return spec
+        return None
+
+
+_MSGSPEC_PATH = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
+
+
+def _format_msgspec_error(exc: msgspec.ValidationError) -> str:
+    """Turn "Expected `int`, got `str` - at `$.models.a.n_ctx`" into "models.a.n_ctx: ..."."""
+    m = _MSGSPEC_PATH.match(str(exc))
+    assert m is not None  # the pattern matches any string
+    msg, raw_path = m.group("msg"), m.group("path") or ""
+    # `$.models.a.n_ctx` -> `models.a.n_ctx`; `$.models["a b"]` keeps its quotes.
+    path = raw_path.lstrip(".").replace("[", ".[")
+    if u := _UNKNOWN.match(msg):
+        path = f"{path}.{u.group('key')}" if path else u.group("key")
+        return f"{path}: unknown key"
+    if e := _EXPECTED.match(msg):
+        msg = f"expected {e.group('want')}, got {e.group('got')}"
+    elif msg.startswith("Object missing required field"):
+        field = msg.split("`")[1]
+        path = f"{path}.{field}" if path else field
+        msg = "required key is missing"
+    return f"{path or '(top level)'}: {msg[0].lower() + msg[1:] if msg else msg}"
+
+
+def parse(text: str, base_dir: Path, source: str = "") -> Config:
+    """Parse and validate config text. Raises ConfigError naming every problem found."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"(syntax): {exc}"], source) from exc
+    try:
+        file = msgspec.convert(raw, ConfigFile)
+    except msgspec.ValidationError as exc:
+        raise ConfigError([_format_msgspec_error(exc)], source) from exc
+    problems = list(_check(file, base_dir))
+    if problems:
+        raise ConfigError(problems, source)
+    default_idle = file.supervisor.idle_timeout
+    models = {
+        name: ModelSpec(
+            name=name,
+            path=_resolve(m.path, base_dir),
+            aliases=tuple(m.aliases),
+            slots=m.slots,
+            n_ctx=m.n_ctx,
+            n_batch=m.n_batch,
+            threads=m.threads,
+            n_gpu_layers=m.n_gpu_layers,
+            chat_template=_template(m.chat_template, base_dir),
+            embeddings=m.embeddings,
+            pooling=m.pooling,
+            idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
+            repack=m.repack,
+            swa_full=m.swa_full,
+        )
+        for name, m in file.models.items()
+    }
+    return Config(file.server, file.supervisor, models)
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file; model paths are relative to its folder."""
+    p = Path(path).resolve()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"(file): cannot read: {exc.strerror}"], str(path)) from exc
+    cfg = parse(text, p.parent, str(path))
+    return Config(cfg.server, cfg.supervisor, cfg.models, p)
+
+
+def _resolve(path: str, base_dir: Path) -> Path:
+    return (base_dir / os.path.expanduser(path)).resolve()
+
+
+def _template(value: str | None, base_dir: Path) -> str | None:
+    if value is None or value in BUILTIN_CHAT_TEMPLATES:
+        return value
+    return str(_resolve(value, base_dir))
+
+
+def _check(file: ConfigFile, base_dir: Path):  # type: ignore[no-untyped-def]
+    """Semantic checks msgspec's types cannot express. Yields `key.path: message`."""
+    srv, sup = file.server, file.supervisor
+    if not 0 <= srv.port <= 65535:
+        yield f"server.port: must be 0..65535, got {srv.port}"
+    if srv.max_body_bytes < 1024:
+        yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
+    for key in ("idle_timeout", "start_timeout", "stop_grace"):
+        if getattr(sup, key) < 0:
+            yield f"supervisor.{key}: must be >= 0"
+    if not file.models:
+        yield "models: at least one [models.NAME] table is required"
+    seen: dict[str, str] = {name: f"models.{name}" for name in file.models}
+    for name, m in file.models.items():
+        at = f"models.{name}"
+        if not name.strip():
+            yield f"{at}: model name must not be empty"
+        p = _resolve(m.path, base_dir)
+        if not p.is_file():
+            yield f"{at}.path: no such file: {p}"
+        if not 1 <= m.slots <= 256:
+            yield f"{at}.slots: must be 1..256, got {m.slots}"
+        if m.n_ctx < 16:
+            yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
+        if not 1 <= m.n_batch:
+            yield f"{at}.n_batch: must be at least 1, got {m.n_batch}"
+        if m.threads is not None and not 1 <= m.threads <= 1024:
+            yield f"{at}.threads: must be 1..1024, got {m.threads}"
+        if m.n_gpu_layers < -1:
+            yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
+        if m.idle_timeout is not None and m.idle_timeout < 0:
+            yield f"{at}.idle_timeout: must be >= 0"
+        if m.pooling is not None and not m.embeddings:
+            yield f"{at}.pooling: only applies with embeddings = true"
+        if m.chat_template is not None and m.chat_template not in BUILTIN_CHAT_TEMPLATES:
+            t = _resolve(m.chat_template, base_dir)
+            if not t.is_file():
+                yield (
+                    f"{at}.chat_template: {m.chat_template!r} is neither a Jinja file nor a "
+                    f"built-in template (built-in: {', '.join(sorted(BUILTIN_CHAT_TEMPLATES))})"
+                )
+        for i, alias in enumerate(m.aliases):
+            if not alias.strip():
+                yield f"{at}.aliases[{i}]: must not be empty"
+            elif alias in seen:
+                yield f"{at}.aliases[{i}]: {alias!r} is already used by {seen[alias]}"
+            else:
+                seen[alias] = f"{at}.aliases"

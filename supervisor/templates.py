@@ -1,0 +1,66 @@
+"""Names of llama.cpp's built-in chat templates (`llama_chat_builtin_templates`).
+
+The supervisor validates `chat_template` without importing llama_cpp, so the list lives here.
+tests/e2e/test_worker_model.py checks it against the installed llama.cpp.
+"""
+
+from __future__ import annotations
+
+BUILTIN_CHAT_TEMPLATES: frozenset[str] = frozenset(
+    {
+        "bailing",
+        "bailing-think",
+        "bailing2",
+        "chatglm3",
+        "chatglm4",
+        "chatml",
+        "command-r",
+        "deepseek",
+        "deepseek-ocr",
+        "deepseek2",
+        "deepseek3",
+        "exaone-moe",
+        "exaone3",
+        "exaone4",
+        "falcon3",
+        "gemma",
+        "gigachat",
+        "glmedge",
+        "gpt-oss",
+        "granite",
+        "granite-4.0",
+        "granite-4.1",
+        "grok-2",
+        "hunyuan-dense",
+        "hunyuan-moe",
+        "hunyuan-vl",
+        "kimi-k2",
+        "llama2",
+        "llama2-sys",
+        "llama2-sys-bos",
+        "llama2-sys-strip",
+        "llama3",
+        "llama4",
+        "megrez",
+        "minicpm",
+        "mistral-v1",
+        "mistral-v3",
+        "mistral-v3-tekken",
+        "mistral-v7",
+        "mistral-v7-tekken",
+        "monarch",
+        "openchat",
+        "orion",
+        "pangu-embedded",
+        "phi3",
+        "phi4",
+        "rwkv-world",
+        "seed_oss",
+        "smolvlm",
+        "solar-open",
+        "vicuna",
+        "vicuna-orca",
+        "yandex",
+        "zephyr",
+    }
+)

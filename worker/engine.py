@@ -1,0 +1,436 @@
+"""The engine thread: owns the llama_context and runs continuous batching.
+
+One long-lived thread calls every llama.cpp function that touches the context (ctypes
+releases the GIL, and one thread keeps one OpenMP pool). Commands arrive on a thread-safe
+queue and are applied between steps; each step's results leave as one Step frame.
+
+A step:
+  1. every generating request contributes its last sampled token;
+  2. requests still prefilling their prompt fill the rest of the batch, in chunks, never
+     past n_batch;
+  3. one llama_decode over the whole batch;
+  4. each request whose prompt is complete samples at its own batch index.
+
+Nothing a request carries may abort the process: the batch never exceeds n_batch, sampling
+only happens where logits were requested, and sampler chains always end in dist or greedy.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import logging
+import queue
+from dataclasses import dataclass, field
+from typing import Callable
+
+import llama_cpp
+import numpy as np
+
+from worker.batch import BatchBuffer
+from worker.chat_template import TemplateError
+from worker.model import LoadedModel
+from worker.protocol import (
+    Cancel,
+    Embed,
+    EmbedResult,
+    Error,
+    FinishReason,
+    Frame,
+    Generate,
+    SamplingParams,
+    Step,
+    Tokenize,
+    TokenizeResult,
+    TokenEvent,
+    Usage,
+)
+from worker.sampling import SamplerChain
+from worker.slots import Slot, choose_slot, reusable_prefix
+from worker.stops import StopMatcher
+
+log = logging.getLogger("worker.engine")
+
+Emit = Callable[[Frame], None]
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    params: SamplingParams
+    prompt: list[int]
+    max_new: int
+    stops: StopMatcher
+    tokens: list[int] = field(default_factory=list)  # prompt + generated, as it should be in KV
+    n_gen: int = 0
+    cached: int = 0  # prompt tokens reused from the slot's cache
+    sampler: SamplerChain | None = None
+    slot: Slot[Request] | None = None
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt)
+
+
+class RequestRejected(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+class Engine:
+    def __init__(
+        self, m: LoadedModel, emit: Emit, embeddings: bool = False, n_ctx_slot: int | None = None
+    ) -> None:
+        self.m = m
+        self.emit = emit
+        self.embeddings = embeddings
+        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
+        # With a unified KV cache one sequence may use every cell; the engine enforces the
+        # per-request limit itself and preempts when the shared pool runs out.
+        self.n_ctx_slot = n_ctx_slot or m.n_ctx
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.by_id: dict[int, Request] = {}
+        self.batch = BatchBuffer(m.n_batch)
+        self._clock = 0
+        self._stopped = False
+        self.stats_steps = 0
+
+    # ---- public, thread-safe ------------------------------------------------------------------
+
+    def submit(self, frame: Frame) -> None:
+        self.inbox.put(frame)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.inbox.put(None)
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self.slots if not s.idle)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    # ---- the thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self._stopped:
+            busy = bool(self.waiting) or self.active > 0
+            self._drain_inbox(block=not busy)
+            if self._stopped:
+                break
+            self._admit()
+            if self.active:
+                try:
+                    self._step()
+                except Exception as exc:  # a bug must cost requests, never the worker
+                    log.exception("decode step failed")
+                    self._fail_active("internal", f"engine error: {exc}")
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if item is None:
+                return
+            try:
+                self._handle(item)
+            except Exception as exc:
+                log.exception("command failed")
+                rid = getattr(item, "id", -1)
+                self.emit(Error(id=rid, code="internal", message=str(exc)))
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, frame: Frame) -> None:
+        if isinstance(frame, Generate):
+            try:
+                req = self._new_request(frame)
+            except RequestRejected as rej:
+                self.emit(Error(id=frame.id, code=rej.code, message=rej.message, param=rej.param))  # type: ignore[arg-type]
+                return
+            self.by_id[req.id] = req
+            self.waiting.append(req)
+        elif isinstance(frame, Cancel):
+            req = self.by_id.get(frame.id)
+            if req is not None:
+                if req in self.waiting:
+                    self.waiting.remove(req)
+                self._finish(req, "cancelled", events=None)
+        elif isinstance(frame, Embed):
+            self._embed(frame)
+        elif isinstance(frame, Tokenize):
+            toks = self.m.tokenize(frame.text, add_special=frame.add_special)
+            self.emit(TokenizeResult(id=frame.id, tokens=toks))
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def _new_request(self, g: Generate) -> Request:
+        if self.embeddings:
+            raise RequestRejected(
+                "unsupported", "this model serves embeddings only (embeddings = true)", "model"
+            )
+        if g.messages is not None:
+            if self.m.template is None:
+                raise RequestRejected(
+                    "unsupported",
+                    "this model has no chat template; set chat_template in its config or use "
+                    "/v1/completions",
+                    "messages",
+                )
+            try:
+                text = self.m.template.render(g.messages)
+            except TemplateError as exc:
+                raise RequestRejected("invalid_request", f"chat template: {exc}", "messages")
+            param = "messages"
+        else:
+            text, param = g.prompt or "", "prompt"
+        prompt = self.m.tokenize(text, add_special=True, parse_special=True)
+        if not prompt:
+            raise RequestRejected("invalid_request", "the prompt is empty", param)
+        if len(prompt) >= self.n_ctx_slot:
+            raise RequestRejected(
+                "context_length_exceeded",
+                f"the prompt is {len(prompt)} tokens; this model's context holds "
+                f"{self.n_ctx_slot} tokens, prompt and output together",
+                param,
+            )
+        room = self.n_ctx_slot - len(prompt)
+        p = g.params
+        max_new = room if p.max_tokens is None else min(p.max_tokens, room)
+        return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
+
+    def _admit(self) -> None:
+        """Move waiting requests into idle slots, reusing the best cached prefix."""
+        while self.waiting:
+            req = self.waiting[0]
+            slot = choose_slot(self.slots, req.tokens)
+            if slot is None:
+                return
+            self.waiting.popleft()
+            keep = reusable_prefix(slot.cache, req.tokens)
+            if keep < len(slot.cache):
+                if not llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, keep, -1):
+                    # Partial removal can fail on recurrent/SWA caches: drop the sequence.
+                    llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
+                    keep = 0
+                del slot.cache[keep:]
+            if req.sampler is None:
+                req.cached = keep
+                req.sampler = SamplerChain(self._resolved(req.params))
+            self._clock += 1
+            slot.last_used = self._clock
+            slot.request = req
+            req.slot = slot
+
+    def _resolved(self, p: SamplingParams) -> SamplingParams:
+        if p.repeat_last_n == -1:
+            return SamplingParams(**{**_asdict(p), "repeat_last_n": self.n_ctx_slot})
+        return p
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def _build(self, budget: int) -> list[tuple[Request, int, int, bool]]:
+        """Fill the batch. Returns (request, tokens fed, batch index of last, wants logits)."""
+        self.batch.clear()
+        plan: list[tuple[Request, int, int, bool]] = []
+        active = [s.request for s in self.slots if s.request is not None]
+        # Generating requests first (one token each), then prompt chunks in admission order.
+        active.sort(key=lambda r: (len(r.tokens) - len(r.slot.cache) > 1, r.slot.last_used))  # type: ignore[union-attr]
+        for req in active:
+            slot = req.slot
+            assert slot is not None
+            todo = req.tokens[len(slot.cache) :]
+            room = min(budget - self.batch.n, self.batch.free)
+            if room <= 0:
+                break
+            chunk = todo[:room]
+            complete = len(chunk) == len(todo)
+            first = self.batch.add(chunk, len(slot.cache), slot.seq_id, "last" if complete else "none")
+            plan.append((req, len(chunk), first + len(chunk) - 1, complete))
+        return plan
+
+    def _step(self) -> None:
+        budget = self.batch.capacity
+        while True:
+            plan = self._build(budget)
+            if not plan:
+                return
+            rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())
+            if rc == 0:
+                break
+            remedy = self._make_room() if rc == 1 else None
+            if remedy is None:
+                self._fail_plan(plan, rc)
+                return
+            if remedy == "halve":
+                budget = max(1, budget // 2)
+        self.stats_steps += 1
+        events: list[TokenEvent] = []
+        for req, n_fed, last_idx, wants in plan:
+            slot = req.slot
+            assert slot is not None and req.sampler is not None
+            slot.cache.extend(req.tokens[len(slot.cache) : len(slot.cache) + n_fed])
+            if wants:
+                tok = req.sampler.sample(self.m.ctx, last_idx)
+                self._accept(req, tok, events)
+        if events:
+            self.emit(Step(events=events))
+
+    def _make_room(self) -> str | None:
+        """After llama_decode returned 1 (no KV space; the cache is unchanged): free
+        something so that a retry can succeed. In order: idle slots' caches, a smaller batch
+        (only helps while prompt chunks are in it), preemption. None: nothing left to try."""
+        idle = [s for s in self.slots if s.idle and s.cache]
+        if idle:
+            for s in idle:
+                llama_cpp.llama_memory_seq_rm(self.m.memory, s.seq_id, -1, -1)
+                s.cache.clear()
+            return "purged"
+        running = [s for s in self.slots if s.request is not None]
+        if self.batch.n > len(running):
+            return "halve"
+        if len(running) > 1:
+            # Recompute preemption: the most recently admitted request gives back its cells
+            # and waits at the head of the queue; its output so far is kept and replayed.
+            victim = max(running, key=lambda s: s.last_used)
+            req = victim.request
+            assert req is not None
+            llama_cpp.llama_memory_seq_rm(self.m.memory, victim.seq_id, -1, -1)
+            victim.cache.clear()
+            victim.request = None
+            req.slot = None
+            self.waiting.appendleft(req)
+            return "preempted"
+        return None
+
+    def _fail_plan(self, plan: list[tuple[Request, int, int, bool]], rc: int) -> None:
+        for req, *_ in plan:
+            if rc == 1:
+                # A single request filled the whole pool: that is its context limit.
+                self._finish(req, "length", events=None, flush=True)
+            else:
+                self._error(req, "internal", f"llama_decode failed with {rc}")
+
+    def _accept(self, req: Request, tok: int, events: list[TokenEvent]) -> None:
+        req.n_gen += 1
+        p = req.params
+        if self.m.is_eog(tok) and not p.ignore_eos:
+            self._finish(req, "stop", events, tokens=[tok], flush=True)
+            return
+        req.tokens.append(tok)
+        text, matched = req.stops.feed(req.decoder.decode(self.m.piece(tok)))
+        if matched:
+            self._finish(req, "stop", events, text=text, tokens=[tok])
+        elif req.n_gen >= req.max_new or len(req.tokens) >= self.n_ctx_slot:
+            self._finish(req, "length", events, text=text, tokens=[tok], flush=True)
+        else:
+            events.append(TokenEvent(id=req.id, text=text, tokens=[tok]))
+
+    def _finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        events: list[TokenEvent] | None,
+        text: str = "",
+        tokens: list[int] | None = None,
+        flush: bool = False,
+    ) -> None:
+        if flush:
+            # Generation ended for a reason other than a stop string: what was held back (an
+            # incomplete UTF-8 tail, a possible stop-string start) is real output.
+            tail, matched = req.stops.feed(req.decoder.decode(b"", final=True))
+            text += tail if matched else tail + req.stops.flush()
+        self._release(req)
+        ev = TokenEvent(
+            id=req.id,
+            text=text,
+            tokens=tokens or [],
+            finish_reason=reason,
+            usage=Usage(prompt_tokens=len(req.prompt), completion_tokens=req.n_gen, cached_tokens=req.cached),
+        )
+        if events is None:
+            self.emit(Step(events=[ev]))
+        else:
+            events.append(ev)
+
+    def _error(self, req: Request, code: str, message: str) -> None:
+        self._release(req)
+        # A failed decode leaves this sequence's cache in an unknown state: drop it.
+        self.emit(Error(id=req.id, code=code, message=message))  # type: ignore[arg-type]
+
+    def _release(self, req: Request) -> None:
+        self.by_id.pop(req.id, None)
+        if req.sampler is not None:
+            req.sampler.free()
+            req.sampler = None
+        if req.slot is not None:
+            req.slot.request = None
+            req.slot = None
+
+    def _fail_active(self, code: str, message: str) -> None:
+        for s in self.slots:
+            if s.request is not None:
+                self._error(s.request, code, message)
+            llama_cpp.llama_memory_seq_rm(self.m.memory, s.seq_id, -1, -1)
+            s.cache.clear()
+
+    # ---- embeddings ---------------------------------------------------------------------------
+
+    def _embed(self, e: Embed) -> None:
+        if not self.embeddings:
+            self.emit(Error(id=e.id, code="unsupported", param="model",
+                            message="this model does not serve embeddings (set embeddings = true)"))
+            return
+        tokenized = [self.m.tokenize(t, add_special=True, parse_special=True) for t in e.inputs]
+        for i, toks in enumerate(tokenized):
+            if not toks:
+                self.emit(Error(id=e.id, code="invalid_request", param="input",
+                                message=f"input[{i}] is empty"))
+                return
+            if len(toks) > self.m.n_batch:
+                self.emit(Error(id=e.id, code="context_length_exceeded", param="input",
+                                message=f"input[{i}] is {len(toks)} tokens; this model embeds at most {self.m.n_batch}"))
+                return
+        out: list[list[float]] = [[] for _ in tokenized]
+        i = 0
+        while i < len(tokenized):
+            # Pack inputs into one batch, each in its own sequence, up to n_batch tokens.
+            self.batch.clear()
+            group: list[int] = []
+            while i < len(tokenized) and len(group) < len(self.slots) and len(tokenized[i]) <= self.batch.free:
+                self.batch.add(tokenized[i], 0, len(group), "all")
+                group.append(i)
+                i += 1
+            llama_cpp.llama_memory_clear(self.m.memory, True)
+            rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())
+            if rc != 0:
+                self.emit(Error(id=e.id, code="internal", message=f"llama_decode failed with {rc}"))
+                return
+            for seq, idx in enumerate(group):
+                ptr = llama_cpp.llama_get_embeddings_seq(self.m.ctx, seq)
+                if not ptr:
+                    self.emit(Error(id=e.id, code="internal", message="no pooled embedding"))
+                    return
+                vec = np.ctypeslib.as_array(ptr, shape=(self.m.n_embd,)).astype(np.float64)
+                norm = float(np.linalg.norm(vec))
+                out[idx] = (vec / norm if norm > 0 else vec).tolist()
+        llama_cpp.llama_memory_clear(self.m.memory, True)
+        for s in self.slots:
+            s.cache.clear()
+        self.emit(EmbedResult(id=e.id, data=out, prompt_tokens=sum(map(len, tokenized))))
+
+
+def _asdict(p: SamplingParams) -> dict[str, object]:
+    return {f: getattr(p, f) for f in p.__struct_fields__}
+
+

@@ -1,0 +1,171 @@
+"""The worker's trio side: reads frames from the supervisor's socket, writes the engine's.
+
+Three tasks share one socket: a reader that forwards commands to the engine's queue (and
+answers pings itself, so a ping measures the event loop, not the decode step), a writer that
+drains the outgoing channel, and the engine thread. The engine hands frames over with
+`run_sync_soon`, which never blocks it.
+
+The worker exits as soon as its socket reaches EOF: it can never outlive its supervisor,
+even one killed with `kill -9`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+
+import trio
+
+from worker.engine import Engine
+from worker.protocol import (
+    Cancel,
+    Frame,
+    FrameBuffer,
+    Failed,
+    Generate,
+    Loading,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    WorkerSpec,
+    decode_to_worker,
+    encode,
+)
+
+log = logging.getLogger("worker")
+
+
+class Link:
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._send, self._recv = trio.open_memory_channel[bytes](math.inf)
+        self._token = trio.lowlevel.current_trio_token()
+        self.engine: Engine | None = None
+        # Frames that arrive while the model loads wait here; the engine adopts the queue.
+        self.early: list[Frame] = []
+        self.draining = False
+
+    def emit(self, frame: Frame) -> None:
+        """Queue a frame for the writer. Safe from any thread; never blocks."""
+        data = encode(frame)
+        try:
+            self._token.run_sync_soon(self._send.send_nowait, data)
+        except trio.RunFinishedError:
+            pass
+
+    async def writer(self) -> None:
+        async for data in self._recv:
+            await self.stream.send_all(data)
+
+    async def reader(self) -> None:
+        frames = FrameBuffer()
+        while True:
+            data = await self.stream.receive_some(1 << 16)
+            if not data:
+                log.info("supervisor closed the socket; exiting")
+                os._exit(0)
+            try:
+                bodies = frames.feed(data)
+                for body in bodies:
+                    self._dispatch(decode_to_worker(body))
+            except ProtocolError as exc:
+                log.error("protocol error from supervisor: %s", exc)
+                os._exit(2)
+
+    def _dispatch(self, frame: Frame) -> None:
+        if isinstance(frame, Ping):
+            e = self.engine
+            self.emit(Pong(seq=frame.seq, active=e.active if e else 0, queued=e.queued if e else 0))
+        elif isinstance(frame, Shutdown):
+            self.draining = True
+            trio.lowlevel.spawn_system_task(self._shutdown, frame.grace)
+        elif self.engine is None:
+            self.early.append(frame)
+        else:
+            if self.draining and isinstance(frame, Generate):
+                # The supervisor stops routing before it sends Shutdown; this is a race.
+                from worker.protocol import Error
+
+                self.emit(Error(id=frame.id, code="internal", message="worker is shutting down"))
+                return
+            self.engine.submit(frame)
+
+    async def _shutdown(self, grace: float) -> None:
+        """Let requests in flight finish for up to `grace` seconds, then exit."""
+        deadline = time.monotonic() + grace
+        while self.engine is not None and (self.engine.active or self.engine.queued):
+            if time.monotonic() >= deadline:
+                for rid in list(self.engine.by_id):
+                    self.engine.submit(Cancel(id=rid))
+                await trio.sleep(0.1)
+                break
+            await trio.sleep(0.05)
+        # Give the writer a moment to flush the last frames.
+        with trio.move_on_after(1.0):
+            while self._recv.statistics().current_buffer_used:
+                await trio.sleep(0.01)
+        os._exit(0)
+
+
+async def serve(fd: int, spec: WorkerSpec) -> None:
+    from worker.model import LoadError, load
+
+    sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
+    link = Link(trio.SocketStream(sock))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.writer)
+        nursery.start_soon(link.reader)
+
+        last = -1.0
+
+        def progress(p: float) -> None:
+            nonlocal last
+            if p >= 1.0 or p - last >= 0.05:
+                last = p
+                link.emit(Loading(progress=round(p, 3)))
+
+        try:
+            model = await trio.to_thread.run_sync(load, spec, progress, abandon_on_cancel=True)
+        except LoadError as exc:
+            link.emit(Failed(message=str(exc)))
+            await _flush_and_exit(link, 1)
+            return
+        except Exception as exc:  # anything else from llama.cpp's load path
+            log.exception("load failed")
+            link.emit(Failed(message=f"load failed: {exc}"))
+            await _flush_and_exit(link, 1)
+            return
+
+        engine = Engine(model, link.emit, embeddings=spec.embeddings)
+        for frame in link.early:
+            engine.submit(frame)
+        link.early.clear()
+        link.engine = engine
+        link.emit(
+            Ready(
+                n_ctx=model.n_ctx,
+                n_ctx_slot=engine.n_ctx_slot,
+                slots=len(engine.slots),
+                n_vocab=model.n_vocab,
+                n_ctx_train=model.n_ctx_train,
+                has_template=model.template is not None,
+                embeddings=spec.embeddings,
+                n_embd=model.n_embd,
+                description=model.description,
+            )
+        )
+        log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)
+        await trio.to_thread.run_sync(engine.run, abandon_on_cancel=True)
+
+
+async def _flush_and_exit(link: Link, code: int) -> None:
+    with trio.move_on_after(2.0):
+        await trio.sleep(0.05)
+        while link._recv.statistics().current_buffer_used:
+            await trio.sleep(0.01)
+    os._exit(code)

@@ -1,0 +1,228 @@
+"""Loading a GGUF into a model and a context, and the vocabulary helpers the engine needs.
+
+Everything here calls llama.cpp's low-level API through ctypes. The helpers size their
+buffers from llama.cpp's own "-needed" answers instead of trusting fixed sizes: gemma's
+pieces run to 48 bytes, and llama-cpp-python's own helper silently truncates at 32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import llama_cpp
+
+from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
+from worker.protocol import WorkerSpec
+
+_POOLING = {
+    "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
+    "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+    "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
+    "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+    "rank": llama_cpp.LLAMA_POOLING_TYPE_RANK,
+}
+
+
+class LoadError(Exception):
+    pass
+
+
+_llama_log = logging.getLogger("llama.cpp")
+_GGML_LOG_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
+
+
+def _on_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    if level in (_GGML_LOG_WARN, _GGML_LOG_WARN + 1):
+        msg = text.decode("utf-8", errors="replace").rstrip()
+        if msg:
+            _llama_log.log(logging.WARNING if level == _GGML_LOG_WARN else logging.ERROR, msg)
+
+
+# Module-level so the ctypes thunk outlives every call into llama.cpp; a collected callback
+# is a segfault on the next log line.
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_on_llama_log)
+
+
+def quiet_llama_logs() -> None:
+    """Forward only llama.cpp's warnings and errors; its info output is hundreds of lines."""
+    llama_cpp.llama_log_set(_LOG_CALLBACK, None)
+
+
+@dataclass
+class LoadedModel:
+    model: llama_cpp.llama_model_p
+    ctx: llama_cpp.llama_context_p
+    vocab: llama_cpp.llama_vocab_p
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    template: ChatTemplate | None
+    description: str
+
+    def __post_init__(self) -> None:
+        self._pieces: dict[int, bytes] = {}
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+
+    # ---- vocabulary ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        cap = len(data) + 8
+        for _ in range(2):
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), buf, cap, add_special, parse_special
+            )
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
+        raise RuntimeError("llama_tokenize kept asking for a larger buffer")
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token as generated text (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        cap = 64
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, cap, 0, False)
+            if n >= 0:
+                out = buf.raw[:n]
+                self._pieces[token] = out
+                return out
+            cap = -n
+        raise RuntimeError("llama_token_to_piece kept asking for a larger buffer")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+
+def _meta(model: llama_cpp.llama_model_p, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, 256)
+    if n < 0:
+        return None
+    if n >= 256:
+        buf = ctypes.create_string_buffer(n + 1)
+        llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, n + 1)
+    return buf.value.decode("utf-8", errors="replace")
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
+    """Load the GGUF and create its context. Raises LoadError with a message for the user."""
+    quiet_llama_logs()
+    llama_cpp.llama_backend_init()
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = spec.n_gpu_layers if spec.n_gpu_layers >= 0 else 0x7FFFFFFF
+    mparams.use_extra_bufts = spec.repack
+
+    def on_progress(p: float, _user: ctypes.c_void_p) -> bool:
+        progress(float(p))
+        return True  # False would abort the load
+
+    # Keep the ctypes callback referenced for as long as llama.cpp may call it.
+    cb = llama_cpp.llama_progress_callback(on_progress)
+    mparams.progress_callback = cb
+    if not Path(spec.path).is_file():
+        raise LoadError(f"model file not found: {spec.path}")
+    model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
+    if not model:
+        raise LoadError(f"llama.cpp could not load {spec.path} (not a valid GGUF?)")
+
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    threads = spec.threads or default_threads()
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = spec.n_ctx
+    cparams.n_seq_max = spec.slots
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.kv_unified = True
+    cparams.swa_full = spec.swa_full
+    if spec.embeddings:
+        # Non-causal models need a whole input in one ubatch.
+        cparams.n_batch = cparams.n_ubatch = min(spec.n_batch, spec.n_ctx)
+        cparams.embeddings = True
+        cparams.pooling_type = _POOLING[spec.pooling or _model_pooling(model)]
+    else:
+        cparams.n_batch = min(spec.n_batch, spec.n_ctx)
+        cparams.n_ubatch = min(cparams.n_batch, 512)
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        llama_cpp.llama_model_free(model)
+        raise LoadError("llama.cpp could not create a context (n_ctx too large for memory?)")
+
+    template = _template(spec, model, vocab)
+    desc = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(model, desc, 256)
+    return LoadedModel(
+        model=model,
+        ctx=ctx,
+        vocab=vocab,
+        # Read back what llama.cpp actually gave us: it pads and clamps.
+        n_ctx=int(llama_cpp.llama_n_ctx(ctx)),
+        n_batch=int(llama_cpp.llama_n_batch(ctx)),
+        n_seq_max=int(llama_cpp.llama_n_seq_max(ctx)),
+        n_vocab=int(llama_cpp.llama_vocab_n_tokens(vocab)),
+        n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(model)),
+        n_embd=int(llama_cpp.llama_model_n_embd(model)),
+        template=template,
+        description=desc.value.decode("utf-8", errors="replace"),
+    )
+
+
+def _model_pooling(model: llama_cpp.llama_model_p) -> str:
+    """The GGUF's declared pooling, or mean for models that declare none (decoder LLMs)."""
+    arch = _meta(model, "general.architecture") or ""
+    declared = _meta(model, f"{arch}.pooling_type")
+    names = {str(v): k for k, v in _POOLING.items()}
+    name = names.get(declared or "", "mean")
+    return "mean" if name == "none" else name
+
+
+def _template(
+    spec: WorkerSpec, model: llama_cpp.llama_model_p, vocab: llama_cpp.llama_vocab_p
+) -> ChatTemplate | None:
+    if spec.chat_template is not None:
+        if spec.chat_template in builtin_names():
+            return BuiltinTemplate(spec.chat_template)
+        try:
+            source = Path(spec.chat_template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise LoadError(f"cannot read chat template {spec.chat_template}: {exc}") from exc
+        return JinjaTemplate(source, *_bos_eos(vocab))
+    raw = llama_cpp.llama_model_chat_template(model, None)
+    if not raw:
+        return None
+    try:
+        return JinjaTemplate(raw.decode("utf-8", errors="replace"), *_bos_eos(vocab))
+    except ValueError as exc:
+        raise LoadError(str(exc)) from exc
+
+
+def _bos_eos(vocab: llama_cpp.llama_vocab_p) -> tuple[str, str]:
+    def text(tok: int) -> str:
+        if tok < 0:
+            return ""
+        buf = ctypes.create_string_buffer(128)
+        n = llama_cpp.llama_token_to_piece(vocab, tok, buf, 128, 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    return text(llama_cpp.llama_vocab_bos(vocab)), text(llama_cpp.llama_vocab_eos(vocab))

@@ -1,0 +1,248 @@
+"""The wire contract between the supervisor and a worker process.
+
+Frames are msgspec Structs, tagged by class name, encoded as msgpack and sent with a 4-byte
+big-endian length prefix over one end of a socketpair. Many requests share the connection;
+each request-scoped frame carries the request id that the supervisor chose.
+
+This module imports only the standard library and msgspec: the supervisor and the router
+import it, and they must never pull in llama_cpp.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal, Union
+
+import msgspec
+
+# A frame larger than this is a protocol error, not a big request: the router's body limit is
+# far below it, so only a corrupted stream can produce one.
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+HEADER = struct.Struct(">I")
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of every frame; the tag is the class name."""
+
+
+# ---- parameters -------------------------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Everything a worker needs to build one request's sampler chain and stop rules.
+
+    The router validates ranges before a frame is built; the worker re-checks the few that
+    could abort llama.cpp, because no frame may crash it.
+    """
+
+    max_tokens: int | None = None  # None: up to the slot's context
+    temperature: float = 1.0  # 0 selects greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: list[str] = []
+    ignore_eos: bool = False
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    role: str
+    content: str = ""
+
+
+class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What a worker loads. The supervisor passes it as JSON on the command line, so `ps`
+    shows which model a worker process serves."""
+
+    name: str
+    path: str
+    slots: int = 4
+    n_ctx: int = 4096
+    n_batch: int = 512
+    threads: int | None = None
+    n_gpu_layers: int = 0
+    chat_template: str | None = None  # built-in name or absolute path of a Jinja file
+    embeddings: bool = False
+    pooling: str | None = None
+    repack: bool = False
+    swa_full: bool = True
+
+
+# ---- supervisor -> worker ---------------------------------------------------------------------
+
+
+class Generate(Frame):
+    """Start a generation. Exactly one of `prompt` and `messages` is set."""
+
+    id: int
+    params: SamplingParams
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+
+class Embed(Frame):
+    id: int
+    inputs: list[str]
+
+
+class Tokenize(Frame):
+    id: int
+    text: str
+    add_special: bool = True
+
+
+class Cancel(Frame):
+    id: int
+
+
+class Ping(Frame):
+    seq: int
+
+
+class Shutdown(Frame):
+    grace: float = 5.0
+
+
+# ---- worker -> supervisor ---------------------------------------------------------------------
+
+
+class Loading(Frame):
+    progress: float  # 0.0 .. 1.0
+
+
+class Ready(Frame):
+    n_ctx: int  # KV cells shared by every slot
+    n_ctx_slot: int  # the most tokens (prompt + output) one request may hold
+    slots: int
+    n_vocab: int
+    n_ctx_train: int
+    has_template: bool
+    embeddings: bool
+    n_embd: int
+    description: str = ""
+
+
+class Failed(Frame):
+    message: str
+
+
+class Usage(msgspec.Struct, forbid_unknown_fields=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What one request gained in one decode step.
+
+    `text` is complete UTF-8 with anything that might still become a stop string held back.
+    A final event carries `finish_reason` and `usage`.
+    """
+
+    id: int
+    text: str = ""
+    tokens: list[int] = []
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+class Step(Frame):
+    """One frame per decode step, for every request that advanced in it."""
+
+    events: list[TokenEvent]
+
+
+class EmbedResult(Frame):
+    id: int
+    data: list[list[float]]
+    prompt_tokens: int
+
+
+class TokenizeResult(Frame):
+    id: int
+    tokens: list[int]
+
+
+ErrorCode = Literal[
+    "context_length_exceeded",
+    "invalid_request",
+    "unsupported",
+    "internal",
+]
+
+
+class Error(Frame):
+    """A request failed before or during generation. `param` names the offending field."""
+
+    id: int
+    code: ErrorCode
+    message: str
+    param: str | None = None
+
+
+class Pong(Frame):
+    seq: int
+    active: int = 0
+    queued: int = 0
+
+
+ToWorker = Union[Generate, Embed, Tokenize, Cancel, Ping, Shutdown]
+FromWorker = Union[Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong]
+
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_from_worker = msgspec.msgpack.Decoder(FromWorker)
+
+
+class ProtocolError(Exception):
+    """The byte stream is not a valid frame sequence."""
+
+
+def encode(frame: Frame) -> bytes:
+    """Serialise one frame with its length prefix."""
+    body = _encoder.encode(frame)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_to_worker(body: bytes) -> ToWorker:
+    try:
+        return _to_worker.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(str(exc)) from exc
+
+
+def decode_from_worker(body: bytes) -> FromWorker:
+    try:
+        return _from_worker.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(str(exc)) from exc
+
+
+class FrameBuffer:
+    """Incremental splitter: feed it bytes as they arrive, take whole frame bodies out.
+
+    Pure and I/O-free, so both the trio side and plain threads can use it.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        bodies: list[bytes] = []
+        while len(self._buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buf)
+            if size > MAX_FRAME_BYTES:
+                raise ProtocolError(f"frame of {size} bytes exceeds the limit")
+            end = HEADER.size + size
+            if len(self._buf) < end:
+                break
+            bodies.append(bytes(self._buf[HEADER.size : end]))
+            del self._buf[:end]
+        return bodies

@@ -1,0 +1,60 @@
+"""One llama.cpp sampler chain per request, built from its SamplingParams.
+
+The order matches llama-server's default (penalties, top_k, top_p, min_p, temperature,
+dist). A chain must end in `dist` or `greedy`, or llama.cpp aborts the process, so the
+terminal sampler is added here unconditionally and nothing else builds chains.
+"""
+
+from __future__ import annotations
+
+import llama_cpp
+
+from worker.protocol import SamplingParams
+
+# llama.cpp's "pick a random seed" value.
+RANDOM_SEED = 0xFFFFFFFF
+
+
+class SamplerChain:
+    """Owns a native chain; free() must be called exactly once (the engine does, on finish)."""
+
+    def __init__(self, p: SamplingParams) -> None:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if not chain:
+            raise MemoryError("llama_sampler_chain_init failed")
+        self._chain = chain
+        add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+        penalised = (
+            p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        )
+        if penalised and p.repeat_last_n != 0:
+            add(
+                llama_cpp.llama_sampler_init_penalties(
+                    p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                )
+            )
+        if p.temperature <= 0.0:
+            add(llama_cpp.llama_sampler_init_greedy())
+            return
+        if p.top_k > 0:
+            add(llama_cpp.llama_sampler_init_top_k(p.top_k))
+        if p.top_p < 1.0:
+            add(llama_cpp.llama_sampler_init_top_p(p.top_p, 1))
+        if p.min_p > 0.0:
+            add(llama_cpp.llama_sampler_init_min_p(p.min_p, 1))
+        add(llama_cpp.llama_sampler_init_temp(p.temperature))
+        seed = RANDOM_SEED if p.seed is None else p.seed & 0xFFFFFFFF
+        add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
+        """Sample and accept the next token from the logits at `batch_index`.
+
+        The caller guarantees that the batch entry had its logits flag set; sampling anywhere
+        else aborts the process.
+        """
+        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+
+    def free(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
