@@ -1,0 +1,109 @@
+"""`corral`: the command line.
+
+  corral serve --config FILE      run the router and the supervisor in one process
+  corral config check FILE        validate a config file and report every problem
+
+This module is the composition root: it builds the supervisor and the HTTP app and runs
+both in one trio nursery. It lives in router/ because the supervisor never imports the
+router; imports go router -> supervisor -> worker.protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from functools import partial
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from router.app import create_app
+from supervisor.config import Config, ConfigError, load
+from supervisor.supervisor import Supervisor
+
+log = logging.getLogger("corral")
+
+
+def bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until SIGINT or SIGTERM: then stop accepting, finish responses, stop workers."""
+    supervisor = Supervisor(cfg)
+    app = create_app(supervisor, cfg)
+    hc = HyperConfig()
+    hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
+    hc.graceful_timeout = 30.0
+    stop = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+
+            async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await hypercorn_serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status)
+                # The HTTP side has drained: now stop the workers.
+                nursery.cancel_scope.cancel()
+
+            binds = await nursery.start(http)
+            log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(cfg.models), ", ".join(cfg.models))
+            task_status.started(binds)
+
+            async def on_signal() -> None:
+                async for sig in signals:
+                    log.info("%s received: shutting down", signal.Signals(sig).name)
+                    stop.set()
+                    return
+
+            nursery.start_soon(on_signal)
+
+
+def _print_problems(exc: ConfigError) -> None:
+    for problem in exc.problems:
+        print(f"{exc.source}: {problem}" if exc.source else problem, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="corral", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the models of a config file")
+    s.add_argument("--config", required=True, help="path to config.toml")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    c = sub.add_parser("config", help="work with config files")
+    csub = c.add_subparsers(dest="config_command", required=True)
+    chk = csub.add_parser("check", help="validate a config file")
+    chk.add_argument("file")
+    args = ap.parse_args(argv)
+
+    if args.command == "config":
+        try:
+            cfg = load(args.file)
+        except ConfigError as exc:
+            _print_problems(exc)
+            return 1
+        names = ", ".join(cfg.models)
+        print(f"{args.file}: ok ({len(cfg.models)} model(s): {names})")
+        return 0
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 1
+    try:
+        trio.run(partial(serve, cfg))
+    except OSError as exc:
+        log.error("cannot serve: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""OpenAI response objects: whole responses and streamed chunks, as bytes.
+
+Shapes follow OpenAI's published schema: `created` is an integer, and `logprobs` and
+`refusal` are present even when null.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+
+from worker.protocol import Usage
+
+_json = msgspec.json.Encoder()
+
+
+def usage_json(u: Usage | None) -> dict[str, object]:
+    if u is None:
+        u = Usage(prompt_tokens=0, completion_tokens=0)
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+@dataclass
+class Completion:
+    """One response being built: the ids and timestamps every chunk repeats."""
+
+    model: str
+    chat: bool
+    id: str = field(default="")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        prefix = "chatcmpl-" if self.chat else "cmpl-"
+        self.id = prefix + secrets.token_hex(12)
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def whole(self, text: str, finish_reason: str, usage: Usage | None) -> bytes:
+        if self.chat:
+            choice: dict[str, object] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return _json.encode(
+            {
+                "id": self.id,
+                "object": self.object,
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": None,
+                "choices": [choice],
+                "usage": usage_json(usage),
+            }
+        )
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> bytes:
+        """One SSE event. For chat, the first chunk carries the role."""
+        if self.chat:
+            delta: dict[str, object] = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, object] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return self._event(
+            {
+                "id": self.id,
+                "object": obj,
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": None,
+                "choices": [choice],
+            }
+        )
+
+    def usage_chunk(self, usage: Usage | None) -> bytes:
+        """The extra final chunk that `stream_options.include_usage` asks for."""
+        return self._event(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage_json(usage),
+            }
+        )
+
+    @staticmethod
+    def _event(obj: dict[str, object]) -> bytes:
+        return b"data: " + _json.encode(obj) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,253 @@
+"""OpenAI request bodies: decoding, validation, and conversion to worker frames.
+
+msgspec decodes and type-checks in one pass and names the offending key path; the range
+checks msgspec cannot express follow. Every failure is an InvalidRequest that names the
+parameter, so the client gets a 400 that says exactly what to fix. Unknown parameters are
+rejected, as OpenAI does, rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from supervisor.errors import InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, SamplingParams
+
+MAX_STOP_STRINGS = 16
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class ResponseFormat(msgspec.Struct):
+    type: str = "text"
+
+
+class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
+    """Parameters shared by chat and completions (OpenAI's, then llama.cpp's extensions)."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # llama.cpp extensions, as llama-server names them.
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    ignore_eos: bool = False
+
+
+class ChatRequest(_Sampling, forbid_unknown_fields=True):
+    messages: list[dict[str, Any]] = []
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionRequest(_Sampling, forbid_unknown_fields=True):
+    # str, [str], or token arrays; msgspec unions allow one list type, so elements are
+    # checked in completion_prompt.
+    prompt: str | list[Any] = ""
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+
+class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+_PATH = re.compile(r"`\$\.?(?P<path>[^`]*)`")
+_UNKNOWN = re.compile(r"unknown field `(?P<key>[^`]+)`")
+
+
+def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
+    """Decode a JSON body into `kind`; InvalidRequest names the offending parameter."""
+    if not body.strip():
+        raise InvalidRequest("The request body is empty; expected a JSON object.")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        m = _PATH.search(text)
+        path = m.group("path") if m else ""
+        if u := _UNKNOWN.search(text):
+            key = f"{path}.{u.group('key')}" if path else u.group("key")
+            raise InvalidRequest(f"Unrecognized request argument supplied: {key}", key) from None
+        if "missing required field" in text:
+            field = text.split("`")[1]
+            key = f"{path}.{field}" if path else field
+            raise InvalidRequest(f"Missing required parameter: '{key}'.", key) from None
+        message = text.split(" - at ")[0]
+        raise InvalidRequest(f"Invalid value for '{path}': {message}", path or None) from None
+    except msgspec.DecodeError:
+        raise InvalidRequest(
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
+        ) from None
+
+
+def _range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise InvalidRequest(
+            f"Invalid '{name}': expected a value between {lo:g} and {hi:g}, got {value:g}.", name
+        )
+
+
+def sampling_params(r: _Sampling, max_tokens: int | None) -> SamplingParams:
+    """Validate the shared parameters and build the worker's view of them."""
+    _range("temperature", r.temperature, 0.0, 2.0)
+    _range("top_p", r.top_p, 0.0, 1.0)
+    _range("presence_penalty", r.presence_penalty, -2.0, 2.0)
+    _range("frequency_penalty", r.frequency_penalty, -2.0, 2.0)
+    _range("min_p", r.min_p, 0.0, 1.0)
+    _range("repeat_penalty", r.repeat_penalty, 0.0, 10.0)
+    if r.top_k < 0:
+        raise InvalidRequest("Invalid 'top_k': must be >= 0 (0 disables it).", "top_k")
+    if r.repeat_last_n < -1:
+        raise InvalidRequest("Invalid 'repeat_last_n': must be >= -1.", "repeat_last_n")
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequest(
+            f"Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, "
+            f"but got {max_tokens} instead.",
+            "max_tokens",
+        )
+    if r.n != 1:
+        raise InvalidRequest("Only n = 1 is supported.", "n")
+    if r.logit_bias:
+        raise Unsupported("logit_bias is not supported.", "logit_bias")
+    if r.stream_options is not None and not r.stream:
+        raise InvalidRequest(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+        )
+    stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are allowed.", "stop")
+    if any(not s for s in stops):
+        raise InvalidRequest("Stop strings must not be empty.", "stop")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        seed=r.seed,
+        repeat_penalty=r.repeat_penalty,
+        repeat_last_n=r.repeat_last_n,
+        presence_penalty=r.presence_penalty,
+        frequency_penalty=r.frequency_penalty,
+        stop=stops,
+        ignore_eos=r.ignore_eos,
+    )
+
+
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
+
+
+def chat_messages(r: ChatRequest) -> list[ChatMessage]:
+    """Normalise OpenAI messages (string or text-part content) for the chat template."""
+    if not r.messages:
+        raise InvalidRequest("'messages' must contain at least one message.", "messages")
+    if r.tools:
+        raise Unsupported("Tool calling is not supported yet.", "tools")
+    if r.logprobs:
+        raise Unsupported("logprobs are not supported yet.", "logprobs")
+    if r.response_format is not None and r.response_format.type != "text":
+        raise Unsupported(
+            f"response_format {r.response_format.type!r} is not supported yet.", "response_format"
+        )
+    out: list[ChatMessage] = []
+    for i, m in enumerate(r.messages):
+        at = f"messages[{i}]"
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise InvalidRequest(
+                f"Invalid value for '{at}.role': expected one of {sorted(_ROLES)}.", f"{at}.role"
+            )
+        content = m.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise Unsupported(
+                        f"Only text content parts are supported ({at}.content[{j}]).",
+                        f"{at}.content[{j}]",
+                    )
+                t = part.get("text")
+                if not isinstance(t, str):
+                    raise InvalidRequest(
+                        f"'{at}.content[{j}].text' must be a string.", f"{at}.content[{j}].text"
+                    )
+                parts.append(t)
+            text = "".join(parts)
+        else:
+            raise InvalidRequest(
+                f"Invalid type for '{at}.content': expected a string or an array of parts.",
+                f"{at}.content",
+            )
+        # "developer" is OpenAI's newer name for the system role; templates know "system".
+        out.append(ChatMessage(role="system" if role == "developer" else role, content=text))
+    return out
+
+
+def completion_prompt(r: CompletionRequest) -> str:
+    p = r.prompt
+    if isinstance(p, list):
+        if len(p) == 1 and isinstance(p[0], str):
+            p = p[0]
+        else:
+            raise Unsupported("Only a single string prompt is supported.", "prompt")
+    if r.echo:
+        raise Unsupported("echo is not supported.", "echo")
+    if r.suffix:
+        raise Unsupported("suffix is not supported.", "suffix")
+    if r.best_of not in (None, 1):
+        raise Unsupported("best_of > 1 is not supported.", "best_of")
+    if r.logprobs:
+        raise Unsupported("logprobs are not supported yet.", "logprobs")
+    return p
+
+
+def embedding_inputs(r: EmbeddingRequest) -> list[str]:
+    if r.dimensions is not None:
+        raise Unsupported("dimensions is not supported.", "dimensions")
+    inputs = [r.input] if isinstance(r.input, str) else r.input
+    if not inputs:
+        raise InvalidRequest("'input' must not be empty.", "input")
+    if not all(isinstance(x, str) for x in inputs):
+        raise Unsupported("Token-array inputs are not supported; send strings.", "input")
+    for i, x in enumerate(inputs):
+        if not x:
+            raise InvalidRequest(f"'input[{i}]' must not be an empty string.", "input")
+    return inputs  # type: ignore[return-value]

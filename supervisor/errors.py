@@ -1,0 +1,45 @@
+"""The one error hierarchy. Each class maps to exactly one HTTP status and OpenAI error
+type/code, in router/errors.py; nothing else decides how an error looks on the wire."""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    """Base: `message` is shown to the client; `param` names the offending request field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(CorralError):
+    """The request itself is wrong (400)."""
+
+
+class Unsupported(CorralError):
+    """The model cannot do what was asked, e.g. chat without a template (400)."""
+
+
+class ContextOverflow(CorralError):
+    """The prompt does not fit the model's context (400 context_length_exceeded)."""
+
+
+class ModelNotFound(CorralError):
+    """No model or alias by that name (404)."""
+
+
+class WorkerUnavailable(CorralError):
+    """The model could not be loaded or is refusing work (503)."""
+
+    def __init__(self, message: str, retry: bool = True) -> None:
+        super().__init__(message, None)
+        self.retry = retry
+
+
+class WorkerCrashed(CorralError):
+    """The worker died or broke the protocol while a request was in flight (502)."""
+
+
+class InternalError(CorralError):
+    """A bug on our side (500)."""

@@ -1,0 +1,215 @@
+"""A model's handle: the one owner of its worker and its lifecycle state.
+
+`run()` is the single writer of `state`: it starts the worker when asked, serves until the
+worker dies or the model has been idle for `idle_timeout`, then stops it. Everyone else is
+a client that calls `lease()`, which never branches on a state it read earlier: it either
+takes the ready worker in the same scheduler tick that it checked it (so an idle stop cannot
+slip in between), or waits on the shared load attempt and looks again.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Sequence
+
+import trio
+
+from supervisor.config import ModelSpec, SupervisorConfig
+from supervisor.connection import LoadFailed, WorkerConnection, open_worker, stop_worker, worker_spec
+from supervisor.errors import WorkerUnavailable
+from supervisor.lifecycle import State, check
+
+log = logging.getLogger("corral.supervisor")
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One load that every waiter shares; a failed load fails all of them."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    error: WorkerUnavailable | None = None
+
+    def finish(self, error: WorkerUnavailable | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+
+class Lease:
+    """A request's hold on a ready worker. `release()` is idempotent and never blocks, so it
+    is safe in a `finally` that runs during cancellation."""
+
+    def __init__(self, handle: ModelHandle, conn: WorkerConnection) -> None:
+        self.handle, self.conn = handle, conn
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.handle._release()
+
+
+class ModelHandle:
+    def __init__(
+        self, spec: ModelSpec, settings: SupervisorConfig, worker_command: Sequence[str]
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.worker_command = list(worker_command)
+        self.state = State.STOPPED
+        self.conn: WorkerConnection | None = None
+        self.in_flight = 0
+        self.last_used: float = 0.0  # trio clock, end of the last inference request
+        self.starts = 0
+        self.crashes = 0
+        self.last_error: str | None = None
+        self.load_seconds: float | None = None
+        self._attempt: _Attempt | None = None
+        self._wakeup = trio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def pid(self) -> int | None:
+        c = self.conn
+        return c.process.pid if c is not None and c.process is not None else None
+
+    # ---- clients --------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[WorkerConnection]:
+        """`acquire()` for the duration of a block."""
+        held = await self.acquire()
+        try:
+            yield held.conn
+        finally:
+            held.release()
+
+    async def acquire(self) -> Lease:
+        """The ready worker, counted in flight until `release()`.
+
+        Blocks while the model loads (every concurrent caller shares one load). Raises
+        WorkerUnavailable if the load fails. Cancelling the wait leaves the load running for
+        others. While a lease is held the worker is never stopped for idleness. A streaming
+        response holds its lease past the handler that took it, hence no context manager.
+        """
+        return Lease(self, await self._acquire())
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+        self.last_used = trio.current_time()
+        self._poke()
+
+    async def _acquire(self) -> WorkerConnection:
+        while True:
+            conn = self.conn
+            if self.state is State.READY and conn is not None and not conn.closed.is_set():
+                # No await between the check and the increment: the run loop sees in_flight
+                # before it can decide to stop.
+                self.in_flight += 1
+                return conn
+            if self._attempt is None:
+                self._attempt = _Attempt()
+                self._poke()
+            attempt = self._attempt
+            await attempt.done.wait()
+            if attempt.error is not None:
+                raise attempt.error
+
+    # ---- the single writer ----------------------------------------------------------------
+
+    def _poke(self) -> None:
+        self._wakeup.set()
+
+    async def _sleep_until_poked(self) -> None:
+        await self._wakeup.wait()
+        self._wakeup = trio.Event()
+
+    def _set(self, new: State, reason: str) -> None:
+        check(self.state, new)
+        log.info("%s: %s -> %s (%s)", self.name, self.state.value, new.value, reason)
+        self.state = new
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own this model until cancelled. Cancellation stops the worker (shielded)."""
+        task_status.started()
+        try:
+            while True:
+                while self._attempt is None:
+                    await self._sleep_until_poked()
+                await self._lifetime(self._attempt)
+        finally:
+            if self._attempt is not None:
+                self._attempt.finish(WorkerUnavailable(f"model {self.name!r} is shutting down"))
+                self._attempt = None
+
+    async def _lifetime(self, attempt: _Attempt) -> None:
+        """One worker, from spawn to exit."""
+        self._set(State.STARTING, "requested")
+        self.starts += 1
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(self.settings.start_timeout or float("inf")):
+                    conn = await open_worker(
+                        nursery, worker_spec(self.spec), self.worker_command, self._poke
+                    )
+            except (LoadFailed, trio.TooSlowError, OSError) as exc:
+                msg = (
+                    f"no Ready within start_timeout={self.settings.start_timeout:g}s"
+                    if isinstance(exc, trio.TooSlowError)
+                    else str(exc)
+                )
+                self.last_error = msg
+                self._set(State.STOPPED, f"load failed: {msg}")
+                self._attempt = None
+                attempt.finish(WorkerUnavailable(f"model {self.name!r} failed to load: {msg}"))
+                nursery.cancel_scope.cancel()
+                return
+            except trio.Cancelled:
+                self._set(State.STOPPING, "shutdown during load")
+                self._set(State.STOPPED, "shutdown")
+                raise
+            self.conn = conn
+            self.load_seconds = trio.current_time() - started
+            self.last_used = trio.current_time()
+            self._set(State.READY, f"loaded in {self.load_seconds:.1f}s, pid {self.pid}")
+            self._attempt = None
+            attempt.finish()
+            try:
+                reason = await self._serve(conn)
+                if conn.closed.is_set():
+                    self.crashes += 1
+                    self.last_error = conn.close_reason
+                    self._set(State.STOPPED, reason)
+                else:
+                    await self._stop(conn, reason)
+            finally:
+                if self.state is State.READY:  # cancelled: shutdown
+                    with trio.CancelScope(shield=True):
+                        await self._stop(conn, "shutdown")
+                self.conn = None
+                nursery.cancel_scope.cancel()
+
+    async def _serve(self, conn: WorkerConnection) -> str:
+        """Wait in READY until the worker dies or the model has been idle long enough."""
+        idle_timeout = self.spec.idle_timeout
+        while True:
+            if conn.closed.is_set():
+                return f"worker died: {conn.close_reason}"
+            if self.in_flight == 0 and idle_timeout > 0:
+                deadline = self.last_used + idle_timeout
+                if trio.current_time() >= deadline:
+                    return f"idle for {idle_timeout:g}s"
+                with trio.move_on_at(deadline):
+                    await self._sleep_until_poked()
+            else:
+                await self._sleep_until_poked()
+
+    async def _stop(self, conn: WorkerConnection, reason: str) -> None:
+        self._set(State.STOPPING, reason)
+        await stop_worker(conn, self.settings.stop_grace)
+        self._set(State.STOPPED, "worker exited")

@@ -1,0 +1,36 @@
+"""The supervisor: one handle per configured model, and name/alias resolution."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import trio
+
+from supervisor.config import Config
+from supervisor.connection import default_worker_command
+from supervisor.errors import ModelNotFound
+from supervisor.handle import ModelHandle
+
+
+class Supervisor:
+    def __init__(self, config: Config, worker_command: Sequence[str] | None = None) -> None:
+        self.config = config
+        command = list(worker_command or default_worker_command())
+        self.handles: dict[str, ModelHandle] = {
+            name: ModelHandle(spec, config.supervisor, command)
+            for name, spec in config.models.items()
+        }
+
+    def resolve(self, model: str) -> ModelHandle:
+        """The handle for a model name or alias. Raises ModelNotFound (param "model")."""
+        spec = self.config.resolve(model)
+        if spec is None:
+            raise ModelNotFound(f"The model `{model}` does not exist.", "model")
+        return self.handles[spec.name]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every handle until cancelled; cancellation stops all workers."""
+        async with trio.open_nursery() as nursery:
+            for handle in self.handles.values():
+                await nursery.start(handle.run)
+            task_status.started()
