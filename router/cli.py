@@ -52,13 +52,18 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
             log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(cfg.models), ", ".join(cfg.models))
             task_status.started(binds)
 
-            async def on_signal() -> None:
-                async for sig in signals:
-                    log.info("%s received: shutting down", signal.Signals(sig).name)
-                    stop.set()
-                    return
-
-            nursery.start_soon(on_signal)
+            async for sig in signals:
+                log.info("%s received: shutting down", signal.Signals(sig).name)
+                break
+            # Stop accepting, let requests in flight finish, then cancel everything. Waiting
+            # on our own in-flight count rather than hypercorn's graceful shutdown matters:
+            # hypercorn holds idle keep-alive connections open for its whole timeout.
+            stop.set()
+            with trio.move_on_after(cfg.server.drain_timeout):
+                await supervisor.wait_idle()
+            if supervisor.in_flight:
+                log.warning("drain_timeout reached with %d request(s) in flight", supervisor.in_flight)
+            nursery.cancel_scope.cancel()
 
 
 def _print_problems(exc: ConfigError) -> None:

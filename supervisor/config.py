@@ -26,6 +26,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     port: int = 8080
     # Upper bound on a request body; OpenAI payloads with long chats stay far below it.
     max_body_bytes: int = 16 * 1024 * 1024
+    # On SIGTERM/SIGINT, how long requests in flight may take to finish before being cut.
+    drain_timeout: float = 30.0
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -112,13 +114,16 @@ _EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`")
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
 
 
-def _format_msgspec_error(exc: msgspec.ValidationError) -> str:
-    """Turn "Expected `int`, got `str` - at `$.models.a.n_ctx`" into "models.a.n_ctx: ..."."""
+def _format_msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> str:
+    """Turn "Expected `int`, got `str` - at `$.n_ctx`" into "models.a.n_ctx: expected int,
+    got str", where `prefix` names the table that was being converted."""
     m = _MSGSPEC_PATH.match(str(exc))
     assert m is not None  # the pattern matches any string
     msg, raw_path = m.group("msg"), m.group("path") or ""
-    # `$.models.a.n_ctx` -> `models.a.n_ctx`; `$.models["a b"]` keeps its quotes.
-    path = raw_path.lstrip(".").replace("[", ".[")
+    # `$.aliases[0]` -> `aliases[0]`
+    path = raw_path.lstrip(".")
+    if prefix:
+        path = f"{prefix}.{path}" if path else prefix
     if u := _UNKNOWN.match(msg):
         path = f"{path}.{u.group('key')}" if path else u.group("key")
         return f"{path}: unknown key"
@@ -137,10 +142,10 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"(syntax): {exc}"], source) from exc
-    try:
-        file = msgspec.convert(raw, ConfigFile)
-    except msgspec.ValidationError as exc:
-        raise ConfigError([_format_msgspec_error(exc)], source) from exc
+    file = _convert(raw, source)
+    problems = list(_check(file, base_dir))
+    if problems:
+        raise ConfigError(problems, source)
     problems = list(_check(file, base_dir))
     if problems:
         raise ConfigError(problems, source)
@@ -165,6 +170,35 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
         for name, m in file.models.items()
     }
     return Config(file.server, file.supervisor, models)
+
+
+class _Sections(msgspec.Struct, forbid_unknown_fields=True):
+    server: ServerConfig = ServerConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    models: dict[str, dict[str, object]] = {}
+
+
+def _convert(raw: dict[str, object], source: str) -> ConfigFile:
+    """Type-check the file section by section and model by model.
+
+    msgspec writes dict keys as `[...]` in its error paths, so each model table is
+    converted on its own, which keeps its name in the message and reports one problem per
+    table instead of stopping at the first.
+    """
+    try:
+        sections = msgspec.convert(raw, _Sections)
+    except msgspec.ValidationError as exc:
+        raise ConfigError([_format_msgspec_error(exc)], source) from exc
+    problems: list[str] = []
+    models: dict[str, ModelConfig] = {}
+    for name, table in sections.models.items():
+        try:
+            models[name] = msgspec.convert(table, ModelConfig)
+        except msgspec.ValidationError as exc:
+            problems.append(_format_msgspec_error(exc, prefix=f"models.{name}"))
+    if problems:
+        raise ConfigError(problems, source)
+    return ConfigFile(sections.server, sections.supervisor, models)
 
 
 def load(path: str | os.PathLike[str]) -> Config:
@@ -193,6 +227,8 @@ def _check(file: ConfigFile, base_dir: Path):  # type: ignore[no-untyped-def]
     srv, sup = file.server, file.supervisor
     if not 0 <= srv.port <= 65535:
         yield f"server.port: must be 0..65535, got {srv.port}"
+    if srv.drain_timeout < 0:
+        yield "server.drain_timeout: must be >= 0"
     if srv.max_body_bytes < 1024:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
     for key in ("idle_timeout", "start_timeout", "stop_grace"):

@@ -28,6 +28,16 @@ class Supervisor:
             raise ModelNotFound(f"The model `{model}` does not exist.", "model")
         return self.handles[spec.name]
 
+    @property
+    def in_flight(self) -> int:
+        return sum(h.in_flight for h in self.handles.values())
+
+    async def wait_idle(self) -> None:
+        """Return once no inference request is in flight on any model. Used only at
+        shutdown, so a short poll is simpler than another event to keep in sync."""
+        while self.in_flight:
+            await trio.sleep(0.05)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every handle until cancelled; cancellation stops all workers."""
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,130 @@
+"""A real `corral serve` process with the demo GGUF, shared by the e2e tests.
+
+The config has three entries backed by the same file: two chat models (one with an alias)
+and one embedding model, which is the acceptance setup of the first issue. The demo model is
+assembled by `make model` (part of `make test`); without it these tests fail, not skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_MODEL = Path(os.environ.get("CORRAL_DEMO_MODEL", ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return self.url + "/v1"
+
+    def workers(self) -> dict[str, int]:
+        """Model name -> pid of each live worker process of this server."""
+        out: dict[str, int] = {}
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if "worker" in cmd and "--spec" in cmd:
+                spec = cmd[cmd.index("--spec") + 1]
+                name = spec.split('"name":"', 1)[1].split('"', 1)[0]
+                out[name] = child.pid
+        return out
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(tmp: Path, config_text: str) -> Server:
+    if not DEMO_MODEL.is_file():
+        pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
+    port = free_port()
+    cfg = tmp / "config.toml"
+    cfg.write_text(config_text.replace("{MODEL}", str(DEMO_MODEL)).replace("{PORT}", str(port)))
+    log = tmp / "server.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"corral serve exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return Server(url, proc, log)
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"corral serve did not become healthy:\n{log.read_text()}")
+
+
+def stop_server(server: Server) -> int:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        return server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise
+
+
+THREE_MODELS = """
+[server]
+port = {PORT}
+
+[supervisor]
+idle_timeout = 0
+
+[models.chat-a]
+path = "{MODEL}"
+aliases = ["a-alias"]
+slots = 4
+n_ctx = 2048
+chat_template = "gemma"
+
+[models.chat-b]
+path = "{MODEL}"
+slots = 2
+n_ctx = 1024
+chat_template = "gemma"
+
+[models.embed]
+path = "{MODEL}"
+embeddings = true
+slots = 4
+n_ctx = 1024
+"""
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("corral"), THREE_MODELS)
+    yield srv
+    stop_server(srv)

@@ -1,0 +1,164 @@
+"""The OpenAI surface with the real worker, through the official openai client."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import math
+import struct
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import Server
+
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0)
+
+
+def test_chat_non_streaming(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="chat-a", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12, **GREEDY
+    )
+    assert r.object == "chat.completion"
+    assert isinstance(r.created, int)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert 0 < r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
+    kw = dict(model="chat-a", messages=[{"role": "user", "content": "Tell me about cats."}], max_tokens=24, **GREEDY)
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_sse_ends_with_done(server: Server) -> None:
+    body = {"model": "chat-a", "prompt": "One two three", "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", server.base + "/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+
+
+def test_completions_both_ways(client: openai.OpenAI) -> None:
+    kw = dict(model="chat-b", prompt="The capital of France is", max_tokens=10, **GREEDY)
+    r = client.completions.create(**kw)
+    assert r.object == "text_completion"
+    assert r.usage.completion_tokens == 10 or r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    assert streamed == r.choices[0].text
+
+
+def test_max_tokens_gives_length(client: openai.OpenAI) -> None:
+    r = client.completions.create(
+        model="chat-a", prompt="Count: 1, 2, 3,", max_tokens=7, extra_body={"ignore_eos": True}, **GREEDY
+    )
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 7
+
+
+def test_stop_string_spanning_tokens(client: openai.OpenAI) -> None:
+    kw = dict(model="chat-a", prompt="A list of fruits: apple, banana,", max_tokens=40, **GREEDY)
+    full = client.completions.create(extra_body={"ignore_eos": True}, **kw).choices[0].text
+    assert len(full) > 20
+    # A stop string that straddles token boundaries in the middle of the output.
+    stop = full[8:14]
+    assert stop.strip()
+    cut = client.completions.create(stop=[stop], **kw).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.find(stop)]
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(stop=[stop], stream=True, **kw)
+    )
+    assert streamed == cut.text
+
+
+def test_concurrent_greedy_equals_sequential(client: openai.OpenAI) -> None:
+    """Continuous batching must not change results: four prompts of very different lengths
+    (one over n_batch, so it is prefilled in chunks while the others generate), run one at a
+    time and then together, give identical greedy text.
+
+    The prompts ask the model to keep counting. Counting has wide logit
+    margins, so the float differences that different batch shapes cause (llama.cpp's logits
+    are not bit-identical across batch sizes) cannot flip a token, while a wrong position or
+    a mixed-up KV sequence breaks the count at once.
+    """
+    spans = [(1, 6), (100, 160), (1, 300), (7, 40)]  # (1, 300) is ~900 tokens > n_batch
+    prompts = [", ".join(str(n) for n in range(a, b)) + "," for a, b in spans]
+
+    def run(p: str) -> str:
+        return client.completions.create(
+            model="chat-a", prompt=p, max_tokens=32, extra_body={"ignore_eos": True}, **GREEDY
+        ).choices[0].text
+
+    sequential = [run(p) for p in prompts]
+    for (_, b), text in zip(spans, sequential):
+        assert text.lstrip().startswith(str(b))  # the model really counts: the test has teeth
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(run, prompts))
+    assert together == sequential
+
+
+def _cos(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))  # the vectors are unit length
+
+
+def test_embeddings(client: openai.OpenAI) -> None:
+    r = client.embeddings.create(model="embed", input=["a cat sat", "a cat sat", "stock prices fell"])
+    vecs = [d.embedding for d in r.data]
+    assert [d.index for d in r.data] == [0, 1, 2]
+    assert len(vecs[0]) == 640
+    assert math.isclose(sum(x * x for x in vecs[0]), 1.0, rel_tol=1e-4)
+    assert vecs[0] == pytest.approx(vecs[1], abs=1e-5)  # same input, same batch
+    assert _cos(vecs[0], vecs[2]) < 0.9
+    assert r.usage.prompt_tokens > 0
+    # Embedded alone, in a batch of another shape: llama.cpp's float results vary slightly
+    # with batch shape (measured cosine 0.9996), so compare directions, not elements.
+    b64 = client.embeddings.create(model="embed", input="a cat sat", encoding_format="base64")
+    raw = base64.b64decode(b64.data[0].embedding)  # type: ignore[arg-type]
+    alone = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    assert len(alone) == 640
+    assert _cos(alone, vecs[0]) > 0.999
+
+
+def test_errors_are_openai_json(server: Server, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert nf.value.body == {
+        "message": "The model `nope` does not exist.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    with pytest.raises(openai.BadRequestError) as big:
+        client.completions.create(model="chat-b", prompt="word " * 3000, max_tokens=4)
+    assert big.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="chat-a", messages=[{"role": "user", "content": "x"}], temperature=7)
+    assert bad.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as wrong:
+        client.embeddings.create(model="chat-a", input="x")
+    assert wrong.value.body["param"] == "model"
+    r = httpx.post(server.base + "/chat/completions", content=b"{not json", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(server.base + "/nowhere", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
+    r = httpx.get(server.base + "/chat/completions", timeout=10)
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}

@@ -1,0 +1,417 @@
+"""supervisor/config.py: parsing, defaults, path resolution and `key.path: message` errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import Config, ConfigError, load, parse
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    return tmp_path
+
+
+def problems(text: str, base_dir: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse(text, base_dir)
+    assert info.value.problems, "ConfigError without problems"
+    return info.value.problems
+
+
+def one_problem(text: str, base_dir: Path) -> str:
+    ps = problems(text, base_dir)
+    assert len(ps) == 1, ps
+    return ps[0]
+
+
+MINIMAL = '[models.a]\npath = "m.gguf"\n'
+
+
+# ---- valid configs ------------------------------------------------------------------------------
+
+
+def test_minimal_config(base: Path) -> None:
+    cfg = parse(MINIMAL, base)
+    assert isinstance(cfg, Config)
+    assert list(cfg.models) == ["a"]
+    spec = cfg.models["a"]
+    assert spec.name == "a"
+    assert spec.path == (base / "m.gguf").resolve()
+    assert spec.path.is_absolute()
+
+
+def test_defaults(base: Path) -> None:
+    cfg = parse(MINIMAL, base)
+    spec = cfg.models["a"]
+    assert spec.slots == 4
+    assert spec.n_ctx == 4096
+    assert spec.n_batch == 512
+    assert spec.threads is None
+    assert spec.n_gpu_layers == 0
+    assert spec.chat_template is None
+    assert spec.embeddings is False
+    assert spec.pooling is None
+    assert spec.aliases == ()
+    assert spec.repack is False
+    assert spec.swa_full is True
+    assert spec.idle_timeout == cfg.supervisor.idle_timeout == 600.0
+    assert cfg.server.host == "127.0.0.1"
+    assert cfg.server.port == 8080
+    assert cfg.supervisor.start_timeout == 120.0
+    assert cfg.supervisor.stop_grace == 5.0
+
+
+def test_idle_timeout_inherits_supervisor(base: Path) -> None:
+    text = (
+        "[supervisor]\nidle_timeout = 30\n"
+        '[models.a]\npath = "m.gguf"\n'
+        '[models.b]\npath = "m.gguf"\nidle_timeout = 0\n'
+    )
+    cfg = parse(text, base)
+    assert cfg.models["a"].idle_timeout == 30.0
+    assert cfg.models["b"].idle_timeout == 0.0
+
+
+def test_full_config(base: Path) -> None:
+    text = """
+[server]
+host = "0.0.0.0"
+port = 9000
+max_body_bytes = 2048
+
+[supervisor]
+idle_timeout = 10
+start_timeout = 5.5
+stop_grace = 1
+
+[models.chat]
+path = "m.gguf"
+aliases = ["default", "gpt-4o"]
+slots = 8
+n_ctx = 8192
+n_batch = 256
+threads = 2
+n_gpu_layers = -1
+chat_template = "gemma"
+repack = true
+swa_full = false
+
+[models.embed]
+path = "other.gguf"
+embeddings = true
+pooling = "cls"
+"""
+    cfg = parse(text, base)
+    assert cfg.server.host == "0.0.0.0" and cfg.server.port == 9000
+    assert cfg.supervisor.start_timeout == 5.5
+    chat = cfg.models["chat"]
+    assert chat.aliases == ("default", "gpt-4o")
+    assert (chat.slots, chat.n_ctx, chat.n_batch, chat.threads) == (8, 8192, 256, 2)
+    assert chat.n_gpu_layers == -1
+    assert chat.chat_template == "gemma"
+    assert chat.repack is True and chat.swa_full is False
+    assert chat.idle_timeout == 10.0
+    embed = cfg.models["embed"]
+    assert embed.embeddings is True and embed.pooling == "cls"
+    assert embed.path == (base / "other.gguf").resolve()
+
+
+def test_model_path_relative_to_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "conf").mkdir()
+    model = tmp_path / "models" / "x.gguf"
+    model.write_bytes(b"GGUF")
+    cfg = parse('[models.x]\npath = "../models/x.gguf"\n', tmp_path / "conf")
+    assert cfg.models["x"].path == model.resolve()
+
+
+def test_absolute_model_path(tmp_path: Path, base: Path) -> None:
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    cfg = parse(f'[models.a]\npath = "{(base / "m.gguf").as_posix()}"\n', other)
+    assert cfg.models["a"].path == (base / "m.gguf").resolve()
+
+
+def test_load_resolves_relative_to_file(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "x.gguf").write_bytes(b"GGUF")
+    conf = tmp_path / "etc" / "corral.toml"
+    conf.parent.mkdir()
+    conf.write_text('[models.x]\npath = "../models/x.gguf"\n', encoding="utf-8")
+    cfg = load(conf)
+    assert cfg.source == conf.resolve()
+    assert cfg.models["x"].path == (tmp_path / "models" / "x.gguf").resolve()
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load(missing)
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith("(file): cannot read")
+    assert info.value.source == str(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_load_reports_source_in_errors(tmp_path: Path) -> None:
+    conf = tmp_path / "bad.toml"
+    conf.write_text("[models.a]\npath = 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load(conf)
+    assert info.value.source == str(conf)
+    assert str(info.value).startswith(f"{conf}: ")
+
+
+def test_example_config_is_valid(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
+    # Validate against a stand-in model file at the same relative place, so no GGUF is needed.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "gemma-3-270m-Q4_K_M.gguf").write_bytes(b"GGUF")
+    (tmp_path / "examples").mkdir()
+    cfg = parse(example.read_text(encoding="utf-8"), tmp_path / "examples")
+    assert cfg.resolve("gemma") is cfg.models["gemma-3-270m"]
+    assert cfg.models["gemma-3-270m"].chat_template == "gemma"
+    assert cfg.models["gemma-embed"].embeddings is True
+
+
+# ---- resolve ------------------------------------------------------------------------------------
+
+
+def test_resolve_by_name_and_alias(base: Path) -> None:
+    text = (
+        '[models.a]\npath = "m.gguf"\naliases = ["alpha", "first"]\n'
+        '[models.b]\npath = "m.gguf"\naliases = ["beta"]\n'
+    )
+    cfg = parse(text, base)
+    assert cfg.resolve("a") is cfg.models["a"]
+    assert cfg.resolve("b") is cfg.models["b"]
+    assert cfg.resolve("alpha") is cfg.models["a"]
+    assert cfg.resolve("first") is cfg.models["a"]
+    assert cfg.resolve("beta") is cfg.models["b"]
+    assert cfg.resolve("gamma") is None
+    assert cfg.resolve("") is None
+    assert cfg.resolve("A") is None  # names are case-sensitive
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key(base: Path) -> None:
+    assert one_problem("foo = 1\n" + MINIMAL, base) == "foo: unknown key"
+
+
+def test_unknown_key_in_server(base: Path) -> None:
+    assert one_problem("[server]\nfoo = 1\n" + MINIMAL, base) == "server.foo: unknown key"
+
+
+def test_unknown_key_in_supervisor(base: Path) -> None:
+    assert one_problem("[supervisor]\nbar = 1\n" + MINIMAL, base) == "supervisor.bar: unknown key"
+
+
+def test_unknown_key_in_model(base: Path) -> None:
+    assert one_problem(MINIMAL + "foo = 1\n", base) == "models.a.foo: unknown key"
+
+
+def test_wrong_type_in_model(base: Path) -> None:
+    assert one_problem(MINIMAL + 'n_ctx = "big"\n', base) == "models.a.n_ctx: expected int, got str"
+
+
+def test_wrong_type_in_server(base: Path) -> None:
+    assert (
+        one_problem('[server]\nport = "80"\n' + MINIMAL, base)
+        == "server.port: expected int, got str"
+    )
+
+
+def test_wrong_type_in_alias_list_names_model(base: Path) -> None:
+    msg = one_problem(MINIMAL + "aliases = [1]\n", base)
+    assert msg.startswith("models.a.aliases")
+    assert msg.endswith("expected str, got int")
+
+
+def test_models_not_a_table(base: Path) -> None:
+    assert one_problem("models = 3\n", base) == "models: expected object, got int"
+
+
+def test_missing_path(base: Path) -> None:
+    assert one_problem("[models.a]\nslots = 2\n", base) == "models.a.path: required key is missing"
+
+
+def test_nonexistent_model_file(base: Path) -> None:
+    msg = one_problem('[models.a]\npath = "missing.gguf"\n', base)
+    assert msg.startswith("models.a.path: no such file")
+    assert str((base / "missing.gguf").resolve()) in msg
+
+
+def test_model_path_is_a_directory(base: Path) -> None:
+    (base / "dir.gguf").mkdir()
+    assert one_problem('[models.a]\npath = "dir.gguf"\n', base).startswith(
+        "models.a.path: no such file"
+    )
+
+
+def test_duplicate_alias_across_models_names_both(base: Path) -> None:
+    text = (
+        '[models.a]\npath = "m.gguf"\naliases = ["shared"]\n'
+        '[models.b]\npath = "m.gguf"\naliases = ["other", "shared"]\n'
+    )
+    msg = one_problem(text, base)
+    assert msg.startswith("models.b.aliases[1]:")
+    assert "'shared'" in msg
+    assert "models.a" in msg
+
+
+def test_alias_equal_to_another_models_name(base: Path) -> None:
+    text = '[models.a]\npath = "m.gguf"\naliases = ["b"]\n[models.b]\npath = "m.gguf"\n'
+    msg = one_problem(text, base)
+    assert msg.startswith("models.a.aliases[0]:")
+    assert "'b'" in msg and "models.b" in msg
+
+
+def test_alias_equal_to_later_models_name_in_either_order(base: Path) -> None:
+    text = '[models.b]\npath = "m.gguf"\n[models.a]\npath = "m.gguf"\naliases = ["b"]\n'
+    msg = one_problem(text, base)
+    assert msg.startswith("models.a.aliases[0]:") and "models.b" in msg
+
+
+def test_duplicate_alias_within_one_model(base: Path) -> None:
+    msg = one_problem(MINIMAL + 'aliases = ["x", "x"]\n', base)
+    assert msg.startswith("models.a.aliases[1]:")
+
+
+def test_empty_alias(base: Path) -> None:
+    assert (
+        one_problem(MINIMAL + 'aliases = [" "]\n', base) == "models.a.aliases[0]: must not be empty"
+    )
+
+
+def test_chat_template_builtin_name(base: Path) -> None:
+    cfg = parse(MINIMAL + 'chat_template = "gemma"\n', base)
+    assert cfg.models["a"].chat_template == "gemma"
+    cfg = parse(MINIMAL + 'chat_template = "chatml"\n', base)
+    assert cfg.models["a"].chat_template == "chatml"
+
+
+def test_chat_template_file_resolved_to_absolute_path(base: Path) -> None:
+    (base / "templates").mkdir()
+    tpl = base / "templates" / "mine.jinja"
+    tpl.write_text("{{ messages }}", encoding="utf-8")
+    cfg = parse(MINIMAL + 'chat_template = "templates/mine.jinja"\n', base)
+    assert cfg.models["a"].chat_template == str(tpl.resolve())
+
+
+def test_chat_template_rejects_unknown(base: Path) -> None:
+    msg = one_problem(MINIMAL + 'chat_template = "gemmaa"\n', base)
+    assert msg.startswith("models.a.chat_template:")
+    assert "'gemmaa'" in msg
+    assert "gemma" in msg.split("built-in:")[1]
+
+
+def test_chat_template_rejects_directory(base: Path) -> None:
+    (base / "tpl").mkdir()
+    assert one_problem(MINIMAL + 'chat_template = "tpl"\n', base).startswith(
+        "models.a.chat_template:"
+    )
+
+
+@pytest.mark.parametrize("slots", [0, -1, 257])
+def test_slots_out_of_range(base: Path, slots: int) -> None:
+    assert (
+        one_problem(MINIMAL + f"slots = {slots}\n", base)
+        == f"models.a.slots: must be 1..256, got {slots}"
+    )
+
+
+@pytest.mark.parametrize("slots", [1, 256])
+def test_slots_bounds_accepted(base: Path, slots: int) -> None:
+    assert parse(MINIMAL + f"slots = {slots}\n", base).models["a"].slots == slots
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("n_ctx = 8", "models.a.n_ctx"),
+        ("n_batch = 0", "models.a.n_batch"),
+        ("threads = 0", "models.a.threads"),
+        ("n_gpu_layers = -2", "models.a.n_gpu_layers"),
+        ("idle_timeout = -1", "models.a.idle_timeout"),
+        ('pooling = "mean"', "models.a.pooling"),  # without embeddings = true
+    ],
+)
+def test_model_range_checks(base: Path, line: str, key: str) -> None:
+    assert one_problem(MINIMAL + line + "\n", base).startswith(key + ":")
+
+
+def test_bad_pooling_value(base: Path) -> None:
+    msg = one_problem(MINIMAL + 'embeddings = true\npooling = "max"\n', base)
+    assert msg.startswith("models.a.pooling:")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[server]\nport = 70000\n", "server.port"),
+        ("[server]\nport = -1\n", "server.port"),
+        ("[server]\nmax_body_bytes = 10\n", "server.max_body_bytes"),
+        ("[supervisor]\nidle_timeout = -1\n", "supervisor.idle_timeout"),
+        ("[supervisor]\nstart_timeout = -1\n", "supervisor.start_timeout"),
+        ("[supervisor]\nstop_grace = -0.5\n", "supervisor.stop_grace"),
+    ],
+)
+def test_server_and_supervisor_range_checks(base: Path, text: str, key: str) -> None:
+    assert one_problem(text + MINIMAL, base).startswith(key + ":")
+
+
+def test_no_models(base: Path) -> None:
+    msg = one_problem("[server]\nport = 8080\n", base)
+    assert msg.startswith("models:")
+    assert one_problem("", base).startswith("models:")
+
+
+def test_toml_syntax_error(base: Path) -> None:
+    msg = one_problem("[models.a\npath = 1\n", base)
+    assert msg.startswith("(syntax):")
+    assert "line 1" in msg
+
+
+def test_toml_duplicate_key_is_syntax_error(base: Path) -> None:
+    assert one_problem(MINIMAL + 'path = "m.gguf"\n', base).startswith("(syntax):")
+
+
+def test_multiple_problems_reported_at_once(base: Path) -> None:
+    text = """
+[server]
+port = 99999
+
+[models.a]
+path = "missing.gguf"
+slots = 0
+chat_template = "nope"
+aliases = ["b"]
+
+[models.b]
+path = "m.gguf"
+n_ctx = 1
+"""
+    ps = problems(text, base)
+    keys = [p.split(":")[0] for p in ps]
+    assert keys == [
+        "server.port",
+        "models.a.path",
+        "models.a.slots",
+        "models.a.chat_template",
+        "models.a.aliases[0]",
+        "models.b.n_ctx",
+    ]
+
+
+def test_config_error_message_joins_problems() -> None:
+    err = ConfigError(["a: x", "b: y"], "conf.toml")
+    assert err.problems == ["a: x", "b: y"]
+    assert str(err) == "conf.toml: a: x; b: y"
+    assert str(ConfigError(["a: x"])) == "a: x"

@@ -1,0 +1,282 @@
+"""router/errors.py and router/openai_format.py: error mapping and OpenAI response shapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from router import errors as re_
+from router.openai_format import DONE, Completion, usage_json
+from supervisor import errors as e
+from worker.protocol import Usage
+
+# ---- errors -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "type_", "code"),
+    [
+        (e.InvalidRequest("bad", "temperature"), 400, "invalid_request_error", None),
+        (e.Unsupported("nope", "tools"), 400, "invalid_request_error", "unsupported_parameter"),
+        (
+            e.ContextOverflow("too long", "messages"),
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+        ),
+        (
+            e.ModelNotFound("no such model", "model"),
+            404,
+            "invalid_request_error",
+            "model_not_found",
+        ),
+        (e.WorkerUnavailable("loading failed"), 503, "server_error", "model_unavailable"),
+        (e.WorkerCrashed("worker died"), 502, "server_error", "worker_crashed"),
+        (e.InternalError("bug"), 500, "server_error", "internal_error"),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None,
+)
+def test_error_mapping(exc: e.CorralError, status: int, type_: str, code: str | None) -> None:
+    h = re_.classify(exc)
+    assert (h.status, h.type, h.code) == (status, type_, code)
+    raw, got_status, headers = re_.render(exc)
+    assert got_status == status
+    assert headers["content-type"] == "application/json"
+    assert json.loads(raw) == {
+        "error": {"message": exc.message, "type": type_, "param": exc.param, "code": code}
+    }
+
+
+def test_every_error_class_is_mapped() -> None:
+    classes = [
+        c
+        for c in vars(e).values()
+        if isinstance(c, type) and issubclass(c, e.CorralError) and c is not e.CorralError
+    ]
+    assert classes
+    for cls in classes:
+        assert cls in re_._MAP, cls
+
+
+def test_subclass_maps_like_its_base() -> None:
+    class Special(e.ModelNotFound):
+        pass
+
+    assert re_.classify(Special("x")).status == 404
+
+
+def test_base_error_maps_to_internal() -> None:
+    h = re_.classify(e.CorralError("?"))
+    assert (h.status, h.type) == (500, "server_error")
+
+
+@pytest.mark.parametrize(("retry", "header"), [(True, "true"), (False, "false")])
+def test_worker_unavailable_retry_header(retry: bool, header: str) -> None:
+    _, status, headers = re_.render(e.WorkerUnavailable("down", retry=retry))
+    assert status == 503
+    assert headers["x-should-retry"] == header
+
+
+def test_worker_unavailable_retry_defaults_true() -> None:
+    assert e.WorkerUnavailable("down").retry is True
+    assert re_.render(e.WorkerUnavailable("down"))[2]["x-should-retry"] == "true"
+
+
+@pytest.mark.parametrize(
+    "exc", [e.InvalidRequest("x"), e.WorkerCrashed("x"), e.ModelNotFound("x"), e.InternalError("x")]
+)
+def test_no_retry_header_for_other_errors(exc: e.CorralError) -> None:
+    assert "x-should-retry" not in re_.render(exc)[2]
+
+
+def test_envelope_always_has_all_four_keys() -> None:
+    env = re_.envelope("m", "t", None, None)
+    assert env == {"error": {"message": "m", "type": "t", "param": None, "code": None}}
+    raw, _, _ = re_.render(e.InvalidRequest("no param"))
+    err = json.loads(raw)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] is None and err["code"] is None
+
+
+def test_sse_error_event() -> None:
+    raw = re_.sse_event(e.WorkerCrashed("worker died mid-stream"))
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    assert raw.count(b"\n") == 2
+    err = json.loads(raw[len(b"data: ") : -2])["error"]
+    assert err == {
+        "message": "worker died mid-stream",
+        "type": "server_error",
+        "param": None,
+        "code": "worker_crashed",
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "type_"),
+    [
+        (404, "invalid_request_error"),
+        (405, "invalid_request_error"),
+        (413, "invalid_request_error"),
+        (500, "server_error"),
+    ],
+)
+def test_http_status(status: int, type_: str) -> None:
+    raw, got, headers = re_.http_status(status, "msg", "code_x")
+    assert got == status
+    assert headers == {"content-type": "application/json"}
+    assert json.loads(raw) == {
+        "error": {"message": "msg", "type": type_, "param": None, "code": "code_x"}
+    }
+
+
+def test_error_message_with_unicode_and_quotes() -> None:
+    raw, _, _ = re_.render(e.InvalidRequest('bad "value" – ünïcode', "x"))
+    assert json.loads(raw)["error"]["message"] == 'bad "value" – ünïcode'
+
+
+# ---- openai_format ------------------------------------------------------------------------------
+
+
+def parse_event(raw: bytes) -> dict[str, Any]:
+    assert raw.startswith(b"data: "), raw
+    assert raw.endswith(b"\n\n"), raw
+    payload = raw[len(b"data: ") : -2]
+    assert b"\n" not in payload
+    return json.loads(payload)
+
+
+USAGE = Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=3)
+
+
+def test_usage_json() -> None:
+    assert usage_json(USAGE) == {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 3},
+    }
+    assert usage_json(None) == {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "total_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def test_ids_have_prefix_and_are_unique() -> None:
+    chat_ids = {Completion("m", chat=True).id for _ in range(50)}
+    assert len(chat_ids) == 50
+    assert all(i.startswith("chatcmpl-") for i in chat_ids)
+    assert Completion("m", chat=False).id.startswith("cmpl-")
+
+
+def test_chat_whole() -> None:
+    c = Completion("my-model", chat=True)
+    obj = json.loads(c.whole("Hello!", "stop", USAGE))
+    assert obj["id"] == c.id
+    assert obj["object"] == "chat.completion"
+    assert type(obj["created"]) is int
+    assert obj["created"] == c.created
+    assert obj["model"] == "my-model"
+    assert "system_fingerprint" in obj
+    assert len(obj["choices"]) == 1
+    choice = obj["choices"][0]
+    assert choice["index"] == 0
+    assert choice["message"] == {"role": "assistant", "content": "Hello!", "refusal": None}
+    assert "logprobs" in choice and choice["logprobs"] is None
+    assert choice["finish_reason"] == "stop"
+    assert obj["usage"]["total_tokens"] == 15
+
+
+def test_completion_whole() -> None:
+    c = Completion("m", chat=False)
+    obj = json.loads(c.whole("text out", "length", None))
+    assert obj["object"] == "text_completion"
+    assert type(obj["created"]) is int
+    choice = obj["choices"][0]
+    assert choice == {"index": 0, "text": "text out", "logprobs": None, "finish_reason": "length"}
+    assert obj["usage"]["total_tokens"] == 0
+
+
+def test_created_is_int_even_if_time_is_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    import router.openai_format as of
+
+    monkeypatch.setattr(of.time, "time", lambda: 1700000000.75)
+    c = Completion("m", chat=True)
+    assert c.created == 1700000000
+    assert json.loads(c.whole("", "stop", None))["created"] == 1700000000
+    assert parse_event(c.chunk("x"))["created"] == 1700000000
+
+
+def test_chat_chunk_first_has_role() -> None:
+    c = Completion("m", chat=True)
+    first = parse_event(c.chunk("", first=True))
+    assert first["object"] == "chat.completion.chunk"
+    assert first["id"] == c.id
+    assert type(first["created"]) is int
+    choice = first["choices"][0]
+    assert choice["delta"] == {"role": "assistant", "content": ""}
+    assert choice["logprobs"] is None and "logprobs" in choice
+    assert choice["finish_reason"] is None and "finish_reason" in choice
+
+
+def test_chat_chunk_later_has_no_role() -> None:
+    c = Completion("m", chat=True)
+    later = parse_event(c.chunk("world"))
+    assert later["choices"][0]["delta"] == {"content": "world"}
+
+
+def test_chat_chunk_final_with_finish_reason() -> None:
+    c = Completion("m", chat=True)
+    last = parse_event(c.chunk(None, "stop"))
+    assert last["choices"][0]["delta"] == {}
+    assert last["choices"][0]["finish_reason"] == "stop"
+
+
+def test_chunks_share_id_and_created() -> None:
+    c = Completion("m", chat=True)
+    events = [
+        parse_event(x)
+        for x in (
+            c.chunk("", first=True),
+            c.chunk("a"),
+            c.chunk(None, "stop"),
+            c.usage_chunk(USAGE),
+        )
+    ]
+    assert {ev["id"] for ev in events} == {c.id}
+    assert {ev["created"] for ev in events} == {c.created}
+    assert {ev["model"] for ev in events} == {"m"}
+
+
+def test_completion_chunk() -> None:
+    c = Completion("m", chat=False)
+    ev = parse_event(c.chunk("abc"))
+    assert ev["object"] == "text_completion"
+    assert ev["choices"][0] == {"index": 0, "text": "abc", "logprobs": None, "finish_reason": None}
+    ev = parse_event(c.chunk(None, "length"))
+    assert ev["choices"][0]["text"] == ""
+    assert ev["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_usage_chunk(chat: bool) -> None:
+    c = Completion("m", chat=chat)
+    ev = parse_event(c.usage_chunk(USAGE))
+    assert ev["choices"] == []
+    assert ev["usage"]["prompt_tokens"] == 10
+    assert ev["usage"]["total_tokens"] == 15
+    assert ev["object"] == ("chat.completion.chunk" if chat else "text_completion")
+    assert type(ev["created"]) is int
+
+
+def test_chunk_text_with_newlines_stays_on_one_sse_line() -> None:
+    c = Completion("m", chat=True)
+    ev = parse_event(c.chunk("line1\nline2\n\n", first=True))
+    assert ev["choices"][0]["delta"]["content"] == "line1\nline2\n\n"
+
+
+def test_done_sentinel() -> None:
+    assert DONE == b"data: [DONE]\n\n"

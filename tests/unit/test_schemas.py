@@ -1,0 +1,480 @@
+"""router/schemas.py: request decoding and validation; every error names its parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from router import schemas as s
+from supervisor.errors import InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, SamplingParams
+
+
+def body(**fields: Any) -> bytes:
+    return msgspec.json.encode(fields)
+
+
+def chat(**fields: Any) -> s.ChatRequest:
+    fields.setdefault("model", "m")
+    fields.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return s.decode(body(**fields), s.ChatRequest)
+
+
+def completion(**fields: Any) -> s.CompletionRequest:
+    fields.setdefault("model", "m")
+    return s.decode(body(**fields), s.CompletionRequest)
+
+
+def embedding(**fields: Any) -> s.EmbeddingRequest:
+    fields.setdefault("model", "m")
+    return s.decode(body(**fields), s.EmbeddingRequest)
+
+
+# ---- decode -------------------------------------------------------------------------------------
+
+
+def test_decode_valid_chat() -> None:
+    r = chat(temperature=0.2, stop=["x"], max_completion_tokens=5)
+    assert isinstance(r, s.ChatRequest)
+    assert r.model == "m" and r.temperature == 0.2 and r.stop == ["x"]
+    assert r.max_completion_tokens == 5
+
+
+def test_decode_accepts_integer_for_float() -> None:
+    assert chat(temperature=1).temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{", b'{"model": "m",}', b"not json", b"\xff\xfe", b'{"model": "m"} trailing']
+)
+def test_decode_malformed_json(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(raw, s.ChatRequest)
+    assert "could not parse the JSON body" in info.value.message
+    assert info.value.param is None
+
+
+@pytest.mark.parametrize("raw", [b"", b"   ", b"\n\t"])
+def test_decode_empty_body(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(raw, s.ChatRequest)
+    assert "empty" in info.value.message
+    assert info.value.param is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw"),
+    [
+        (s.ChatRequest, b'{"model": "m", "messages": [], "foo": 1}'),
+        (s.CompletionRequest, b'{"model": "m", "prompt": "x", "foo": 1}'),
+        (s.EmbeddingRequest, b'{"model": "m", "input": "x", "foo": 1}'),
+    ],
+)
+def test_decode_unknown_field(kind: type[msgspec.Struct], raw: bytes) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(raw, kind)
+    assert info.value.message == "Unrecognized request argument supplied: foo"
+    assert info.value.param == "foo"
+
+
+def test_decode_unknown_nested_field() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(
+            body(model="m", stream=True, stream_options={"include_usage": True, "x": 1}),
+            s.ChatRequest,
+        )
+    assert info.value.message == "Unrecognized request argument supplied: stream_options.x"
+    assert info.value.param == "stream_options.x"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": 1.5}, "max_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"model": 5}, "model"),
+        ({"messages": {"role": "user"}}, "messages"),
+        ({"stop": 5}, "stop"),
+        ({"stop": ["a", 5]}, "stop[1]"),
+        ({"n": "2"}, "n"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
+def test_decode_wrong_type_names_param(fields: dict[str, Any], param: str) -> None:
+    fields = {"model": "m", **fields}
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(body(**fields), s.ChatRequest)
+    assert info.value.param == param
+    assert f"'{param}'" in info.value.message
+
+
+def test_decode_missing_model() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(body(messages=[{"role": "user", "content": "x"}]), s.ChatRequest)
+    assert info.value.param == "model"
+    assert "model" in info.value.message
+
+
+def test_decode_missing_embedding_input() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.decode(body(model="m"), s.EmbeddingRequest)
+    assert info.value.param == "input"
+
+
+def test_decode_non_object_body_is_invalid_request() -> None:
+    for raw in [b"[]", b"null", b"3", b'"x"']:
+        with pytest.raises(InvalidRequest):
+            s.decode(raw, s.ChatRequest)
+
+
+# ---- sampling_params ----------------------------------------------------------------------------
+
+
+def test_sampling_params_defaults() -> None:
+    r = chat()
+    sp = s.sampling_params(r, r.max_tokens)
+    assert sp == SamplingParams(max_tokens=None, stop=[])
+
+
+def test_sampling_params_maps_everything() -> None:
+    r = chat(
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.1,
+        seed=7,
+        repeat_penalty=1.2,
+        repeat_last_n=-1,
+        presence_penalty=1.0,
+        frequency_penalty=-1.0,
+        ignore_eos=True,
+        stop="END",
+    )
+    sp = s.sampling_params(r, 12)
+    assert sp == SamplingParams(
+        max_tokens=12,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.1,
+        seed=7,
+        repeat_penalty=1.2,
+        repeat_last_n=-1,
+        presence_penalty=1.0,
+        frequency_penalty=-1.0,
+        stop=["END"],
+        ignore_eos=True,
+    )
+
+
+def test_stop_string_and_list() -> None:
+    assert s.sampling_params(chat(stop="x"), None).stop == ["x"]
+    assert s.sampling_params(chat(stop=["x", "y"]), None).stop == ["x", "y"]
+    assert s.sampling_params(chat(stop=None), None).stop == []
+    assert s.sampling_params(chat(stop=[]), None).stop == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": 3}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": -0.01}, "top_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"min_p": 2}, "min_p"),
+        ({"repeat_penalty": -1}, "repeat_penalty"),
+        ({"top_k": -1}, "top_k"),
+        ({"repeat_last_n": -2}, "repeat_last_n"),
+        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": [str(i) for i in range(s.MAX_STOP_STRINGS + 1)]}, "stop"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": False, "stream_options": {}}, "stream_options"),
+    ],
+)
+def test_sampling_params_range_checks_name_param(fields: dict[str, Any], param: str) -> None:
+    r = chat(**fields)
+    with pytest.raises(InvalidRequest) as info:
+        s.sampling_params(r, r.max_tokens)
+    assert info.value.param == param
+    assert param in info.value.message.lower()
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_max_tokens_below_one(value: int) -> None:
+    r = chat(max_tokens=value)
+    with pytest.raises(InvalidRequest) as info:
+        s.sampling_params(r, r.max_tokens)
+    assert info.value.param == "max_tokens"
+    assert "max_tokens" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": 0},
+        {"temperature": 2},
+        {"top_p": 0},
+        {"top_p": 1},
+        {"presence_penalty": -2, "frequency_penalty": 2},
+        {"stop": [str(i) for i in range(s.MAX_STOP_STRINGS)]},
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"max_tokens": 1},
+        {"n": 1},
+        {"logit_bias": {}},
+    ],
+)
+def test_sampling_params_boundaries_accepted(fields: dict[str, Any]) -> None:
+    r = chat(**fields)
+    s.sampling_params(r, r.max_tokens)
+
+
+def test_logit_bias_unsupported() -> None:
+    r = chat(logit_bias={"123": 5.0})
+    with pytest.raises(Unsupported) as info:
+        s.sampling_params(r, None)
+    assert info.value.param == "logit_bias"
+
+
+# ---- chat_messages ------------------------------------------------------------------------------
+
+
+def test_chat_messages_plain_strings() -> None:
+    r = chat(
+        messages=[
+            {"role": "system", "content": "Be kind."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "tool", "content": "42"},
+        ]
+    )
+    assert s.chat_messages(r) == [
+        ChatMessage(role="system", content="Be kind."),
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", content="Hello"),
+        ChatMessage(role="tool", content="42"),
+    ]
+
+
+def test_chat_messages_text_parts_joined() -> None:
+    r = chat(
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}],
+            }
+        ]
+    )
+    assert s.chat_messages(r) == [ChatMessage(role="user", content="Hello, world")]
+
+
+def test_chat_messages_empty_parts_and_null_content() -> None:
+    r = chat(
+        messages=[
+            {"role": "user", "content": []},
+            {"role": "assistant", "content": None},
+            {"role": "user"},
+        ]
+    )
+    assert s.chat_messages(r) == [
+        ChatMessage(role="user", content=""),
+        ChatMessage(role="assistant", content=""),
+        ChatMessage(role="user", content=""),
+    ]
+
+
+def test_developer_maps_to_system() -> None:
+    r = chat(messages=[{"role": "developer", "content": "rules"}, {"role": "user", "content": "q"}])
+    assert s.chat_messages(r)[0] == ChatMessage(role="system", content="rules")
+
+
+def test_image_part_rejected_naming_position() -> None:
+    r = chat(
+        messages=[
+            {"role": "system", "content": "s"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            },
+        ]
+    )
+    with pytest.raises(Unsupported) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages[1].content[1]"
+    assert "messages[1].content[1]" in info.value.message
+
+
+def test_non_dict_part_rejected() -> None:
+    r = chat(messages=[{"role": "user", "content": ["just a string"]}])
+    with pytest.raises(Unsupported) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages[0].content[0]"
+
+
+def test_text_part_without_string_text() -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}])
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages[0].content[0].text"
+
+
+@pytest.mark.parametrize("role", ["robot", "", None, 3, "System", "function"])
+def test_bad_role_rejected(role: Any) -> None:
+    r = chat(messages=[{"role": "user", "content": "a"}, {"role": role, "content": "b"}])
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages[1].role"
+
+
+def test_missing_role_rejected() -> None:
+    r = chat(messages=[{"content": "b"}])
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages[0].role"
+
+
+@pytest.mark.parametrize("content", [5, {"text": "x"}, True])
+def test_bad_content_type_rejected(content: Any) -> None:
+    r = chat(messages=[{"role": "user", "content": content}])
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages[0].content"
+
+
+def test_empty_messages_rejected() -> None:
+    r = chat(messages=[])
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages"
+
+
+def test_missing_messages_rejected() -> None:
+    r = s.decode(body(model="m"), s.ChatRequest)
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_messages(r)
+    assert info.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_chat_unsupported_features(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(Unsupported) as info:
+        s.chat_messages(chat(**fields))
+    assert info.value.param == param
+
+
+def test_chat_accepted_no_op_features() -> None:
+    r = chat(tools=[], logprobs=False, response_format={"type": "text"}, user="u", store=False)
+    assert s.chat_messages(r) == [ChatMessage(role="user", content="hi")]
+
+
+# ---- completion_prompt --------------------------------------------------------------------------
+
+
+def test_completion_prompt_string() -> None:
+    assert s.completion_prompt(completion(prompt="Once upon")) == "Once upon"
+
+
+def test_completion_prompt_single_item_list() -> None:
+    assert s.completion_prompt(completion(prompt=["Once upon"])) == "Once upon"
+
+
+def test_completion_prompt_default_empty() -> None:
+    assert s.completion_prompt(completion()) == ""
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        [1, 2, 3],  # token array
+        [[1, 2], [3]],  # several token arrays
+        ["a", "b"],  # several prompts
+        [],  # no prompt at all
+    ],
+)
+def test_completion_prompt_rejects_non_single_string(prompt: Any) -> None:
+    with pytest.raises(Unsupported) as info:
+        s.completion_prompt(completion(prompt=prompt))
+    assert info.value.param == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"suffix": "end"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 3}, "logprobs"),
+    ],
+)
+def test_completion_unsupported_features(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(Unsupported) as info:
+        s.completion_prompt(completion(prompt="x", **fields))
+    assert info.value.param == param
+
+
+def test_completion_accepted_no_op_features() -> None:
+    assert (
+        s.completion_prompt(completion(prompt="x", echo=False, suffix="", best_of=1, logprobs=0))
+        == "x"
+    )
+
+
+# ---- embedding_inputs ---------------------------------------------------------------------------
+
+
+def test_embedding_single_string() -> None:
+    assert s.embedding_inputs(embedding(input="hello")) == ["hello"]
+
+
+def test_embedding_list_of_strings() -> None:
+    assert s.embedding_inputs(embedding(input=["a", "b"])) == ["a", "b"]
+
+
+def test_embedding_empty_list() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.embedding_inputs(embedding(input=[]))
+    assert info.value.param == "input"
+
+
+@pytest.mark.parametrize("value", ["", ["a", ""]])
+def test_embedding_empty_string(value: Any) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.embedding_inputs(embedding(input=value))
+    assert info.value.param == "input"
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3], [[1, 2]], ["a", 1]])
+def test_embedding_token_arrays_unsupported(value: Any) -> None:
+    with pytest.raises(Unsupported) as info:
+        s.embedding_inputs(embedding(input=value))
+    assert info.value.param == "input"
+
+
+def test_embedding_dimensions_unsupported() -> None:
+    with pytest.raises(Unsupported) as info:
+        s.embedding_inputs(embedding(input="x", dimensions=64))
+    assert info.value.param == "dimensions"
+
+
+def test_embedding_encoding_format() -> None:
+    assert embedding(input="x", encoding_format="base64").encoding_format == "base64"
+    with pytest.raises(InvalidRequest) as info:
+        embedding(input="x", encoding_format="int8")
+    assert info.value.param == "encoding_format"
