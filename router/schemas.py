@@ -128,6 +128,8 @@ def sampling_params(r: _Sampling, max_tokens: int | None) -> SamplingParams:
     _range("frequency_penalty", r.frequency_penalty, -2.0, 2.0)
     _range("min_p", r.min_p, 0.0, 1.0)
     _range("repeat_penalty", r.repeat_penalty, 0.0, 10.0)
+    if r.repeat_penalty == 0.0:  # llama.cpp requires > 0; 1.0 disables it
+        raise InvalidRequest("Invalid 'repeat_penalty': must be > 0 (1.0 disables it).", "repeat_penalty")
     if r.top_k < 0:
         raise InvalidRequest("Invalid 'top_k': must be >= 0 (0 disables it).", "top_k")
     if r.repeat_last_n < -1:

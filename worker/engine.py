@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import llama_cpp
+import msgspec
 import numpy as np
 
 from worker.batch import BatchBuffer
@@ -124,13 +125,13 @@ class Engine:
             self._drain_inbox(block=not busy)
             if self._stopped:
                 break
-            self._admit()
-            if self.active:
-                try:
+            try:
+                self._admit()
+                if self.active:
                     self._step()
-                except Exception as exc:  # a bug must cost requests, never the worker
-                    log.exception("decode step failed")
-                    self._fail_active("internal", f"engine error: {exc}")
+            except Exception as exc:  # a bug must cost requests, never the worker
+                log.exception("engine step failed")
+                self._fail_active("internal", f"engine error: {exc}")
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -226,15 +227,21 @@ class Engine:
                 del slot.cache[keep:]
             if req.sampler is None:
                 req.cached = keep
-                req.sampler = SamplerChain(self._resolved(req.params))
+                try:
+                    req.sampler = SamplerChain(self._resolved(req.params), self.m.n_vocab)
+                except Exception as exc:
+                    log.exception("sampler chain for request %d", req.id)
+                    self._error(req, "internal", f"could not build the sampler: {exc}")
+                    continue
             self._clock += 1
             slot.last_used = self._clock
             slot.request = req
             req.slot = slot
 
     def _resolved(self, p: SamplingParams) -> SamplingParams:
+        # llama-server's convention: repeat_last_n = -1 means the whole context.
         if p.repeat_last_n == -1:
-            return SamplingParams(**{**_asdict(p), "repeat_last_n": self.n_ctx_slot})
+            return msgspec.structs.replace(p, repeat_last_n=self.n_ctx_slot)
         return p
 
     # ---- one step -----------------------------------------------------------------------------
@@ -428,9 +435,3 @@ class Engine:
         for s in self.slots:
             s.cache.clear()
         self.emit(EmbedResult(id=e.id, data=out, prompt_tokens=sum(map(len, tokenized))))
-
-
-def _asdict(p: SamplingParams) -> dict[str, object]:
-    return {f: getattr(p, f) for f in p.__struct_fields__}
-
-

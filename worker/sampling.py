@@ -7,7 +7,10 @@ terminal sampler is added here unconditionally and nothing else builds chains.
 
 from __future__ import annotations
 
+import math
+
 import llama_cpp
+import msgspec
 
 from worker.protocol import SamplingParams
 
@@ -15,10 +18,34 @@ from worker.protocol import SamplingParams
 RANDOM_SEED = 0xFFFFFFFF
 
 
+def _finite(x: float, lo: float, hi: float, default: float) -> float:
+    return min(max(x, lo), hi) if math.isfinite(x) else default
+
+
+def sanitize(p: SamplingParams) -> SamplingParams:
+    """Clamp every value into the range llama.cpp's samplers accept.
+
+    The router already rejects out-of-range values with a 400; this is the worker's own
+    guard, because no frame, however it was built, may crash the worker.
+    """
+    return msgspec.structs.replace(
+        p,
+        temperature=_finite(p.temperature, 0.0, 100.0, 1.0),
+        top_p=_finite(p.top_p, 0.0, 1.0, 1.0),
+        top_k=max(0, p.top_k),
+        min_p=_finite(p.min_p, 0.0, 1.0, 0.0),
+        repeat_penalty=_finite(p.repeat_penalty, 1e-3, 100.0, 1.0),
+        repeat_last_n=max(0, p.repeat_last_n),
+        presence_penalty=_finite(p.presence_penalty, -100.0, 100.0, 0.0),
+        frequency_penalty=_finite(p.frequency_penalty, -100.0, 100.0, 0.0),
+    )
+
+
 class SamplerChain:
     """Owns a native chain; free() must be called exactly once (the engine does, on finish)."""
 
-    def __init__(self, p: SamplingParams) -> None:
+    def __init__(self, p: SamplingParams, n_vocab: int) -> None:
+        p = sanitize(p)
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         if not chain:
             raise MemoryError("llama_sampler_chain_init failed")
@@ -29,8 +56,9 @@ class SamplerChain:
         )
         if penalised and p.repeat_last_n != 0:
             add(
+                # The vendored llama.cpp still takes n_vocab first (see its llama.h).
                 llama_cpp.llama_sampler_init_penalties(
-                    p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                    n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
                 )
             )
         if p.temperature <= 0.0:
