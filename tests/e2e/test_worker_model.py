@@ -1,0 +1,63 @@
+"""The worker's llama.cpp helpers against the real library and the demo model."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Iterator
+
+import pytest
+
+from supervisor.templates import BUILTIN_CHAT_TEMPLATES
+from tests.e2e.conftest import DEMO_MODEL
+from worker.chat_template import BuiltinTemplate, builtin_names
+from worker.model import LoadedModel, load
+from worker.protocol import ChatMessage, WorkerSpec
+
+
+def test_supervisor_template_list_matches_llama_cpp() -> None:
+    # The supervisor validates chat_template without importing llama_cpp; its copy of the
+    # list must follow the installed library.
+    assert BUILTIN_CHAT_TEMPLATES == frozenset(builtin_names())
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LoadedModel]:
+    if not DEMO_MODEL.is_file():
+        pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model`")
+    m = load(WorkerSpec(name="t", path=str(DEMO_MODEL), slots=1, n_ctx=256), lambda p: None)
+    yield m
+    m.close()
+
+
+def test_pieces_longer_than_32_bytes_are_not_truncated(model: LoadedModel) -> None:
+    # llama-cpp-python's own helper pads to 32 bytes and silently truncates longer pieces.
+    long_pieces = [t for t in range(model.n_vocab) if len(model.piece(t)) > 32]
+    assert long_pieces, "gemma's vocabulary has pieces longer than 32 bytes"
+    for t in long_pieces[:50]:
+        assert len(model.piece(t)) > 32
+
+
+def test_detokenize_round_trips_text_with_emoji(model: LoadedModel) -> None:
+    text = "Hello, wörld! 🦙🚀 東京"
+    tokens = model.tokenize(text, add_special=False, parse_special=False)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    # Token by token, as streaming does: emoji arrive as single-byte pieces and must never
+    # produce a replacement character midway.
+    out = "".join(decoder.decode(model.piece(t)) for t in tokens)
+    out += decoder.decode(b"", final=True)
+    assert out == text
+
+
+def test_tokenize_grows_its_buffer_for_long_text(model: LoadedModel) -> None:
+    text = "🦙" * 500  # several tokens per character: more tokens than bytes/4
+    tokens = model.tokenize(text, add_special=True)
+    assert len(tokens) > 100
+    assert tokens[0] == 2  # BOS
+
+
+def test_builtin_gemma_template(model: LoadedModel) -> None:
+    rendered = BuiltinTemplate("gemma").render(
+        [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi")]
+    )
+    assert rendered.endswith("<start_of_turn>model\n")
+    assert "Hi" in rendered and "Be brief." in rendered
