@@ -65,6 +65,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)  # prompt + generated, as it should be in KV
     n_gen: int = 0
     cached: int = 0  # prompt tokens reused from the slot's cache
+    preempted: bool = False
     sampler: SamplerChain | None = None
     slot: Slot[Request] | None = None
     decoder: codecs.IncrementalDecoder = field(
@@ -97,6 +98,10 @@ class Engine:
         self.by_id: dict[int, Request] = {}
         self.batch = BatchBuffer(m.n_batch)
         self._clock = 0
+        # Set when a request was preempted for KV space; cleared when any request finishes.
+        # Until then a preempted request waits: re-admitting it at once would only refill
+        # the cache and be preempted again.
+        self._kv_full = False
         self._stopped = False
         self.stats_steps = 0
 
@@ -214,6 +219,8 @@ class Engine:
         """Move waiting requests into idle slots, reusing the best cached prefix."""
         while self.waiting:
             req = self.waiting[0]
+            if req.preempted and self._kv_full and self.active:
+                return
             slot = choose_slot(self.slots, req.tokens)
             if slot is None:
                 return
@@ -316,7 +323,10 @@ class Engine:
             victim.cache.clear()
             victim.request = None
             req.slot = None
+            req.preempted = True
+            self._kv_full = True
             self.waiting.appendleft(req)
+            log.info("KV cache full: preempted request %d (%d tokens, resumes later)", req.id, len(req.tokens))
             return "preempted"
         return None
 
@@ -377,6 +387,7 @@ class Engine:
 
     def _release(self, req: Request) -> None:
         self.by_id.pop(req.id, None)
+        self._kv_full = False
         if req.sampler is not None:
             req.sampler.free()
             req.sampler = None

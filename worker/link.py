@@ -22,6 +22,7 @@ import trio
 from worker.engine import Engine
 from worker.protocol import (
     Cancel,
+    Error,
     Frame,
     FrameBuffer,
     Failed,
@@ -89,8 +90,6 @@ class Link:
         else:
             if self.draining and isinstance(frame, Generate):
                 # The supervisor stops routing before it sends Shutdown; this is a race.
-                from worker.protocol import Error
-
                 self.emit(Error(id=frame.id, code="internal", message="worker is shutting down"))
                 return
             self.engine.submit(frame)
