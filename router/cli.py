@@ -63,6 +63,10 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
                 await supervisor.wait_idle()
             if supervisor.in_flight:
                 log.warning("drain_timeout reached with %d request(s) in flight", supervisor.in_flight)
+            # Stop workers gracefully; the bound covers a worker that ignores everything
+            # (stop_grace for Shutdown, then for SIGTERM, then SIGKILL).
+            with trio.move_on_after(3 * cfg.supervisor.stop_grace + 5):
+                await supervisor.stop()
             nursery.cancel_scope.cancel()
 
 

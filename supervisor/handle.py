@@ -67,6 +67,9 @@ class ModelHandle:
         self.load_seconds: float | None = None
         self._attempt: _Attempt | None = None
         self._wakeup = trio.Event()
+        self._shutdown = False
+        self._load_scope: trio.CancelScope | None = None
+        self.finished = trio.Event()  # set when run() has returned
 
     @property
     def name(self) -> str:
@@ -133,18 +136,29 @@ class ModelHandle:
         log.info("%s: %s -> %s (%s)", self.name, self.state.value, new.value, reason)
         self.state = new
 
+    def request_shutdown(self) -> None:
+        """Ask the run loop to stop the worker gracefully and return. Never blocks; wait on
+        `finished`. A load in progress is abandoned; its waiters get WorkerUnavailable."""
+        self._shutdown = True
+        if self._load_scope is not None:
+            self._load_scope.cancel()
+        self._poke()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own this model until cancelled. Cancellation stops the worker (shielded)."""
+        """Own this model until `request_shutdown()` (graceful: the worker gets a Shutdown
+        frame) or cancellation (hard: the worker is killed with its nursery)."""
         task_status.started()
         try:
-            while True:
-                while self._attempt is None:
+            while not self._shutdown:
+                if self._attempt is None:
                     await self._sleep_until_poked()
+                    continue
                 await self._lifetime(self._attempt)
         finally:
             if self._attempt is not None:
                 self._attempt.finish(WorkerUnavailable(f"model {self.name!r} is shutting down"))
                 self._attempt = None
+            self.finished.set()
 
     async def _lifetime(self, attempt: _Attempt) -> None:
         """One worker, from spawn to exit."""
@@ -152,27 +166,35 @@ class ModelHandle:
         self.starts += 1
         started = trio.current_time()
         async with trio.open_nursery() as nursery:
+            conn: WorkerConnection | None = None
             try:
-                with trio.fail_after(self.settings.start_timeout or float("inf")):
-                    conn = await open_worker(
-                        nursery, worker_spec(self.spec), self.worker_command, self._poke
-                    )
+                with trio.CancelScope() as self._load_scope:
+                    with trio.fail_after(self.settings.start_timeout or float("inf")):
+                        conn = await open_worker(
+                            nursery, worker_spec(self.spec), self.worker_command, self._poke
+                        )
             except (LoadFailed, trio.TooSlowError, OSError) as exc:
                 msg = (
                     f"no Ready within start_timeout={self.settings.start_timeout:g}s"
                     if isinstance(exc, trio.TooSlowError)
                     else str(exc)
                 )
-                self.last_error = msg
-                self._set(State.STOPPED, f"load failed: {msg}")
-                self._attempt = None
-                attempt.finish(WorkerUnavailable(f"model {self.name!r} failed to load: {msg}"))
+                self._load_failed(attempt, msg)
                 nursery.cancel_scope.cancel()
                 return
-            except trio.Cancelled:
-                self._set(State.STOPPING, "shutdown during load")
-                self._set(State.STOPPED, "shutdown")
+            except BaseException:
+                # Hard shutdown: the Cancelled comes out of open_worker's nurseries wrapped
+                # in a BaseExceptionGroup, which `except trio.Cancelled` would not catch.
+                self._set(State.STOPPING, "cancelled during load")
+                self._set(State.STOPPED, "cancelled")
                 raise
+            finally:
+                self._load_scope = None
+            if conn is None:  # request_shutdown() abandoned the load
+                self._set(State.STOPPING, "shutdown during load")
+                nursery.cancel_scope.cancel()  # kills the half-loaded worker
+                self._set(State.STOPPED, "shutdown")
+                return
             self.conn = conn
             self.load_seconds = trio.current_time() - started
             self.last_used = trio.current_time()
@@ -188,11 +210,20 @@ class ModelHandle:
                 else:
                     await self._stop(conn, reason)
             finally:
-                if self.state is State.READY:  # cancelled: shutdown
-                    with trio.CancelScope(shield=True):
-                        await self._stop(conn, "shutdown")
+                if self.state is not State.STOPPED:
+                    # Hard cancellation: the worker's tasks are cancelled with this nursery
+                    # and its process is killed; only the bookkeeping is left.
+                    if self.state is State.READY:
+                        self._set(State.STOPPING, "cancelled")
+                    self._set(State.STOPPED, "killed")
                 self.conn = None
                 nursery.cancel_scope.cancel()
+
+    def _load_failed(self, attempt: _Attempt, msg: str) -> None:
+        self.last_error = msg
+        self._set(State.STOPPED, f"load failed: {msg}")
+        self._attempt = None
+        attempt.finish(WorkerUnavailable(f"model {self.name!r} failed to load: {msg}"))
 
     async def _serve(self, conn: WorkerConnection) -> str:
         """Wait in READY until the worker dies or the model has been idle long enough."""
@@ -200,6 +231,8 @@ class ModelHandle:
         while True:
             if conn.closed.is_set():
                 return f"worker died: {conn.close_reason}"
+            if self._shutdown:
+                return "shutdown"
             if self.in_flight == 0 and idle_timeout > 0:
                 deadline = self.last_used + idle_timeout
                 if trio.current_time() >= deadline:

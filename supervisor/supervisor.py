@@ -38,8 +38,17 @@ class Supervisor:
         while self.in_flight:
             await trio.sleep(0.05)
 
+    async def stop(self) -> None:
+        """Stop every worker gracefully (Shutdown frame, then SIGTERM, then SIGKILL after
+        stop_grace) and return when all handles have finished. Requests still in flight get
+        up to stop_grace to finish; the CLI drains them before calling this."""
+        for handle in self.handles.values():
+            handle.request_shutdown()
+        for handle in self.handles.values():
+            await handle.finished.wait()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run every handle until cancelled; cancellation stops all workers."""
+        """Run every handle until `stop()` (graceful) or cancellation (workers killed)."""
         async with trio.open_nursery() as nursery:
             for handle in self.handles.values():
                 await nursery.start(handle.run)

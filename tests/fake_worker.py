@@ -1,0 +1,465 @@
+"""A fake worker: speaks the real wire protocol (worker/protocol.py) without loading a model.
+
+Run as the supervisor runs a worker:
+
+    python tests/fake_worker.py --fd N --spec JSON      (or: python -m tests.fake_worker ...)
+
+It imports only the standard library, msgspec and worker.protocol, and uses plain blocking
+sockets and threads, so it starts in a fraction of a second and costs no CPU while idle.
+
+What it does
+------------
+* Sends Loading(0.0), waits FAKE_LOAD_DELAY seconds, sends Loading(1.0) then Ready, whose
+  fields come from the spec: n_ctx = n_ctx_slot = spec.n_ctx, slots = spec.slots,
+  embeddings = spec.embeddings, n_vocab = 32000, n_ctx_train = 32768, n_embd = 16,
+  has_template = True.
+* Ping -> Pong(seq, active, queued), answered by the reader thread at any time (also while
+  "loading"). Frames other than Ping/Shutdown that arrive before Ready wait for Ready.
+* Generate: at most `spec.slots` requests run at once, the rest queue. Every step (one Step
+  frame for all running requests, FAKE_TOKENS_PER_SEC steps per second) each running
+  request gains one word: "tok0", " tok1", " tok2", ... (token id 1000 + n). The request ends
+  after max_tokens words (8 when max_tokens is None; 0 ends at once) with finish_reason
+  "length"; the final event carries the last word and Usage(prompt_tokens,
+  completion_tokens). The prompt (or the messages' contents joined by newlines) counts one
+  token per whitespace-separated word plus one BOS token; a prompt of n_ctx_slot tokens or
+  more is rejected with Error(code="context_length_exceeded").
+  Stop strings are honoured crudely: after each word, if the text generated so far contains
+  a stop string, the request ends with finish_reason "stop" and the text before the stop
+  string; nothing is held back, so a stop string that spans words may already have been
+  partly sent.
+  Generate on an embeddings model -> Error(code="unsupported", param="model").
+* Cancel(id): the request leaves its slot (or the queue) and gets a final event with
+  finish_reason "cancelled". Unknown ids are ignored.
+* Embed: one deterministic unit vector of 16 floats per input (from sha256 of the text);
+  prompt_tokens counts as above. Embed on a non-embeddings model -> Error("unsupported");
+  an empty input -> Error("invalid_request", param="input").
+* Tokenize: [1 if add_special] + one id per word (crc32 of the word mod n_vocab).
+* Shutdown(grace): new Generates get Error("internal", "worker is shutting down"); running
+  requests may finish for up to `grace` seconds, then the rest are cancelled; exit code 0.
+  Before Ready, Shutdown exits 0 at once.
+* EOF on the socket: exit 0 at once (orphan protection, like the real worker). A write to a
+  closed socket also exits 0. A frame that does not decode: exit 2.
+
+Behaviour flags (environment variables)
+---------------------------------------
+Every flag is read as FAKE_<FLAG>. A per-model value FAKE_<FLAG>__<name>, where <name> is
+the model's name with every character outside [A-Za-z0-9] replaced by "_" (case kept),
+takes precedence over it; an empty value means "unset", so FAKE_CRASH_AFTER__other= turns a
+global FAKE_CRASH_AFTER off for the model "other". Booleans are true unless empty, "0",
+"false", "no" or "off".
+
+  FAKE_START_LOG=<path>     append "<model name> <pid>\\n" to <path> on every start (before
+                            any other flag acts, so FAKE_EXIT_AT_START starts are counted)
+  FAKE_EXIT_AT_START=1      exit with code 3 at once, without sending any frame
+  FAKE_LOAD_DELAY=<s>       seconds between Loading(0.0) and Ready (default 0)
+  FAKE_FAIL_LOAD=<message>  send Failed(message) instead of Ready and exit 1; the values
+                            1/true/yes send "fake load failure"
+  FAKE_TOKENS_PER_SEC=<r>   decode steps per second (default 200)
+  FAKE_CRASH_AFTER=<n>      os._exit(1) when about to produce token n+1, counting every
+                            token this process has produced for any request
+  FAKE_HANG=1               after Ready, never read or answer anything again (not even Ping,
+                            Shutdown or EOF); the process still exits by itself after 60 s
+                            so a broken test cannot leak it for long
+  FAKE_IGNORE_SHUTDOWN=1    ignore Shutdown frames (to exercise SIGTERM/SIGKILL escalation)
+  FAKE_IGNORE_SIGTERM=1     ignore SIGTERM (only SIGKILL stops it)
+
+SIGINT is always ignored, like the real worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import queue
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# `python tests/fake_worker.py` puts tests/ first on sys.path; make sure the worker package
+# of this checkout is the one imported.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import msgspec  # noqa: E402
+
+from worker.protocol import (  # noqa: E402
+    Cancel,
+    Embed,
+    EmbedResult,
+    Error,
+    Failed,
+    Frame,
+    FrameBuffer,
+    Generate,
+    Loading,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    Step,
+    TokenEvent,
+    Tokenize,
+    TokenizeResult,
+    Usage,
+    WorkerSpec,
+    decode_to_worker,
+    encode,
+)
+
+N_VOCAB = 32000
+N_EMBD = 16
+N_CTX_TRAIN = 32768
+HANG_LIMIT_S = 60.0
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+# ---- flags ----------------------------------------------------------------------------------
+
+
+def env_key(model: str) -> str:
+    """The suffix of a per-model flag: FAKE_<FLAG>__<env_key(model)>."""
+    return re.sub(r"[^A-Za-z0-9]", "_", model)
+
+
+class Flags:
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def raw(self, name: str) -> str | None:
+        base = f"FAKE_{name}"
+        per = f"{base}__{env_key(self.model)}"
+        value = os.environ[per] if per in os.environ else os.environ.get(base)
+        return None if value is None or value == "" else value
+
+    def boolean(self, name: str) -> bool:
+        v = self.raw(name)
+        return v is not None and v.strip().lower() not in _FALSE
+
+    def number(self, name: str, default: float) -> float:
+        v = self.raw(name)
+        return default if v is None else float(v)
+
+
+# ---- the socket -----------------------------------------------------------------------------
+
+
+class Out:
+    """Writes frames; many threads share it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def send(self, frame: Frame) -> None:
+        data = encode(frame)
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                os._exit(0)  # the supervisor is gone
+
+
+# ---- fake model -----------------------------------------------------------------------------
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+def tokenize(text: str, add_special: bool = True) -> list[int]:
+    ids = [zlib.crc32(w.encode()) % N_VOCAB for w in words(text)]
+    return ([1] if add_special else []) + ids
+
+
+def embed_vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()  # 32 bytes -> 16 uint16
+    raw = [(v / 32767.5) - 1.0 for v in struct.unpack(">16H", digest)]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [x / norm for x in raw]
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    prompt_tokens: int
+    max_tokens: int
+    stop: list[str]
+    n_gen: int = 0
+    text: str = ""  # everything generated
+    sent: int = 0  # how much of `text` has been sent
+    finished: bool = field(default=False)
+
+
+class Engine:
+    def __init__(self, spec: WorkerSpec, flags: Flags, out: Out) -> None:
+        self.spec = spec
+        self.out = out
+        self.inbox: queue.Queue[Frame] = queue.Queue()
+        self.active: list[Request] = []
+        self.waiting: list[Request] = []
+        self.interval = 1.0 / max(flags.number("TOKENS_PER_SEC", 200.0), 1e-6)
+        crash = flags.raw("CRASH_AFTER")
+        self.crash_after = int(crash) if crash is not None else None
+        self.total_tokens = 0
+        self.draining = False
+        self.drain_deadline = math.inf
+
+    # ---- commands (engine thread) ---------------------------------------------------------
+
+    def handle(self, frame: Frame) -> None:
+        if isinstance(frame, Generate):
+            self.generate(frame)
+        elif isinstance(frame, Cancel):
+            self.cancel(frame.id)
+        elif isinstance(frame, Embed):
+            self.embed(frame)
+        elif isinstance(frame, Tokenize):
+            tokens = tokenize(frame.text, frame.add_special)
+            self.out.send(TokenizeResult(id=frame.id, tokens=tokens))
+        elif isinstance(frame, Shutdown):
+            self.draining = True
+            self.drain_deadline = time.monotonic() + max(frame.grace, 0.0)
+
+    def generate(self, g: Generate) -> None:
+        if self.draining:
+            self.out.send(Error(id=g.id, code="internal", message="worker is shutting down"))
+            return
+        if self.spec.embeddings:
+            self.out.send(
+                Error(
+                    id=g.id,
+                    code="unsupported",
+                    message="this model serves embeddings only (embeddings = true)",
+                    param="model",
+                )
+            )
+            return
+        if g.messages is not None:
+            text, param = "\n".join(m.content for m in g.messages), "messages"
+        else:
+            text, param = g.prompt or "", "prompt"
+        n_prompt = len(tokenize(text))
+        if n_prompt >= self.spec.n_ctx:
+            self.out.send(
+                Error(
+                    id=g.id,
+                    code="context_length_exceeded",
+                    message=f"the prompt has {n_prompt} tokens; the context holds "
+                    f"{self.spec.n_ctx}",
+                    param=param,
+                )
+            )
+            return
+        max_tokens = 8 if g.params.max_tokens is None else g.params.max_tokens
+        req = Request(g.id, n_prompt, max_tokens, list(g.params.stop))
+        if max_tokens <= 0:
+            self.out.send(Step(events=[self.final(req, "length")]))
+            return
+        self.waiting.append(req)
+
+    def cancel(self, rid: int) -> None:
+        for group in (self.active, self.waiting):
+            for req in group:
+                if req.id == rid:
+                    group.remove(req)
+                    self.out.send(Step(events=[self.final(req, "cancelled")]))
+                    return
+
+    def embed(self, e: Embed) -> None:
+        if not self.spec.embeddings:
+            self.out.send(
+                Error(
+                    id=e.id,
+                    code="unsupported",
+                    message="this model does not serve embeddings (set embeddings = true)",
+                    param="model",
+                )
+            )
+            return
+        for i, text in enumerate(e.inputs):
+            if not text:
+                message = f"input[{i}] is empty"
+                error = Error(id=e.id, code="invalid_request", message=message, param="input")
+                self.out.send(error)
+                return
+        self.out.send(
+            EmbedResult(
+                id=e.id,
+                data=[embed_vector(t) for t in e.inputs],
+                prompt_tokens=sum(len(tokenize(t)) for t in e.inputs),
+            )
+        )
+
+    # ---- decoding -------------------------------------------------------------------------
+
+    def final(
+        self, req: Request, reason: str, text: str = "", tokens: list[int] | None = None
+    ) -> TokenEvent:
+        req.finished = True
+        return TokenEvent(
+            id=req.id,
+            text=text,
+            tokens=tokens or [],
+            finish_reason=reason,  # type: ignore[arg-type]
+            usage=Usage(prompt_tokens=req.prompt_tokens, completion_tokens=req.n_gen),
+        )
+
+    def step(self) -> None:
+        events: list[TokenEvent] = []
+        for req in list(self.active):
+            if self.crash_after is not None and self.total_tokens >= self.crash_after:
+                os._exit(1)
+            n = req.n_gen
+            word = f"tok{n}" if n == 0 else f" tok{n}"
+            tokens = [1000 + n]
+            req.n_gen += 1
+            self.total_tokens += 1
+            req.text += word
+            hit = min(
+                (i for i in (req.text.find(s) for s in req.stop if s) if i >= 0), default=-1
+            )
+            if hit >= 0:
+                piece = req.text[req.sent : max(hit, req.sent)]
+                req.sent = len(req.text)
+                events.append(self.final(req, "stop", piece, tokens))
+            elif req.n_gen >= req.max_tokens:
+                piece, req.sent = req.text[req.sent :], len(req.text)
+                events.append(self.final(req, "length", piece, tokens))
+            else:
+                piece, req.sent = req.text[req.sent :], len(req.text)
+                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens))
+            if req.finished:
+                self.active.remove(req)
+        if events:
+            self.out.send(Step(events=events))
+
+    def run(self) -> None:
+        while True:
+            idle = not self.active and not self.waiting
+            if idle and self.draining:
+                os._exit(0)
+            try:
+                frame = self.inbox.get(block=idle, timeout=None)
+                while True:
+                    self.handle(frame)
+                    frame = self.inbox.get_nowait()
+            except queue.Empty:
+                pass
+            if self.draining and time.monotonic() >= self.drain_deadline:
+                for req in self.active + self.waiting:
+                    self.out.send(Step(events=[self.final(req, "cancelled")]))
+                os._exit(0)
+            while self.waiting and len(self.active) < self.spec.slots:
+                self.active.append(self.waiting.pop(0))
+            if self.active:
+                self.step()
+                time.sleep(self.interval)
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+
+def reader(
+    sock: socket.socket, out: Out, engine: Engine, flags: Flags, state: dict[str, bool]
+) -> None:
+    frames = FrameBuffer()
+    ignore_shutdown = flags.boolean("IGNORE_SHUTDOWN")
+    while True:
+        try:
+            data = sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if state["hung"]:
+            threading.Event().wait()  # never answers again; main() exits after HANG_LIMIT_S
+        if not data:
+            os._exit(0)  # EOF: the supervisor is gone
+        try:
+            bodies = frames.feed(data)
+            for body in bodies:
+                frame = decode_to_worker(body)
+                if isinstance(frame, Ping):
+                    active, queued = len(engine.active), len(engine.waiting)
+                    out.send(Pong(seq=frame.seq, active=active, queued=queued))
+                elif isinstance(frame, Shutdown):
+                    if ignore_shutdown:
+                        continue
+                    if not state["ready"]:
+                        os._exit(0)
+                    engine.inbox.put(frame)
+                else:
+                    engine.inbox.put(frame)
+        except ProtocolError as exc:
+            print(f"fake_worker: protocol error: {exc}", file=sys.stderr)
+            os._exit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fake_worker")
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--spec", required=True)
+    args = ap.parse_args(argv)
+    spec = msgspec.json.decode(args.spec, type=WorkerSpec)
+    flags = Flags(spec.name)
+
+    log = flags.raw("START_LOG")
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{spec.name} {os.getpid()}\n")
+    if flags.boolean("EXIT_AT_START"):
+        os._exit(3)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if flags.boolean("IGNORE_SIGTERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    sock = socket.socket(fileno=args.fd)
+    sock.setblocking(True)
+    out = Out(sock)
+    engine = Engine(spec, flags, out)
+    state = {"ready": False, "hung": False}
+    threading.Thread(target=reader, args=(sock, out, engine, flags, state), daemon=True).start()
+
+    out.send(Loading(progress=0.0))
+    time.sleep(flags.number("LOAD_DELAY", 0.0))
+    fail = flags.raw("FAIL_LOAD")
+    if fail is not None:
+        message = "fake load failure" if fail.strip().lower() in {"1", "true", "yes"} else fail
+        out.send(Failed(message=message))
+        os._exit(1)
+    out.send(Loading(progress=1.0))
+    hang = flags.boolean("HANG")
+    state["hung"] = hang
+    state["ready"] = True
+    out.send(
+        Ready(
+            n_ctx=spec.n_ctx,
+            n_ctx_slot=spec.n_ctx,
+            slots=spec.slots,
+            n_vocab=N_VOCAB,
+            n_ctx_train=N_CTX_TRAIN,
+            has_template=True,
+            embeddings=spec.embeddings,
+            n_embd=N_EMBD,
+            description=f"fake worker for {spec.name}",
+        )
+    )
+    if hang:
+        time.sleep(HANG_LIMIT_S)
+        os._exit(0)
+    engine.run()
+    return 0
+
+
+if __name__ == "__main__":
+    main()
+    os._exit(0)
