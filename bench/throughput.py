@@ -11,6 +11,9 @@ process, which is what a Python user would reach for today. It runs after Corral
 stopped, so the two never share the CPU.
 
 The machine is shared and noisy, so the report leads with ratios measured in the same run.
+Ceiling: `llama_decode` alone, one token per sequence per step with no sampling and no
+server, for C sequences. It shows how far batching can scale on the machine at hand.
+
 Results go to bench/results/throughput.json and bench/results/throughput.md.
 """
 
@@ -135,6 +138,40 @@ def bench_llama(model: Path, tokens: int, rounds: int) -> dict[int, float]:
     return results
 
 
+def bench_raw(model: Path, tokens: int) -> dict[int, float]:
+    """The ceiling: llama_decode alone, one token per sequence per step, no sampling, no
+    server. No engine can batch faster than this on the machine at hand."""
+    import llama_cpp
+
+    from worker.batch import BatchBuffer
+    from worker.model import load
+    from worker.protocol import WorkerSpec
+
+    m = load(WorkerSpec(name="raw", path=str(model), slots=max(CONCURRENCY), n_ctx=4096), lambda p: None)
+    batch = BatchBuffer(m.n_batch)
+    results: dict[int, float] = {}
+    for c in CONCURRENCY:
+        llama_cpp.llama_memory_clear(m.memory, True)
+        pos = [0] * c
+        for s in range(c):
+            toks = m.tokenize(prompt(s))
+            batch.clear()
+            batch.add(toks, 0, s, "last")
+            assert llama_cpp.llama_decode(m.ctx, batch.struct()) == 0
+            pos[s] = len(toks)
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            batch.clear()
+            for s in range(c):
+                batch.add([1000], pos[s], s, "last")
+                pos[s] += 1
+            assert llama_cpp.llama_decode(m.ctx, batch.struct()) == 0
+        results[c] = c * tokens / (time.perf_counter() - t0)
+        print(f"raw      c={c}: {results[c]:6.1f} tok/s", flush=True)
+    m.close()
+    return results
+
+
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -148,17 +185,22 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit("corral serve did not become healthy")
 
 
-def report(corral: dict[int, float], llama: dict[int, float], tokens: int, rounds: int) -> str:
+def report(
+    corral: dict[int, float], llama: dict[int, float], raw: dict[int, float], tokens: int, rounds: int
+) -> str:
     lines = [
         f"Greedy completions of {tokens} new tokens, {rounds} rounds per level, demo model "
         f"(gemma-3 270M Q4_K_M), Corral with {SLOTS} slots, {os.cpu_count()} CPU cores.",
         "",
-        "| concurrent requests | Corral tok/s | Llama (sequential) tok/s | Corral / Llama | Corral vs its 1 stream |",
-        "|---:|---:|---:|---:|---:|",
+        "| concurrent requests | Corral tok/s | Corral vs its 1 stream | Llama (sequential) tok/s "
+        "| Corral / Llama | llama_decode alone tok/s | its vs 1 seq | Corral / llama_decode |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in CONCURRENCY:
         lines.append(
-            f"| {c} | {corral[c]:.1f} | {llama[c]:.1f} | {corral[c] / llama[c]:.2f}x | {corral[c] / corral[1]:.2f}x |"
+            f"| {c} | {corral[c]:.1f} | {corral[c] / corral[1]:.2f}x | {llama[c]:.1f} "
+            f"| {corral[c] / llama[c]:.2f}x | {raw[c]:.1f} | {raw[c] / raw[1]:.2f}x "
+            f"| {corral[c] / raw[c]:.0%} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -173,6 +215,7 @@ def main() -> int:
         raise SystemExit(f"model not found: {args.model} (run `make model`)")
     corral = bench_corral(args.model.resolve(), args.tokens, args.rounds)
     llama = bench_llama(args.model.resolve(), args.tokens, args.rounds)
+    raw = bench_raw(args.model.resolve(), args.tokens)
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -184,9 +227,12 @@ def main() -> int:
         "llama_sequential_tok_s": llama,
         "corral_scaling_vs_1": {c: corral[c] / corral[1] for c in CONCURRENCY},
         "corral_vs_llama": {c: corral[c] / llama[c] for c in CONCURRENCY},
+        "llama_decode_alone_tok_s": raw,
+        "llama_decode_scaling_vs_1": {c: raw[c] / raw[1] for c in CONCURRENCY},
+        "corral_vs_llama_decode": {c: corral[c] / raw[c] for c in CONCURRENCY},
     }
     (OUT / "throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
-    md = report(corral, llama, args.tokens, args.rounds)
+    md = report(corral, llama, raw, args.tokens, args.rounds)
     (OUT / "throughput.md").write_text(md)
     print(md)
     return 0

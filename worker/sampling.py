@@ -11,6 +11,7 @@ import math
 
 import llama_cpp
 import msgspec
+import numpy as np
 
 from worker.protocol import SamplingParams
 
@@ -50,11 +51,13 @@ class SamplerChain:
         if not chain:
             raise MemoryError("llama_sampler_chain_init failed")
         self._chain = chain
+        self._argmax_vocab = 0  # > 0: plain greedy, sample by argmax over this many logits
         add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
         penalised = (
             p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
         )
-        if penalised and p.repeat_last_n != 0:
+        with_penalties = penalised and p.repeat_last_n != 0
+        if with_penalties:
             add(
                 # The vendored llama.cpp still takes n_vocab first (see its llama.h).
                 llama_cpp.llama_sampler_init_penalties(
@@ -63,6 +66,9 @@ class SamplerChain:
             )
         if p.temperature <= 0.0:
             add(llama_cpp.llama_sampler_init_greedy())
+            # Plain greedy keeps no state, so argmax over the logits gives the same token
+            # (both take the first maximum) without building a 262k-entry candidate array.
+            self._argmax_vocab = 0 if with_penalties else n_vocab
             return
         if p.top_k > 0:
             add(llama_cpp.llama_sampler_init_top_k(p.top_k))
@@ -80,6 +86,9 @@ class SamplerChain:
         The caller guarantees that the batch entry had its logits flag set; sampling anywhere
         else aborts the process.
         """
+        if self._argmax_vocab:
+            logits = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+            return int(np.argmax(np.ctypeslib.as_array(logits, shape=(self._argmax_vocab,))))
         return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
 
     def free(self) -> None:
