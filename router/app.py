@@ -188,7 +188,34 @@ async def _generate(
             content_type="application/json",
         )
     include_usage = bool(r.stream_options and r.stream_options.include_usage)
-    return Response(_sse(stream, lease, fmt, first, include_usage), status=200, headers=SSE_HEADERS)
+    body = _SSEBody(_sse(stream, lease, fmt, first, include_usage), stream, lease)
+    return Response(body, status=200, headers=SSE_HEADERS)
+
+
+class _SSEBody:
+    """The SSE body iterator, with cleanup that does not depend on iteration.
+
+    An async generator that never started never runs its `finally`: a client that vanishes
+    between the headers and the first chunk would leak the lease (the model could never
+    unload) and leave the worker generating. Quart calls `aclose()` on a body iterator
+    whether or not it was iterated, so cleanup lives there too; both calls are idempotent.
+    """
+
+    def __init__(self, gen: AsyncIterator[bytes], stream: RequestStream, lease: Lease) -> None:
+        self._gen, self._stream, self._lease = gen, stream, lease
+
+    def __aiter__(self) -> _SSEBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._stream.close()
+            self._lease.release()
 
 
 async def _next(stream: RequestStream) -> TokenEvent:

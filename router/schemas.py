@@ -9,7 +9,7 @@ rejected, as OpenAI does, rather than silently ignored.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -17,6 +17,11 @@ from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
 MAX_STOP_STRINGS = 16
+
+# Integers are bounded at decode time: the worker frames are msgpack, which holds at most
+# 64 bits, and an unbounded JSON integer must be a 400 naming its parameter, not a 500.
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # int64, as OpenAI
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -31,31 +36,31 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     """Parameters shared by chat and completions (OpenAI's, then llama.cpp's extensions)."""
 
     model: str
-    max_tokens: int | None = None
+    max_tokens: Int32 | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    n: int = 1
+    n: Int32 = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # llama.cpp extensions, as llama-server names them.
-    top_k: int = 0
+    top_k: Int32 = 0
     min_p: float = 0.0
     repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
+    repeat_last_n: Int32 = 64
     ignore_eos: bool = False
 
 
 class ChatRequest(_Sampling, forbid_unknown_fields=True):
     messages: list[dict[str, Any]] = []
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int32 | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int32 | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -71,15 +76,15 @@ class CompletionRequest(_Sampling, forbid_unknown_fields=True):
     prompt: str | list[Any] = ""
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
+    best_of: Int32 | None = None
+    logprobs: Int32 | None = None
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str
     input: str | list[Any]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: Int32 | None = None
     user: str | None = None
 
 
@@ -105,7 +110,9 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
             key = f"{path}.{field}" if path else field
             raise InvalidRequest(f"Missing required parameter: '{key}'.", key) from None
         message = text.split(" - at ")[0]
-        raise InvalidRequest(f"Invalid value for '{path}': {message}", path or None) from None
+        if not path:
+            raise InvalidRequest(f"The request body must be a JSON object: {message}") from None
+        raise InvalidRequest(f"Invalid value for '{path}': {message}", path) from None
     except msgspec.DecodeError:
         raise InvalidRequest(
             "We could not parse the JSON body of your request. (HINT: This likely means you "

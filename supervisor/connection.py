@@ -25,6 +25,7 @@ from typing import Callable, Sequence, Union
 import msgspec
 import trio
 
+from supervisor.config import ModelSpec
 from supervisor.errors import (
     ContextOverflow,
     CorralError,
@@ -271,11 +272,22 @@ class WorkerConnection:
         self._on_close()
 
 
-def worker_spec(spec: object) -> WorkerSpec:
-    """The fields of a supervisor ModelSpec that the worker needs."""
-    fields = {f: getattr(spec, f) for f in WorkerSpec.__struct_fields__ if hasattr(spec, f)}
-    fields["path"] = str(fields["path"])
-    return WorkerSpec(**fields)
+def worker_spec(spec: ModelSpec) -> WorkerSpec:
+    """What the worker needs to know of a model's config."""
+    return WorkerSpec(
+        name=spec.name,
+        path=str(spec.path),
+        slots=spec.slots,
+        n_ctx=spec.n_ctx,
+        n_batch=spec.n_batch,
+        threads=spec.threads,
+        n_gpu_layers=spec.n_gpu_layers,
+        chat_template=spec.chat_template,
+        embeddings=spec.embeddings,
+        pooling=spec.pooling,
+        repack=spec.repack,
+        swa_full=spec.swa_full,
+    )
 
 
 async def open_worker(
