@@ -43,12 +43,11 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
 
-            async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                await hypercorn_serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status)
-                # The HTTP side has drained: now stop the workers.
-                nursery.cancel_scope.cancel()
-
-            binds = await nursery.start(http)
+            # hypercorn returns once `stop` is set and its connections are done; the workers
+            # are stopped below, after the drain, not when hypercorn happens to finish.
+            binds = await nursery.start(
+                partial(hypercorn_serve, app, hc, shutdown_trigger=stop.wait)
+            )
             log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(cfg.models), ", ".join(cfg.models))
             task_status.started(binds)
 

@@ -39,8 +39,14 @@ def test_three_models_start_lazily_one_worker_each(tmp_path: Path) -> None:
         assert srv.log_text().count("stopped -> starting") == 3
 
         pids = list(workers.values())
+        # With no connection left open, hypercorn finishes its shutdown at once; the workers
+        # must still be stopped gracefully after it (they were SIGKILLed in a race before).
+        client.close()
     finally:
         code = stop_server(srv)
     assert code == 0
+    log = srv.log_text()
+    assert log.count("stopping -> stopped (worker exited)") == 3, log[-2000:]
+    assert "(killed)" not in log
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
