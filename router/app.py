@@ -97,7 +97,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        r: schemas.ChatRequest = schemas.decode(await request.get_data(), schemas.ChatRequest)
+        r: schemas.ChatRequest = schemas.decode(await _body(), schemas.ChatRequest)
         handle = supervisor.resolve(r.model)
         _needs_generation(handle.spec.embeddings, r.model)
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
@@ -108,7 +108,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        r: schemas.CompletionRequest = schemas.decode(await request.get_data(), schemas.CompletionRequest)
+        r: schemas.CompletionRequest = schemas.decode(await _body(), schemas.CompletionRequest)
         handle = supervisor.resolve(r.model)
         _needs_generation(handle.spec.embeddings, r.model)
         params = schemas.sampling_params(r, r.max_tokens if r.max_tokens is not None else 16)
@@ -118,7 +118,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/v1/embeddings")
     async def embeddings() -> Response:
-        r: schemas.EmbeddingRequest = schemas.decode(await request.get_data(), schemas.EmbeddingRequest)
+        r: schemas.EmbeddingRequest = schemas.decode(await _body(), schemas.EmbeddingRequest)
         handle = supervisor.resolve(r.model)
         if not handle.spec.embeddings:
             raise Unsupported(
@@ -135,6 +135,11 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return json_response({"object": "list", "data": data, "model": r.model, "usage": usage})
 
     return app
+
+
+async def _body() -> bytes:
+    data = await request.get_data(as_text=False)
+    return data if isinstance(data, bytes) else data.encode()
 
 
 def _needs_generation(is_embedding_model: bool, model: str) -> None:

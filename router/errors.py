@@ -30,7 +30,7 @@ _MAP: dict[type[e.CorralError], HttpError] = {
 def classify(exc: e.CorralError) -> HttpError:
     for cls in type(exc).__mro__:
         if cls in _MAP:
-            return _MAP[cls]  # type: ignore[index]
+            return _MAP[cls]
     return _MAP[e.InternalError]
 
 

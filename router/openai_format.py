@@ -42,7 +42,8 @@ class Completion:
         self.id = prefix + secrets.token_hex(12)
 
     @property
-    def object(self) -> str:
+    def kind(self) -> str:
+        """The `object` field of a whole response."""
         return "chat.completion" if self.chat else "text_completion"
 
     def whole(self, text: str, finish_reason: str, usage: Usage | None) -> bytes:
@@ -58,7 +59,7 @@ class Completion:
         return _json.encode(
             {
                 "id": self.id,
-                "object": self.object,
+                "object": self.kind,
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": None,

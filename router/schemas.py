@@ -259,4 +259,4 @@ def embedding_inputs(r: EmbeddingRequest) -> list[str]:
     for i, x in enumerate(inputs):
         if not x:
             raise InvalidRequest(f"'input[{i}]' must not be an empty string.", "input")
-    return inputs  # type: ignore[return-value]
+    return inputs

@@ -12,7 +12,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 import msgspec
 
@@ -222,7 +222,7 @@ def _template(value: str | None, base_dir: Path) -> str | None:
     return str(_resolve(value, base_dir))
 
 
-def _check(file: ConfigFile, base_dir: Path):  # type: ignore[no-untyped-def]
+def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
     """Semantic checks msgspec's types cannot express. Yields `key.path: message`."""
     srv, sup = file.server, file.supervisor
     if not 0 <= srv.port <= 65535:

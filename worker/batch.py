@@ -8,7 +8,7 @@ more tokens than that in one batch aborts llama.cpp, so `add` refuses to go past
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from typing import Any, Sequence
 
 import llama_cpp
 import numpy as np
@@ -35,7 +35,8 @@ class BatchBuffer:
         )
         self.n = 0
         self._struct = llama_cpp.llama_batch()
-        s = self._struct
+        # llama-cpp-python's stubs type these pointer fields as arrays; ctypes accepts both.
+        s: Any = self._struct
         s.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
         s.embd = None
         s.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))

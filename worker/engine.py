@@ -167,11 +167,11 @@ class Engine:
             self.by_id[req.id] = req
             self.waiting.append(req)
         elif isinstance(frame, Cancel):
-            req = self.by_id.get(frame.id)
-            if req is not None:
-                if req in self.waiting:
-                    self.waiting.remove(req)
-                self._finish(req, "cancelled", events=None)
+            target = self.by_id.get(frame.id)
+            if target is not None:
+                if target in self.waiting:
+                    self.waiting.remove(target)
+                self._finish(target, "cancelled", events=None)
         elif isinstance(frame, Embed):
             self._embed(frame)
         elif isinstance(frame, Tokenize):

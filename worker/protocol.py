@@ -212,14 +212,16 @@ def encode(frame: Frame) -> bytes:
 
 def decode_to_worker(body: bytes) -> ToWorker:
     try:
-        return _to_worker.decode(body)
+        frame: ToWorker = _to_worker.decode(body)
+        return frame
     except msgspec.DecodeError as exc:
         raise ProtocolError(str(exc)) from exc
 
 
 def decode_from_worker(body: bytes) -> FromWorker:
     try:
-        return _from_worker.decode(body)
+        frame: FromWorker = _from_worker.decode(body)
+        return frame
     except msgspec.DecodeError as exc:
         raise ProtocolError(str(exc)) from exc
 

@@ -52,7 +52,10 @@ class SamplerChain:
             raise MemoryError("llama_sampler_chain_init failed")
         self._chain = chain
         self._argmax_vocab = 0  # > 0: plain greedy, sample by argmax over this many logits
-        add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+
+        def add(sampler: llama_cpp.llama_sampler_p) -> None:
+            llama_cpp.llama_sampler_chain_add(chain, sampler)
+
         penalised = (
             p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
         )
