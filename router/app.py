@@ -134,6 +134,14 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
         return json_response({"object": "list", "data": data, "model": r.model, "usage": usage})
 
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        r: schemas.TokenizeRequest = schemas.decode(await _body(), schemas.TokenizeRequest)
+        handle = supervisor.resolve(r.model)
+        async with handle.lease() as conn:
+            tokens = await conn.tokenize(r.content, add_special=r.add_special)
+        return json_response({"tokens": tokens})
+
     return app
 
 

@@ -88,6 +88,14 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
     user: str | None = None
 
 
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """llama-server's /tokenize, plus `model` to route by."""
+
+    model: str
+    content: str
+    add_special: bool = False
+
+
 _PATH = re.compile(r"`\$\.?(?P<path>[^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `(?P<key>[^`]+)`")
 

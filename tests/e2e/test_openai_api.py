@@ -138,6 +138,20 @@ def test_embeddings(client: openai.OpenAI) -> None:
     assert _cos(alone, vecs[0]) > 0.999
 
 
+def test_tokenize_matches_usage(server: Server, client: openai.OpenAI) -> None:
+    text = "The capital of France is"
+    r = httpx.post(server.url + "/tokenize", json={"model": "chat-b", "content": text}, timeout=30)
+    assert r.status_code == 200
+    plain = r.json()["tokens"]
+    with_bos = httpx.post(
+        server.url + "/tokenize", json={"model": "chat-b", "content": text, "add_special": True}, timeout=30
+    ).json()["tokens"]
+    assert with_bos == [2, *plain]  # gemma's BOS
+    # A completion of the same text reports the same prompt length.
+    usage = client.completions.create(model="chat-b", prompt=text, max_tokens=1).usage
+    assert usage.prompt_tokens == len(with_bos)
+
+
 def test_errors_are_openai_json(server: Server, client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as nf:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
