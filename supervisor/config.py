@@ -34,6 +34,10 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     idle_timeout: float = 600.0  # seconds; 0 = never unload
     start_timeout: float = 120.0  # seconds from spawn to Ready
     stop_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    # A ping over the worker socket every health_interval seconds (0 disables). A worker
+    # that has not answered for health_misses intervals is hung: it is killed and replaced.
+    health_interval: float = 10.0
+    health_misses: int = 3
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -231,7 +235,9 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         yield "server.drain_timeout: must be >= 0"
     if srv.max_body_bytes < 1024:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
-    for key in ("idle_timeout", "start_timeout", "stop_grace"):
+    if sup.health_misses < 1:
+        yield f"supervisor.health_misses: must be at least 1, got {sup.health_misses}"
+    for key in ("idle_timeout", "start_timeout", "stop_grace", "health_interval"):
         if getattr(sup, key) < 0:
             yield f"supervisor.{key}: must be >= 0"
     if not file.models:

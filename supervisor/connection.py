@@ -140,6 +140,7 @@ class WorkerConnection:
         self.close_reason = ""
         self.load_progress = 0.0
         self.process: trio.Process | None = None
+        self.last_pong = 0.0  # trio clock; Ready counts as the first answer
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -183,6 +184,14 @@ class WorkerConnection:
             stream.close()
         assert isinstance(reply, TokenizeResult)
         return reply.tokens
+
+    def kill(self, reason: str) -> None:
+        """Fail every request in flight with `reason`, then SIGKILL the worker (which works
+        on a SIGSTOPped process too)."""
+        self._close(reason)
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
 
     def forget(self, rid: int, cancel: bool) -> None:
         ch = self._pending.pop(rid, None)
@@ -238,11 +247,12 @@ class WorkerConnection:
             self.load_progress = frame.progress
         elif isinstance(frame, Ready):
             self.ready = frame
+            self.last_pong = trio.current_time()
             self.ready_event.set()
         elif isinstance(frame, Failed):
             self.failed_message = frame.message
         elif isinstance(frame, Pong):
-            pass  # health checks arrive with the supervision work
+            self.last_pong = trio.current_time()
 
     def _deliver(self, rid: int, reply: Reply, final: bool) -> None:
         ch = self._pending.get(rid)

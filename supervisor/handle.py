@@ -18,8 +18,9 @@ import trio
 
 from supervisor.config import ModelSpec, SupervisorConfig
 from supervisor.connection import LoadFailed, WorkerConnection, open_worker, stop_worker, worker_spec
-from supervisor.errors import WorkerUnavailable
+from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.lifecycle import State, check
+from worker.protocol import Ping
 
 log = logging.getLogger("corral.supervisor")
 
@@ -201,6 +202,7 @@ class ModelHandle:
             self._set(State.READY, f"loaded in {self.load_seconds:.1f}s, pid {self.pid}")
             self._attempt = None
             attempt.finish()
+            nursery.start_soon(self._watch_health, conn)
             try:
                 reason = await self._serve(conn)
                 if conn.closed.is_set():
@@ -241,6 +243,32 @@ class ModelHandle:
                     await self._sleep_until_poked()
             else:
                 await self._sleep_until_poked()
+
+    async def _watch_health(self, conn: WorkerConnection) -> None:
+        """Ping every health_interval; kill a worker silent for health_misses intervals.
+
+        The worker answers pings from its event loop, not its decode thread, so a long
+        decode step does not count as a miss. Detection takes at most
+        health_interval * (health_misses + 1). The kill closes the connection, and the run
+        loop then handles it like any crash.
+        """
+        interval = self.settings.health_interval
+        if interval <= 0:
+            return
+        limit = interval * self.settings.health_misses
+        seq = 0
+        while not conn.closed.is_set():
+            await trio.sleep(interval)
+            silent = trio.current_time() - conn.last_pong
+            if silent > limit:
+                log.warning("%s: no answer to pings for %.1fs; killing pid %s as hung", self.name, silent, self.pid)
+                conn.kill(f"worker hung: no answer to pings for {silent:.1f}s")
+                return
+            seq += 1
+            try:
+                conn.send(Ping(seq=seq))
+            except WorkerCrashed:
+                return
 
     async def _stop(self, conn: WorkerConnection, reason: str) -> None:
         self._set(State.STOPPING, reason)

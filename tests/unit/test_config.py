@@ -415,3 +415,15 @@ def test_config_error_message_joins_problems() -> None:
     assert err.problems == ["a: x", "b: y"]
     assert str(err) == "conf.toml: a: x; b: y"
     assert str(ConfigError(["a: x"])) == "a: x"
+
+
+def test_health_settings_are_validated(tmp_path: Path) -> None:
+    (tmp_path / "h.gguf").write_bytes(b"")
+    with pytest.raises(ConfigError) as err:
+        parse('[supervisor]\nhealth_interval = -1\nhealth_misses = 0\n[models.m]\npath = "h.gguf"\n', tmp_path)
+    assert set(err.value.problems) == {
+        "supervisor.health_misses: must be at least 1, got 0",
+        "supervisor.health_interval: must be >= 0",
+    }
+    ok = parse('[models.m]\npath = "h.gguf"\n', tmp_path)
+    assert (ok.supervisor.health_interval, ok.supervisor.health_misses) == (10.0, 3)
