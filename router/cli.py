@@ -23,6 +23,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from router.app import create_app
 from supervisor.config import Config, ConfigError, load
 from supervisor.supervisor import Supervisor
+from supervisor.systemd import Notifier
 
 log = logging.getLogger("corral")
 
@@ -39,6 +40,7 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
     hc.graceful_timeout = 30.0
     stop = trio.Event()
+    notifier = Notifier()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
@@ -50,6 +52,9 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
             )
             log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(cfg.models), ", ".join(cfg.models))
             task_status.started(binds)
+            notifier.notify("READY=1", f"STATUS={supervisor.status_line()}")
+            if notifier.enabled:
+                nursery.start_soon(_keep_systemd_posted, notifier, supervisor)
 
             async for sig in signals:
                 log.info("%s received: shutting down", signal.Signals(sig).name)
@@ -58,6 +63,7 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
             # on our own in-flight count rather than hypercorn's graceful shutdown matters:
             # hypercorn holds idle keep-alive connections open for its whole timeout.
             stop.set()
+            notifier.notify("STOPPING=1", "STATUS=draining requests and stopping workers")
             with trio.move_on_after(cfg.server.drain_timeout):
                 await supervisor.wait_idle()
             if supervisor.in_flight:
@@ -67,6 +73,25 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
             with trio.move_on_after(3 * cfg.supervisor.stop_grace + 5):
                 await supervisor.stop()
             nursery.cancel_scope.cancel()
+
+
+async def _keep_systemd_posted(notifier: Notifier, supervisor: Supervisor) -> None:
+    """WATCHDOG=1 at half of WATCHDOG_USEC, and STATUS= whenever it changes.
+
+    The pings come from this event loop itself, so a wedged loop stops pinging and systemd
+    restarts the service; a thread would keep pinging for a dead server.
+    """
+    period = min(notifier.watchdog_interval or 1.0, 1.0)
+    last_status = ""
+    while True:
+        lines = ["WATCHDOG=1"] if notifier.watchdog_interval else []
+        status = supervisor.status_line()
+        if status != last_status:
+            lines.append(f"STATUS={status}")
+            last_status = status
+        if lines:
+            notifier.notify(*lines)
+        await trio.sleep(period)
 
 
 def _print_problems(exc: ConfigError) -> None:

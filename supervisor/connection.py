@@ -26,6 +26,7 @@ import msgspec
 import trio
 
 from supervisor.config import ModelSpec
+from supervisor.systemd import child_environment
 from supervisor.errors import (
     ContextOverflow,
     CorralError,
@@ -353,6 +354,7 @@ async def _run_process(
         pass_fds=(fd,),
         stdin=subprocess.DEVNULL,
         check=False,
+        env=child_environment(),  # only the main process may notify systemd
         task_status=task_status,
         deliver_cancel=_kill,
     )

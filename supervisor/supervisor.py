@@ -10,6 +10,7 @@ from supervisor.config import Config
 from supervisor.connection import default_worker_command
 from supervisor.errors import ModelNotFound
 from supervisor.handle import ModelHandle
+from supervisor.lifecycle import State
 
 
 class Supervisor:
@@ -31,6 +32,17 @@ class Supervisor:
     @property
     def in_flight(self) -> int:
         return sum(h.in_flight for h in self.handles.values())
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: how many models are loaded, loading, failed."""
+        states = [h.state for h in self.handles.values()]
+        loaded = sum(s is State.READY for s in states)
+        loading = sum(s is State.STARTING for s in states)
+        failed = sum(s is State.FAILED for s in states)
+        return (
+            f"{loaded} of {len(states)} models loaded, {loading} loading, {failed} failed, "
+            f"{self.in_flight} requests in flight"
+        )
 
     async def wait_idle(self) -> None:
         """Return once no inference request is in flight on any model. Used only at

@@ -1,0 +1,64 @@
+"""`corral serve` speaks systemd's notify protocol, read from a fake NOTIFY_SOCKET exactly
+as systemd would read it: READY=1 once listening, WATCHDOG=1 at half of WATCHDOG_USEC,
+STATUS= lines, and STOPPING=1 on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import ROOT, free_port
+
+
+def _datagrams(sink: socket.socket, until: float) -> list[str]:
+    out: list[str] = []
+    while time.monotonic() < until:
+        sink.settimeout(max(0.01, until - time.monotonic()))
+        try:
+            out.append(sink.recv(4096).decode())
+        except socket.timeout:
+            break
+    return out
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_ready_watchdog_status_stopping(tmp_path: Path, abstract: bool) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[server]\nport = {free_port()}\n[models.m]\npath = "m.gguf"\n')
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:
+        name = f"corral-test-{os.getpid()}-{time.monotonic_ns()}"
+        sink.bind("\0" + name)
+        notify = "@" + name
+    else:
+        notify = str(tmp_path / "notify.sock")
+        sink.bind(notify)
+    env = {**os.environ, "NOTIFY_SOCKET": notify, "WATCHDOG_USEC": "400000"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        sink.settimeout(20)
+        first = sink.recv(4096).decode()
+        assert first.startswith("READY=1\nSTATUS=0 of 1 models loaded"), first
+        # WATCHDOG_PID is unset, so the watchdog is ours: a ping every 0.2 s.
+        later = _datagrams(sink, time.monotonic() + 1.0)
+        pings = [d for d in later if d.split("\n")[0] == "WATCHDOG=1"]
+        assert 3 <= len(pings) <= 7, later
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        rest = _datagrams(sink, time.monotonic() + 0.5)
+        assert any(d.startswith("STOPPING=1\n") for d in rest), rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sink.close()
