@@ -38,6 +38,13 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # that has not answered for health_misses intervals is hung: it is killed and replaced.
     health_interval: float = 10.0
     health_misses: int = 3
+    # A worker that fails to load, or dies within min_uptime seconds of Ready, is a failed
+    # start: retried after backoff_base * 2^(n-1) seconds (capped at backoff_max), and after
+    # start_retries failures in a row the model is failed until a reset or reload.
+    min_uptime: float = 5.0
+    start_retries: int = 3
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -237,7 +244,12 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
     if sup.health_misses < 1:
         yield f"supervisor.health_misses: must be at least 1, got {sup.health_misses}"
-    for key in ("idle_timeout", "start_timeout", "stop_grace", "health_interval"):
+    if sup.start_retries < 0:
+        yield f"supervisor.start_retries: must be >= 0, got {sup.start_retries}"
+    for key in (
+        "idle_timeout", "start_timeout", "stop_grace", "health_interval",
+        "min_uptime", "backoff_base", "backoff_max",
+    ):
         if getattr(sup, key) < 0:
             yield f"supervisor.{key}: must be >= 0"
     if not file.models:

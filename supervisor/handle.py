@@ -64,6 +64,7 @@ class ModelHandle:
         self.last_used: float = 0.0  # trio clock, end of the last inference request
         self.starts = 0
         self.crashes = 0
+        self.failures = 0  # failed starts in a row; reset by a worker that stays up min_uptime
         self.last_error: str | None = None
         self.load_seconds: float | None = None
         self._attempt: _Attempt | None = None
@@ -109,6 +110,8 @@ class ModelHandle:
 
     async def _acquire(self) -> WorkerConnection:
         while True:
+            if self.state is State.FAILED:
+                raise self._failed_error()
             conn = self.conn
             if self.state is State.READY and conn is not None and not conn.closed.is_set():
                 # No await between the check and the increment: the run loop sees in_flight
@@ -151,10 +154,12 @@ class ModelHandle:
         task_status.started()
         try:
             while not self._shutdown:
-                if self._attempt is None:
-                    await self._sleep_until_poked()
+                if self.state is State.FAILED or self._attempt is None:
+                    await self._sleep_until_poked()  # a request, a reset, or shutdown
                     continue
                 await self._lifetime(self._attempt)
+                if self.state is State.BACKOFF:
+                    await self._backoff()
         finally:
             if self._attempt is not None:
                 self._attempt.finish(WorkerUnavailable(f"model {self.name!r} is shutting down"))
@@ -198,21 +203,27 @@ class ModelHandle:
                 return
             self.conn = conn
             self.load_seconds = trio.current_time() - started
-            self.last_used = trio.current_time()
+            self.last_used = ready_at = trio.current_time()
             self._set(State.READY, f"loaded in {self.load_seconds:.1f}s, pid {self.pid}")
             self._attempt = None
             attempt.finish()
             nursery.start_soon(self._watch_health, conn)
             try:
                 reason = await self._serve(conn)
+                stable = trio.current_time() - ready_at >= self.settings.min_uptime
+                if stable:
+                    self.failures = 0
                 if conn.closed.is_set():
                     self.crashes += 1
                     self.last_error = conn.close_reason
-                    self._set(State.STOPPED, reason)
+                    if stable:
+                        self._set(State.STOPPED, reason)  # restarted by the next request
+                    else:
+                        self._failed_start(f"{reason} within min_uptime")
                 else:
                     await self._stop(conn, reason)
             finally:
-                if self.state is not State.STOPPED:
+                if self.state in (State.READY, State.STOPPING):
                     # Hard cancellation: the worker's tasks are cancelled with this nursery
                     # and its process is killed; only the bookkeeping is left.
                     if self.state is State.READY:
@@ -223,9 +234,52 @@ class ModelHandle:
 
     def _load_failed(self, attempt: _Attempt, msg: str) -> None:
         self.last_error = msg
-        self._set(State.STOPPED, f"load failed: {msg}")
-        self._attempt = None
-        attempt.finish(WorkerUnavailable(f"model {self.name!r} failed to load: {msg}"))
+        self._failed_start(f"load failed: {msg}")
+
+    def _failed_start(self, reason: str) -> None:
+        """A load that failed, or a worker that died before min_uptime: back off, or give up
+        after start_retries. Waiters keep waiting through a backoff (their own deadline
+        bounds them); on FAILED they all get a 503 that says not to retry."""
+        self.failures += 1
+        retries = self.settings.start_retries
+        if self.failures > retries:
+            self._set(State.FAILED, f"{reason}; {self.failures} failed starts in a row")
+            if self._attempt is not None:
+                self._attempt.finish(self._failed_error())
+                self._attempt = None
+        else:
+            self._set(State.BACKOFF, f"{reason}; retry {self.failures}/{retries} in {self._backoff_delay():g}s")
+
+    def _failed_error(self) -> WorkerUnavailable:
+        return WorkerUnavailable(
+            f"model {self.name!r} failed to start {self.failures} times in a row "
+            f"(last error: {self.last_error}); it stays unavailable until a reset or a "
+            f"config reload",
+            retry=False,
+        )
+
+    def _backoff_delay(self) -> float:
+        s = self.settings
+        return float(min(s.backoff_base * 2 ** (self.failures - 1), s.backoff_max))
+
+    async def _backoff(self) -> None:
+        """Wait out the backoff delay (only shutdown cuts it short), then start again if a
+        request is waiting, or rest in STOPPED until one arrives."""
+        with trio.move_on_after(self._backoff_delay()):
+            while not self._shutdown:
+                await self._sleep_until_poked()
+        if self._shutdown or self._attempt is None:
+            self._set(State.STOPPED, "shutdown" if self._shutdown else "backoff over, no request waiting")
+        # else: run() calls _lifetime, which goes BACKOFF -> STARTING
+
+    def reset(self) -> bool:
+        """FAILED -> STOPPED, so the next request tries again. False if not FAILED."""
+        if self.state is not State.FAILED:
+            return False
+        self.failures = 0
+        self._set(State.STOPPED, "reset")
+        self._poke()
+        return True
 
     async def _serve(self, conn: WorkerConnection) -> str:
         """Wait in READY until the worker dies or the model has been idle long enough."""

@@ -33,7 +33,9 @@ TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
         (S.STARTING, S.STOPPING),  # STARTING -> STOPPING: shutdown during load
         (S.READY, S.DRAINING),  # READY -> DRAINING: unload/reload asked, requests in flight
         (S.READY, S.STOPPING),  # READY -> STOPPING: idle timeout, or shutdown
-        (S.READY, S.STOPPED),  # READY -> STOPPED: the worker exited by itself (crash)
+        (S.READY, S.STOPPED),  # READY -> STOPPED: the worker crashed after min_uptime
+        (S.READY, S.BACKOFF),  # READY -> BACKOFF: it died before min_uptime, retries remain
+        (S.READY, S.FAILED),  # READY -> FAILED: it died before min_uptime, no retries left
         (S.DRAINING, S.STOPPING),  # DRAINING -> STOPPING: the last request finished
         (S.DRAINING, S.STOPPED),  # DRAINING -> STOPPED: the worker exited while draining
         (S.STOPPING, S.STOPPED),  # STOPPING -> STOPPED: the worker is gone

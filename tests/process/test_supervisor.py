@@ -318,12 +318,12 @@ async def test_crash_fails_every_stream_in_flight(
             assert h.in_flight == 0
 
 
-async def test_failed_load_fails_every_waiter_then_retries(
+async def test_failed_loads_back_off_then_fail_every_waiter_without_retry(
     tmp_path, monkeypatch, start_log: StartLog
 ) -> None:
     monkeypatch.setenv("FAKE_LOAD_DELAY", "0.2")
     monkeypatch.setenv("FAKE_FAIL_LOAD", "tensor 'blk.0.attn_q' has the wrong shape")
-    sup = make_supervisor(tmp_path, {"chat": {}})
+    sup = make_supervisor(tmp_path, {"chat": {}}, start_retries=1, backoff_base=0.2)
     h = sup.resolve("chat")
     errors: list[BaseException] = []
 
@@ -341,39 +341,67 @@ async def test_failed_load_fails_every_waiter_then_retries(
             async with trio.open_nursery() as nursery:
                 for _ in range(5):
                     nursery.start_soon(one)
+            # The five waiters shared the first load and its one retry after backoff.
+            assert h.starts == 2 and len(start_log.entries()) == 2
+            assert h.state is State.FAILED
             assert len(errors) == 5
             for exc in errors:
                 assert isinstance(exc, WorkerUnavailable)
-                assert "tensor 'blk.0.attn_q' has the wrong shape" in exc.message
-                assert "chat" in exc.message
-            assert h.state is State.STOPPED
-            assert h.starts == 1  # five waiters shared one attempt
-            assert len(start_log.entries()) == 1
-            assert "wrong shape" in (h.last_error or "")
+                assert exc.retry is False
+                assert "wrong shape" in exc.message and "chat" in exc.message
             assert h.in_flight == 0
 
-            # A later request tries again, and this time the load works.
+            # While failed, a request is refused at once and nothing is spawned.
+            with pytest.raises(WorkerUnavailable) as refused:
+                await h.acquire()
+            assert refused.value.retry is False
+            assert h.starts == 2
+
+            # A reset lets the next request try again; this time the load works.
             monkeypatch.delenv("FAKE_FAIL_LOAD")
+            assert h.reset() and h.state is State.STOPPED
             async with h.lease() as conn:
                 text, _ = await generate(conn, 2)
             assert text == expected_text(2)
-            assert h.starts == 2
-            assert len(start_log.entries()) == 2
-            assert h.state is State.READY
+            assert h.starts == 3 and h.state is State.READY
+
+
+async def test_transient_load_failure_is_retried_after_backoff(
+    tmp_path, monkeypatch, start_log: StartLog
+) -> None:
+    monkeypatch.setenv("FAKE_FAIL_LOAD", "out of memory")
+    sup = make_supervisor(tmp_path, {"chat": {}}, start_retries=3, backoff_base=0.5)
+    h = sup.resolve("chat")
+    with trio.fail_after(15):
+        async with running(sup):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_lease_and_generate, h)
+                await wait_for(lambda: h.state is State.BACKOFF, 5, "the first failure")
+                monkeypatch.delenv("FAKE_FAIL_LOAD")  # the next start will succeed
+                t0 = trio.current_time()
+            # The waiter rode through the backoff and got the second worker.
+            assert trio.current_time() - t0 >= 0.3
+            assert h.starts == 2 and h.state is State.READY
+
+
+async def _lease_and_generate(h) -> None:  # type: ignore[no-untyped-def]
+    async with h.lease() as conn:
+        text, _ = await generate(conn, 2)
+    assert text == expected_text(2)
 
 
 async def test_worker_that_exits_at_start_fails_the_load(
     tmp_path, monkeypatch, start_log: StartLog
 ) -> None:
     monkeypatch.setenv("FAKE_EXIT_AT_START", "1")
-    sup = make_supervisor(tmp_path, {"chat": {}})
+    sup = make_supervisor(tmp_path, {"chat": {}}, start_retries=0)  # the first failure is final
     h = sup.resolve("chat")
     with trio.fail_after(10):
         async with running(sup):
             with pytest.raises(WorkerUnavailable) as exc:
                 await h.acquire()
             assert "exit code 3" in exc.value.message
-            assert h.state is State.STOPPED
+            assert h.state is State.FAILED
             assert len(start_log.entries()) == 1
 
 
@@ -381,7 +409,7 @@ async def test_start_timeout_fails_a_slow_load_and_kills_it(
     tmp_path, monkeypatch, start_log: StartLog
 ) -> None:
     monkeypatch.setenv("FAKE_LOAD_DELAY", "30")
-    sup = make_supervisor(tmp_path, {"chat": {}}, start_timeout=0.5)
+    sup = make_supervisor(tmp_path, {"chat": {}}, start_timeout=0.5, start_retries=0)
     h = sup.resolve("chat")
     with trio.fail_after(15):
         async with running(sup):
@@ -391,12 +419,13 @@ async def test_start_timeout_fails_a_slow_load_and_kills_it(
             elapsed = trio.current_time() - t0
             assert 0.4 <= elapsed < 3.0
             assert "start_timeout" in exc.value.message
-            assert h.state is State.STOPPED
+            assert h.state is State.FAILED
             [(_, pid)] = start_log.entries()
             await wait_for(lambda: not alive(pid), 3, "the slow worker to be killed")
 
-            # A later request, with a worker that loads in time, succeeds.
+            # After a reset, a request with a worker that loads in time succeeds.
             monkeypatch.setenv("FAKE_LOAD_DELAY", "0")
+            assert h.reset()
             async with h.lease() as conn:
                 text, _ = await generate(conn, 1)
             assert text == expected_text(1)
@@ -551,3 +580,46 @@ async def test_stop_escalates_to_sigterm_and_sigkill(
             assert procs["deaf"].returncode == -signal.SIGTERM
             assert procs["stubborn"].returncode == -signal.SIGKILL
 
+
+
+async def test_crashes_within_min_uptime_count_as_failed_starts(
+    tmp_path, monkeypatch, start_log: StartLog
+) -> None:
+    # A worker that dies right after Ready is a crash loop: the second early death in a
+    # row (start_retries = 1) fails the model, and then requests are refused at once.
+    monkeypatch.setenv("FAKE_CRASH_AFTER", "1")
+    sup = make_supervisor(
+        tmp_path, {"chat": {}}, min_uptime=30, start_retries=1, backoff_base=0.1
+    )
+    h = sup.resolve("chat")
+    with trio.fail_after(15):
+        async with running(sup):
+            for failures, settled in ((1, State.STOPPED), (2, State.FAILED)):
+                with pytest.raises(WorkerCrashed):
+                    async with h.lease() as conn:
+                        await generate(conn, 5)
+                await wait_for(lambda: h.failures == failures, 3, f"failure {failures}")
+                # After a backoff with nobody waiting the model rests in STOPPED; after the
+                # last allowed failure it is FAILED.
+                await wait_for(lambda: h.state is settled, 3, settled.value)
+            assert h.state is State.FAILED
+            with pytest.raises(WorkerUnavailable) as refused:
+                await h.acquire()
+            assert refused.value.retry is False
+            assert len(start_log.entries()) == 2
+
+
+async def test_crash_after_min_uptime_is_not_a_failed_start(
+    tmp_path, monkeypatch, start_log: StartLog
+) -> None:
+    monkeypatch.setenv("FAKE_CRASH_AFTER", "1")
+    sup = make_supervisor(tmp_path, {"chat": {}}, min_uptime=0, start_retries=0)
+    h = sup.resolve("chat")
+    with trio.fail_after(15):
+        async with running(sup):
+            for _ in range(3):  # with start_retries = 0, one counted failure would fail it
+                with pytest.raises(WorkerCrashed):
+                    async with h.lease() as conn:
+                        await generate(conn, 5)
+                await wait_for(lambda: h.state is State.STOPPED, 3, "the crash to be noticed")
+            assert h.failures == 0 and h.crashes == 3
