@@ -59,6 +59,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     embeddings: bool = False
     pooling: Pooling | None = None  # embeddings only; None: the model's own, else mean
     idle_timeout: float | None = None  # overrides [supervisor] idle_timeout
+    preload: bool = False  # load at start instead of on the first request
+    pinned: bool = False  # never unloaded for idleness
     # Weight repacking (llama-server's --repack). Off by default: on AMX CPUs a repacked
     # model segfaults on the first multi-token decode (ggml-org/llama.cpp#20824).
     repack: bool = False
@@ -100,6 +102,8 @@ class ModelSpec:
     idle_timeout: float
     repack: bool
     swa_full: bool
+    preload: bool = False
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,8 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
             idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
             repack=m.repack,
             swa_full=m.swa_full,
+            preload=m.preload,
+            pinned=m.pinned,
         )
         for name, m in file.models.items()
     }

@@ -142,6 +142,7 @@ class WorkerConnection:
         self.load_progress = 0.0
         self.process: trio.Process | None = None
         self.last_pong = 0.0  # trio clock; Ready counts as the first answer
+        self.stats: Pong | None = None  # the latest answer: slots busy, requests queued
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -193,6 +194,15 @@ class WorkerConnection:
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
+
+    def cancel_all(self, reason: str) -> None:
+        """End every request in flight with WorkerCrashed(reason) and cancel it in the worker."""
+        for rid, ch in list(self._pending.items()):
+            try:
+                ch.send_nowait(Gone(reason))
+            except trio.BrokenResourceError:
+                pass
+            self.forget(rid, cancel=True)
 
     def forget(self, rid: int, cancel: bool) -> None:
         ch = self._pending.pop(rid, None)
@@ -254,6 +264,7 @@ class WorkerConnection:
             self.failed_message = frame.message
         elif isinstance(frame, Pong):
             self.last_pong = trio.current_time()
+            self.stats = frame
 
     def _deliver(self, rid: int, reply: Reply, final: bool) -> None:
         ch = self._pending.get(rid)

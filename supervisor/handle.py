@@ -10,6 +10,7 @@ slip in between), or waits on the shared load attempt and looks again.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Sequence
@@ -70,6 +71,8 @@ class ModelHandle:
         self._attempt: _Attempt | None = None
         self._wakeup = trio.Event()
         self._shutdown = False
+        self._unload: str | None = None  # "drain" or "force" while an admin unload runs
+        self.last_used_wall: float | None = None  # time.time() of the last request's end
         self._load_scope: trio.CancelScope | None = None
         self.finished = trio.Event()  # set when run() has returned
 
@@ -106,7 +109,16 @@ class ModelHandle:
     def _release(self) -> None:
         self.in_flight -= 1
         self.last_used = trio.current_time()
+        self.last_used_wall = time.time()
         self._poke()
+
+    def request_unload(self, force: bool = False) -> None:
+        """Stop the worker once nothing is in flight (state DRAINING meanwhile); with
+        `force`, cancel what is in flight first. Never blocks. A request that arrives
+        meanwhile waits for the stop and then loads the model again."""
+        if self.state in (State.READY, State.DRAINING):
+            self._unload = "force" if force or self._unload == "force" else "drain"
+            self._poke()
 
     async def _acquire(self) -> WorkerConnection:
         while True:
@@ -152,6 +164,8 @@ class ModelHandle:
         """Own this model until `request_shutdown()` (graceful: the worker gets a Shutdown
         frame) or cancellation (hard: the worker is killed with its nursery)."""
         task_status.started()
+        if self.spec.preload:
+            self._attempt = _Attempt()  # nobody waits on it; the model just loads
         try:
             while not self._shutdown:
                 if self.state is State.FAILED or self._attempt is None:
@@ -202,6 +216,7 @@ class ModelHandle:
                 self._set(State.STOPPED, "shutdown")
                 return
             self.conn = conn
+            self._unload = None
             self.load_seconds = trio.current_time() - started
             self.last_used = ready_at = trio.current_time()
             self._set(State.READY, f"loaded in {self.load_seconds:.1f}s, pid {self.pid}")
@@ -216,17 +231,17 @@ class ModelHandle:
                 if conn.closed.is_set():
                     self.crashes += 1
                     self.last_error = conn.close_reason
-                    if stable:
+                    if stable or self.state is State.DRAINING:
                         self._set(State.STOPPED, reason)  # restarted by the next request
                     else:
                         self._failed_start(f"{reason} within min_uptime")
                 else:
                     await self._stop(conn, reason)
             finally:
-                if self.state in (State.READY, State.STOPPING):
+                if self.state in (State.READY, State.DRAINING, State.STOPPING):
                     # Hard cancellation: the worker's tasks are cancelled with this nursery
                     # and its process is killed; only the bookkeeping is left.
-                    if self.state is State.READY:
+                    if self.state in (State.READY, State.DRAINING):
                         self._set(State.STOPPING, "cancelled")
                     self._set(State.STOPPED, "killed")
                 self.conn = None
@@ -282,14 +297,23 @@ class ModelHandle:
         return True
 
     async def _serve(self, conn: WorkerConnection) -> str:
-        """Wait in READY until the worker dies or the model has been idle long enough."""
-        idle_timeout = self.spec.idle_timeout
+        """Wait in READY until the worker dies, the model has been idle long enough, or an
+        unload has drained it."""
+        idle_timeout = 0.0 if self.spec.pinned else self.spec.idle_timeout
         while True:
             if conn.closed.is_set():
                 return f"worker died: {conn.close_reason}"
             if self._shutdown:
                 return "shutdown"
-            if self.in_flight == 0 and idle_timeout > 0:
+            if self._unload is not None:
+                if self._unload == "force" and self.in_flight:
+                    conn.cancel_all("the model was unloaded by an admin (force)")
+                if self.in_flight == 0:
+                    return "unloaded by an admin"
+                if self.state is State.READY:
+                    self._set(State.DRAINING, f"unload: waiting for {self.in_flight} request(s)")
+                await self._sleep_until_poked()
+            elif self.in_flight == 0 and idle_timeout > 0:
                 deadline = self.last_used + idle_timeout
                 if trio.current_time() >= deadline:
                     return f"idle for {idle_timeout:g}s"

@@ -1,0 +1,83 @@
+"""Admin routes: what each model is doing, and load / unload / reset.
+
+These routes have no authentication yet: the server binds to 127.0.0.1 by default, and an
+admin key arrives with the security work.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import psutil
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from supervisor.handle import ModelHandle
+from supervisor.supervisor import Supervisor
+
+_json = msgspec.json.Encoder()
+
+
+def model_info(h: ModelHandle) -> dict[str, object]:
+    """One model's entry in GET /admin/models."""
+    pid = h.pid
+    conn = h.conn
+    ready = conn.ready if conn is not None else None
+    stats = conn.stats if conn is not None else None
+    return {
+        "name": h.name,
+        "aliases": list(h.spec.aliases),
+        "state": h.state.value,
+        "pid": pid,
+        "rss_bytes": _rss(pid),
+        "slots": ready.slots if ready is not None else h.spec.slots,
+        "slots_busy": stats.active if stats is not None else 0,
+        "queued": stats.queued if stats is not None else 0,
+        "in_flight": h.in_flight,
+        "last_used": h.last_used_wall,
+        "load_seconds": h.load_seconds,
+        "restarts": max(h.starts - 1, 0),
+        "last_error": h.last_error,
+        "pinned": h.spec.pinned,
+    }
+
+
+def _rss(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+def register(app: QuartTrio, supervisor: Supervisor) -> None:
+    def reply(obj: object, status: int = 200) -> Response:
+        return Response(_json.encode(obj), status=status, content_type="application/json")
+
+    @app.get("/admin/models")
+    async def admin_models() -> Response:
+        return reply({"models": [model_info(h) for h in supervisor.handles.values()]})
+
+    @app.post("/admin/models/<name>/load")
+    async def admin_load(name: str) -> Response:
+        """Load the model now (or return at once if loaded); answers when it is ready."""
+        handle = supervisor.resolve(name)
+        held = await handle.acquire()
+        held.release()
+        return reply({"model": model_info(handle)})
+
+    @app.post("/admin/models/<name>/unload")
+    async def admin_unload(name: str) -> Response:
+        """Start a graceful unload (202): requests in flight finish first, unless
+        `?force=true`, which cancels them."""
+        handle = supervisor.resolve(name)
+        force = request.args.get("force", "false").lower() in ("1", "true", "yes")
+        handle.request_unload(force=force)
+        return reply({"model": model_info(handle)}, status=202)
+
+    @app.post("/admin/models/<name>/reset")
+    async def admin_reset(name: str) -> Response:
+        """failed -> stopped, so the next request tries to load it again."""
+        handle = supervisor.resolve(name)
+        was_failed = handle.reset()
+        return reply({"reset": was_failed, "model": model_info(handle)})
