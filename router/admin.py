@@ -11,6 +11,8 @@ import psutil
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from router.errors import http_status
+from supervisor.config import ConfigError
 from supervisor.handle import ModelHandle
 from supervisor.supervisor import Supervisor
 
@@ -56,7 +58,32 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
 
     @app.get("/admin/models")
     async def admin_models() -> Response:
-        return reply({"models": [model_info(h) for h in supervisor.handles.values()]})
+        return reply(
+            {
+                "models": [model_info(h) for h in supervisor.handles.values()],
+                "config_error": supervisor.config_error,
+                "needs_restart": list(supervisor.needs_restart),
+            }
+        )
+
+    @app.post("/admin/reload")
+    async def admin_reload() -> Response:
+        """Re-read the config file, as SIGHUP does. 400 with every problem if it is
+        invalid (the old config keeps running)."""
+        try:
+            d = supervisor.reload_file()
+        except ConfigError as exc:
+            body, status, headers = http_status(400, "; ".join(exc.problems), "invalid_config")
+            return Response(body, status=status, headers=headers)
+        return reply(
+            {
+                "added": list(d.added),
+                "removed": list(d.removed),
+                "changed": list(d.changed),
+                "unchanged": list(d.unchanged),
+                "needs_restart": list(d.needs_restart),
+            }
+        )
 
     @app.post("/admin/models/<name>/load")
     async def admin_load(name: str) -> Response:

@@ -11,6 +11,7 @@ router; imports go router -> supervisor -> worker.protocol.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -34,14 +35,16 @@ def bind_address(host: str, port: int) -> str:
 
 async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until SIGINT or SIGTERM: then stop accepting, finish responses, stop workers."""
-    supervisor = Supervisor(cfg)
+    notifier = Notifier()
+    supervisor = Supervisor(cfg, notifier=notifier)
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
     hc.graceful_timeout = 30.0
     stop = trio.Event()
-    notifier = Notifier()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    # SIGHUP is caught from here on, before READY=1: systemd >= 262 requires it of a
+    # notify-reload service, and an uncaught SIGHUP would kill the server.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
 
@@ -57,6 +60,11 @@ async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.T
                 nursery.start_soon(_keep_systemd_posted, notifier, supervisor)
 
             async for sig in signals:
+                if sig == signal.SIGHUP:
+                    log.info("SIGHUP received: reloading %s", cfg.source)
+                    with contextlib.suppress(ConfigError):  # logged; the old config runs on
+                        supervisor.reload_file()
+                    continue
                 log.info("%s received: shutting down", signal.Signals(sig).name)
                 break
             # Stop accepting, let requests in flight finish, then cancel everything. Waiting

@@ -71,7 +71,10 @@ class ModelHandle:
         self._attempt: _Attempt | None = None
         self._wakeup = trio.Event()
         self._shutdown = False
-        self._unload: str | None = None  # "drain" or "force" while an admin unload runs
+        self._unload: str | None = None  # "drain" or "force" while an unload runs
+        self._unload_reason = ""
+        self._next_spec: ModelSpec | None = None  # from a reload, adopted once stopped
+        self._retire = False  # removed from the config: stop for good
         self.last_used_wall: float | None = None  # time.time() of the last request's end
         self._load_scope: trio.CancelScope | None = None
         self.finished = trio.Event()  # set when run() has returned
@@ -112,13 +115,31 @@ class ModelHandle:
         self.last_used_wall = time.time()
         self._poke()
 
-    def request_unload(self, force: bool = False) -> None:
+    def request_unload(self, force: bool = False, reason: str = "unloaded by an admin") -> None:
         """Stop the worker once nothing is in flight (state DRAINING meanwhile); with
         `force`, cancel what is in flight first. Never blocks. A request that arrives
         meanwhile waits for the stop and then loads the model again."""
-        if self.state in (State.READY, State.DRAINING):
+        if self.state in (State.STARTING, State.READY, State.DRAINING):
             self._unload = "force" if force or self._unload == "force" else "drain"
+            self._unload_reason = reason
             self._poke()
+
+    def respec(self, spec: ModelSpec) -> None:
+        """Adopt a changed config (reload). Without a worker, at once; otherwise the worker
+        drains, stops, and the next start uses the new spec. Never blocks."""
+        if self.state in (State.STOPPED, State.BACKOFF, State.FAILED):
+            self.spec = spec
+            self.reset()
+            self.failures = 0
+        else:
+            self._next_spec = spec
+            self.request_unload(reason="config changed")
+
+    def retire(self) -> None:
+        """The model left the config (reload): drain, stop, and end the run loop."""
+        self._retire = True
+        self.request_unload(reason="removed from the config")
+        self._poke()
 
     async def _acquire(self) -> WorkerConnection:
         while True:
@@ -168,6 +189,10 @@ class ModelHandle:
             self._attempt = _Attempt()  # nobody waits on it; the model just loads
         try:
             while not self._shutdown:
+                if self._retire and self.state in (State.STOPPED, State.FAILED):
+                    return
+                if self._next_spec is not None and self.state is State.STOPPED:
+                    self.spec, self._next_spec = self._next_spec, None
                 if self.state is State.FAILED or self._attempt is None:
                     await self._sleep_until_poked()  # a request, a reset, or shutdown
                     continue
@@ -216,7 +241,6 @@ class ModelHandle:
                 self._set(State.STOPPED, "shutdown")
                 return
             self.conn = conn
-            self._unload = None
             self.load_seconds = trio.current_time() - started
             self.last_used = ready_at = trio.current_time()
             self._set(State.READY, f"loaded in {self.load_seconds:.1f}s, pid {self.pid}")
@@ -245,6 +269,8 @@ class ModelHandle:
                         self._set(State.STOPPING, "cancelled")
                     self._set(State.STOPPED, "killed")
                 self.conn = None
+                # An unload asked for during the load applied to this worker; it is done.
+                self._unload = None
                 nursery.cancel_scope.cancel()
 
     def _load_failed(self, attempt: _Attempt, msg: str) -> None:
@@ -281,10 +307,10 @@ class ModelHandle:
         """Wait out the backoff delay (only shutdown cuts it short), then start again if a
         request is waiting, or rest in STOPPED until one arrives."""
         with trio.move_on_after(self._backoff_delay()):
-            while not self._shutdown:
+            while not (self._shutdown or self._retire):
                 await self._sleep_until_poked()
-        if self._shutdown or self._attempt is None:
-            self._set(State.STOPPED, "shutdown" if self._shutdown else "backoff over, no request waiting")
+        if self._shutdown or self._retire or self._attempt is None:
+            self._set(State.STOPPED, "stopping" if self._shutdown or self._retire else "backoff over, no request waiting")
         # else: run() calls _lifetime, which goes BACKOFF -> STARTING
 
     def reset(self) -> bool:
@@ -307,11 +333,14 @@ class ModelHandle:
                 return "shutdown"
             if self._unload is not None:
                 if self._unload == "force" and self.in_flight:
-                    conn.cancel_all("the model was unloaded by an admin (force)")
+                    conn.cancel_all(f"the model was {self._unload_reason} (force)")
                 if self.in_flight == 0:
-                    return "unloaded by an admin"
+                    return self._unload_reason
                 if self.state is State.READY:
-                    self._set(State.DRAINING, f"unload: waiting for {self.in_flight} request(s)")
+                    self._set(
+                        State.DRAINING,
+                        f"{self._unload_reason}: waiting for {self.in_flight} request(s)",
+                    )
                 await self._sleep_until_poked()
             elif self.in_flight == 0 and idle_timeout > 0:
                 deadline = self.last_used + idle_timeout

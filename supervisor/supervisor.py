@@ -1,26 +1,90 @@
-"""The supervisor: one handle per configured model, and name/alias resolution."""
+"""The supervisor: one handle per configured model, name/alias resolution, and reload."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Sequence
 
 import trio
 
-from supervisor.config import Config
+from supervisor.config import Config, ConfigError, load
 from supervisor.connection import default_worker_command
 from supervisor.errors import ModelNotFound
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
+from supervisor.reload import ConfigDiff, diff
+from supervisor.systemd import Notifier
+
+
+log = logging.getLogger("corral.supervisor")
 
 
 class Supervisor:
-    def __init__(self, config: Config, worker_command: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        worker_command: Sequence[str] | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.config = config
-        command = list(worker_command or default_worker_command())
+        self._command = list(worker_command or default_worker_command())
+        self.notifier = notifier or Notifier({})
         self.handles: dict[str, ModelHandle] = {
-            name: ModelHandle(spec, config.supervisor, command)
+            name: ModelHandle(spec, config.supervisor, self._command)
             for name, spec in config.models.items()
         }
+        self._nursery: trio.Nursery | None = None
+        self._retired: list[ModelHandle] = []  # removed by a reload, maybe still draining
+        self.config_error: str | None = None  # the last reload's problems, if it failed
+        self.needs_restart: tuple[str, ...] = ()
+
+    def reload_file(self) -> ConfigDiff:
+        """Re-read the config file and apply it (SIGHUP, POST /admin/reload).
+
+        An invalid file changes nothing: the old config keeps running and ConfigError
+        (naming every key path) is raised and kept in `config_error`. systemd hears
+        RELOADING=1 with MONOTONIC_USEC in one datagram, then READY=1, either way.
+        """
+        if self.config.source is None:
+            raise ConfigError(["(file): this config was not read from a file"])
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={usec}")
+        try:
+            new = load(self.config.source)
+        except ConfigError as exc:
+            self.config_error = "; ".join(exc.problems)
+            log.error("reload rejected, still running the old config: %s", self.config_error)
+            self.notifier.notify("READY=1", f"STATUS=reload failed: {self.config_error}")
+            raise
+        d = self.reload(new)
+        self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
+        return d
+
+    def reload(self, new: Config) -> ConfigDiff:
+        """Apply a validated config. Unchanged models keep their worker and never notice;
+        removed ones drain and stop; changed ones drain and restart; added ones appear.
+        A model that had failed is reset, so a fixed config recovers it. Never blocks."""
+        assert self._nursery is not None, "reload() needs run() to be running"
+        d = diff(self.config, new)
+        for name in d.removed:
+            retired = self.handles.pop(name)
+            retired.retire()
+            self._retired.append(retired)
+        for name in d.changed:
+            self.handles[name].respec(new.models[name])
+        for name in d.added:
+            handle = ModelHandle(new.models[name], new.supervisor, self._command)
+            self.handles[name] = handle
+            self._nursery.start_soon(handle.run)
+        for handle in self.handles.values():
+            handle.settings = new.supervisor
+            handle.reset()
+        self.config = new
+        self.config_error = None
+        self.needs_restart = d.needs_restart
+        log.info("reloaded %s: %s", new.source, d.summary())
+        return d
 
     def resolve(self, model: str) -> ModelHandle:
         """The handle for a model name or alias. Raises ModelNotFound (param "model")."""
@@ -54,14 +118,16 @@ class Supervisor:
         """Stop every worker gracefully (Shutdown frame, then SIGTERM, then SIGKILL after
         stop_grace) and return when all handles have finished. Requests still in flight get
         up to stop_grace to finish; the CLI drains them before calling this."""
-        for handle in self.handles.values():
+        every = [*self.handles.values(), *self._retired]
+        for handle in every:
             handle.request_shutdown()
-        for handle in self.handles.values():
+        for handle in every:
             await handle.finished.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every handle until `stop()` (graceful) or cancellation (workers killed)."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for handle in self.handles.values():
                 await nursery.start(handle.run)
             task_status.started()

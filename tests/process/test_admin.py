@@ -134,3 +134,29 @@ async def test_preload_loads_at_start_and_pinned_never_idles_out(tmp_path, start
             await wait_for(lambda: lazy.state is State.STOPPED, 5, "lazy to idle out")
             await trio.sleep(0.5)  # well past pre's idle_timeout
             assert pre.state is State.READY
+
+
+async def test_admin_reload_reports_the_diff_or_every_problem(tmp_path, start_log: StartLog) -> None:
+    from supervisor.config import load
+    from supervisor.supervisor import Supervisor
+    from tests.process.support import WORKER_COMMAND
+    from tests.process.test_reload import write_config
+
+    cfg = write_config(tmp_path / "config.toml", {"a": {}})
+    sup = Supervisor(load(cfg), worker_command=WORKER_COMMAND)
+    client = _app(sup)
+    with trio.fail_after(15):
+        async with running(sup):
+            write_config(cfg, {"a": {}, "b": {}})
+            r = await client.post("/admin/reload")
+            assert r.status_code == 200
+            assert (await r.get_json())["added"] == ["b"]
+            assert set(await _models(client)) == {"a", "b"}
+
+            cfg.write_text(cfg.read_text() + "bogus = 1\n")
+            r = await client.post("/admin/reload")
+            assert r.status_code == 400
+            err = (await r.get_json())["error"]
+            assert err["code"] == "invalid_config" and "models.b.bogus: unknown key" in err["message"]
+            r = await client.get("/admin/models")
+            assert "models.b.bogus" in (await r.get_json())["config_error"]

@@ -1,6 +1,7 @@
 """`corral serve` speaks systemd's notify protocol, read from a fake NOTIFY_SOCKET exactly
 as systemd would read it: READY=1 once listening, WATCHDOG=1 at half of WATCHDOG_USEC,
-STATUS= lines, and STOPPING=1 on SIGTERM."""
+STATUS= lines, RELOADING=1 + MONOTONIC_USEC then READY=1 on SIGHUP, and STOPPING=1 on
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def test_ready_watchdog_status_stopping(tmp_path: Path, abstract: bool) -> None:
         later = _datagrams(sink, time.monotonic() + 1.0)
         pings = [d for d in later if d.split("\n")[0] == "WATCHDOG=1"]
         assert 3 <= len(pings) <= 7, later
+        # SIGHUP reloads: RELOADING=1 and MONOTONIC_USEC in one datagram, then READY=1.
+        proc.send_signal(signal.SIGHUP)
+        reload_msgs = [d for d in _datagrams(sink, time.monotonic() + 1.0) if not d.startswith("WATCHDOG=1")]
+        assert reload_msgs[0].startswith("RELOADING=1\nMONOTONIC_USEC="), reload_msgs
+        usec = int(reload_msgs[0].split("MONOTONIC_USEC=")[1])
+        assert abs(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - usec) < 5_000_000
+        assert reload_msgs[1].startswith("READY=1\nSTATUS="), reload_msgs
+        assert proc.poll() is None  # SIGHUP did not kill it
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         rest = _datagrams(sink, time.monotonic() + 0.5)

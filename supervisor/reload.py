@@ -1,0 +1,52 @@
+"""What a config reload changes: a pure comparison of two validated configs.
+
+Like supervisord's reread: models are added, removed, changed or unchanged, compared as
+whole resolved specs (path, aliases, slots, ..., and the idle_timeout they inherit).
+Server settings cannot change on a live socket, so they are only reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.config import Config
+
+
+@dataclass(frozen=True)
+class ConfigDiff:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    # "server.port", ...: differ in the new file, take effect only after a restart
+    needs_restart: tuple[str, ...]
+
+    def summary(self) -> str:
+        parts = [
+            f"{label} {', '.join(names)}"
+            for label, names in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("changed", self.changed),
+            )
+            if names
+        ]
+        if self.needs_restart:
+            parts.append(f"needs a restart for {', '.join(self.needs_restart)}")
+        return "; ".join(parts) or "no changes"
+
+
+def diff(old: Config, new: Config) -> ConfigDiff:
+    old_names, new_names = set(old.models), set(new.models)
+    common = sorted(old_names & new_names)
+    return ConfigDiff(
+        added=tuple(sorted(new_names - old_names)),
+        removed=tuple(sorted(old_names - new_names)),
+        changed=tuple(n for n in common if old.models[n] != new.models[n]),
+        unchanged=tuple(n for n in common if old.models[n] == new.models[n]),
+        needs_restart=tuple(
+            f"server.{name}"
+            for name in old.server.__struct_fields__
+            if getattr(old.server, name) != getattr(new.server, name)
+        ),
+    )

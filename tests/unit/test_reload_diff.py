@@ -1,0 +1,36 @@
+"""The reload diff: models compared as whole resolved specs; server changes reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from supervisor.config import parse
+from supervisor.reload import diff
+
+
+def _cfg(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]
+    (tmp_path / "m.gguf").write_bytes(b"")
+    return parse(text, tmp_path)
+
+
+def test_added_removed_changed_unchanged(tmp_path: Path) -> None:
+    old = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n[models.c]\npath="m.gguf"\n[models.d]\npath="m.gguf"\n')
+    new = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n[models.b]\npath="m.gguf"\n[models.c]\npath="m.gguf"\nslots=2\n')
+    d = diff(old, new)
+    assert (d.added, d.removed, d.changed, d.unchanged) == (("b",), ("d",), ("c",), ("a",))
+    assert d.needs_restart == ()
+    assert d.summary() == "added b; removed d; changed c"
+
+
+def test_inherited_idle_timeout_change_counts_as_a_model_change(tmp_path: Path) -> None:
+    old = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n')
+    new = _cfg(tmp_path, '[supervisor]\nidle_timeout=5\n[models.a]\npath="m.gguf"\n')
+    assert diff(old, new).changed == ("a",)
+
+
+def test_alias_change_is_a_change_and_server_changes_need_a_restart(tmp_path: Path) -> None:
+    old = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n')
+    new = _cfg(tmp_path, '[server]\nport=9000\n[models.a]\npath="m.gguf"\naliases=["x"]\n')
+    d = diff(old, new)
+    assert d.changed == ("a",) and d.needs_restart == ("server.port",)
+    assert diff(old, old).summary() == "no changes"
