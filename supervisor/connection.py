@@ -198,10 +198,7 @@ class WorkerConnection:
     def cancel_all(self, reason: str) -> None:
         """End every request in flight with WorkerCrashed(reason) and cancel it in the worker."""
         for rid, ch in list(self._pending.items()):
-            try:
-                ch.send_nowait(Gone(reason))
-            except trio.BrokenResourceError:
-                pass
+            _tell_gone(ch, reason)
             self.forget(rid, cancel=True)
 
     def forget(self, rid: int, cancel: bool) -> None:
@@ -285,13 +282,16 @@ class WorkerConnection:
         self.closed.set()
         self._out_send.close()
         for ch in self._pending.values():
-            try:
-                ch.send_nowait(Gone(reason))
-            except trio.BrokenResourceError:
-                pass
+            _tell_gone(ch, reason)
             ch.close()
         self._pending.clear()
         self._on_close()
+
+
+def _tell_gone(ch: trio.MemorySendChannel[Reply], reason: str) -> None:
+    """The request's last reply: its worker is gone. A consumer that already left is fine."""
+    with contextlib.suppress(trio.BrokenResourceError):
+        ch.send_nowait(Gone(reason))
 
 
 def worker_spec(spec: ModelSpec) -> WorkerSpec:

@@ -103,7 +103,6 @@ class Engine:
         # the cache and be preempted again.
         self._kv_full = False
         self._stopped = False
-        self.stats_steps = 0
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
@@ -288,7 +287,6 @@ class Engine:
                 return
             if remedy == "halve":
                 budget = max(1, budget // 2)
-        self.stats_steps += 1
         events: list[TokenEvent] = []
         for req, n_fed, last_idx, wants in plan:
             slot = req.slot

@@ -104,11 +104,15 @@ class Link:
                 await trio.sleep(0.1)
                 break
             await trio.sleep(0.05)
-        # Give the writer a moment to flush the last frames.
-        with trio.move_on_after(1.0):
+        await self.flush_and_exit(0)
+
+    async def flush_and_exit(self, code: int, timeout: float = 1.0) -> None:
+        """Give the writer up to `timeout` to send the frames already queued, then exit."""
+        with trio.move_on_after(timeout):
+            await trio.sleep(0.05)  # frames handed over with run_sync_soon land first
             while self._recv.statistics().current_buffer_used:
                 await trio.sleep(0.01)
-        os._exit(0)
+        os._exit(code)
 
 
 async def serve(fd: int, spec: WorkerSpec) -> None:
@@ -132,12 +136,12 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
             model = await trio.to_thread.run_sync(load, spec, progress, abandon_on_cancel=True)
         except LoadError as exc:
             link.emit(Failed(message=str(exc)))
-            await _flush_and_exit(link, 1)
+            await link.flush_and_exit(1, timeout=2.0)
             return
         except Exception as exc:  # anything else from llama.cpp's load path
             log.exception("load failed")
             link.emit(Failed(message=f"load failed: {exc}"))
-            await _flush_and_exit(link, 1)
+            await link.flush_and_exit(1, timeout=2.0)
             return
 
         engine = Engine(model, link.emit, embeddings=spec.embeddings)
@@ -160,11 +164,3 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)
         await trio.to_thread.run_sync(engine.run, abandon_on_cancel=True)
-
-
-async def _flush_and_exit(link: Link, code: int) -> None:
-    with trio.move_on_after(2.0):
-        await trio.sleep(0.05)
-        while link._recv.statistics().current_buffer_used:
-            await trio.sleep(0.01)
-    os._exit(code)
