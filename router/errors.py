@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -45,6 +46,8 @@ def render(exc: e.CorralError) -> tuple[bytes, int, dict[str, str]]:
     headers = {"content-type": "application/json"}
     if isinstance(exc, e.WorkerUnavailable):
         headers["x-should-retry"] = "true" if exc.retry else "false"
+        if exc.retry and exc.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
     body = msgspec.json.encode(envelope(exc.message, h.type, exc.param, h.code))
     return body, h.status, headers
 

@@ -16,6 +16,7 @@ from typing import Iterator, Literal
 
 import msgspec
 
+from supervisor.capacity import parse_size
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
 
 Pooling = Literal["mean", "cls", "last", "rank", "none"]
@@ -45,6 +46,14 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     start_retries: int = 3
     backoff_base: float = 1.0
     backoff_max: float = 60.0
+    # Capacity. A model that does not fit evicts the least recently used idle, unpinned
+    # models; if none can go, its requests queue (first come, first served) for up to
+    # load_wait seconds, then get 503 with Retry-After. load_wait also bounds a request's
+    # wait through a backoff. A model's cost is its GGUF size plus its KV cache until it
+    # has loaded, then its worker's resident memory.
+    max_loaded_models: int = 0  # 0: no limit
+    memory_budget: int | str = 0  # bytes, or "12GiB", "8GB", ...; 0: no limit
+    load_wait: float = 60.0
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -161,9 +170,6 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
     problems = list(_check(file, base_dir))
     if problems:
         raise ConfigError(problems, source)
-    problems = list(_check(file, base_dir))
-    if problems:
-        raise ConfigError(problems, source)
     default_idle = file.supervisor.idle_timeout
     models = {
         name: ModelSpec(
@@ -250,11 +256,23 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
     if sup.health_misses < 1:
         yield f"supervisor.health_misses: must be at least 1, got {sup.health_misses}"
+    if sup.max_loaded_models < 0:
+        yield f"supervisor.max_loaded_models: must be >= 0 (0 = no limit), got {sup.max_loaded_models}"
+    try:
+        parse_size(sup.memory_budget)
+    except ValueError as exc:
+        yield f"supervisor.memory_budget: {exc}"
+    pinned = [name for name, m in file.models.items() if m.pinned]
+    if sup.max_loaded_models and len(pinned) > sup.max_loaded_models:
+        yield (
+            f"supervisor.max_loaded_models: {len(pinned)} models are pinned "
+            f"({', '.join(pinned)}), more than max_loaded_models = {sup.max_loaded_models}"
+        )
     if sup.start_retries < 0:
         yield f"supervisor.start_retries: must be >= 0, got {sup.start_retries}"
     for key in (
         "idle_timeout", "start_timeout", "stop_grace", "health_interval",
-        "min_uptime", "backoff_base", "backoff_max",
+        "min_uptime", "backoff_base", "backoff_max", "load_wait",
     ):
         if getattr(sup, key) < 0:
             yield f"supervisor.{key}: must be >= 0"

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Callable, Protocol, Sequence, Union
 
 import msgspec
 import trio
@@ -127,7 +127,7 @@ class RequestStream:
 
 
 class WorkerConnection:
-    def __init__(self, name: str, stream: trio.SocketStream, on_close: Callable[[], None]):
+    def __init__(self, name: str, stream: trio.abc.Stream, on_close: Callable[[], None]):
         self.name = name
         self._stream = stream
         self._on_close = on_close
@@ -294,15 +294,16 @@ def _tell_gone(ch: trio.MemorySendChannel[Reply], reason: str) -> None:
         ch.send_nowait(Gone(reason))
 
 
-def worker_spec(spec: ModelSpec) -> WorkerSpec:
-    """What the worker needs to know of a model's config."""
+def worker_spec(spec: ModelSpec, threads: int | None = None) -> WorkerSpec:
+    """What the worker needs to know of a model's config; `threads` overrides the
+    config's (the supervisor's share of the cores when the config sets none)."""
     return WorkerSpec(
         name=spec.name,
         path=str(spec.path),
         slots=spec.slots,
         n_ctx=spec.n_ctx,
         n_batch=spec.n_batch,
-        threads=spec.threads,
+        threads=threads if threads is not None else spec.threads,
         n_gpu_layers=spec.n_gpu_layers,
         chat_template=spec.chat_template,
         embeddings=spec.embeddings,
@@ -337,6 +338,16 @@ async def open_worker(
     nursery.start_soon(conn.reader)
     nursery.start_soon(conn.writer)
     nursery.start_soon(_watch_exit, conn, process)
+    await wait_until_ready(conn)
+    if conn.ready is None:
+        code = await _exit_code(process)
+        raise LoadFailed(conn.failed_message or f"worker exited during load (exit code {code})")
+    return conn
+
+
+async def wait_until_ready(conn: WorkerConnection) -> None:
+    """Return when the worker has sent Ready or its connection has closed, whichever is
+    first; the caller tells them apart by `conn.ready`."""
     async with trio.open_nursery() as wait:
 
         async def until_ready() -> None:
@@ -349,10 +360,6 @@ async def open_worker(
 
         wait.start_soon(until_ready)
         wait.start_soon(until_closed)
-    if conn.ready is None:
-        code = await _exit_code(process)
-        raise LoadFailed(conn.failed_message or f"worker exited during load (exit code {code})")
-    return conn
 
 
 async def _run_process(
@@ -428,3 +435,33 @@ async def stop_worker(conn: WorkerConnection, grace: float) -> None:
 
 def default_worker_command() -> list[str]:
     return [sys.executable, "-m", "worker"]
+
+
+class Launcher(Protocol):
+    """How a handle gets a worker. The supervisor uses ProcessLauncher; the lifecycle tests
+    use an in-process one, so that timing logic runs under trio's virtual clock."""
+
+    async def start(
+        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
+    ) -> WorkerConnection:
+        """A Ready worker whose tasks live in `nursery`; raises LoadFailed."""
+        ...
+
+    async def stop(self, conn: WorkerConnection, grace: float) -> None:
+        """Stop it gracefully, escalating as needed; return once it is gone."""
+        ...
+
+
+class ProcessLauncher:
+    """Workers as child processes (`python -m worker`, or a test's fake worker)."""
+
+    def __init__(self, command: Sequence[str] | None = None) -> None:
+        self.command = list(command or default_worker_command())
+
+    async def start(
+        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
+    ) -> WorkerConnection:
+        return await open_worker(nursery, spec, self.command, on_close)
+
+    async def stop(self, conn: WorkerConnection, grace: float) -> None:
+        await stop_worker(conn, grace)

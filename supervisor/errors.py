@@ -32,9 +32,10 @@ class ModelNotFound(CorralError):
 class WorkerUnavailable(CorralError):
     """The model could not be loaded or is refusing work (503)."""
 
-    def __init__(self, message: str, retry: bool = True) -> None:
+    def __init__(self, message: str, retry: bool = True, retry_after: float | None = None) -> None:
         super().__init__(message, None)
         self.retry = retry
+        self.retry_after = retry_after  # seconds, sent as Retry-After
 
 
 class WorkerCrashed(CorralError):

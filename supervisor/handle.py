@@ -10,28 +10,45 @@ slip in between), or waits on the shared load attempt and looks again.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable
 
 import trio
 
+import psutil
+
+from supervisor.admission import Admission
+from supervisor.capacity import Resident
 from supervisor.config import ModelSpec, SupervisorConfig
-from supervisor.connection import LoadFailed, WorkerConnection, open_worker, stop_worker, worker_spec
+from supervisor.connection import Launcher, LoadFailed, WorkerConnection, worker_spec
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
+from supervisor.gguf_meta import estimate_bytes
 from supervisor.lifecycle import State, check
-from worker.protocol import Ping
+from worker.protocol import Ping, SetThreads
 
 log = logging.getLogger("corral.supervisor")
+
+# The states in which a model holds memory and CPU: from spawn until its process is gone.
+HOLDING = (State.STARTING, State.READY, State.DRAINING, State.STOPPING)
+# How long a client that gave up waiting for room is told to wait before trying again.
+QUEUE_RETRY_AFTER = 5.0
 
 
 @dataclass(eq=False)
 class _Attempt:
-    """One load that every waiter shares; a failed load fails all of them."""
+    """One load that every waiter shares; a failed load fails all of them.
+
+    It is wanted while a request waits on it, or until `keep_until` (trio clock) for a
+    load that nobody waits on (preload). An unwanted attempt leaves the load queue.
+    """
 
     done: trio.Event = field(default_factory=trio.Event)
     error: WorkerUnavailable | None = None
+    waiters: int = 0
+    keep_until: float = 0.0
 
     def finish(self, error: WorkerUnavailable | None = None) -> None:
         self.error = error
@@ -54,11 +71,20 @@ class Lease:
 
 class ModelHandle:
     def __init__(
-        self, spec: ModelSpec, settings: SupervisorConfig, worker_command: Sequence[str]
+        self,
+        spec: ModelSpec,
+        settings: SupervisorConfig,
+        launcher: Launcher,
+        admission: Admission | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
         self.settings = settings
-        self.worker_command = list(worker_command)
+        self.launcher = launcher
+        self.admission = admission
+        # Called after every state change and every finished request: the supervisor
+        # re-plans capacity and re-divides the cores.
+        self.on_change: Callable[[], None] = on_change or (lambda: None)
         self.state = State.STOPPED
         self.conn: WorkerConnection | None = None
         self.in_flight = 0
@@ -78,6 +104,13 @@ class ModelHandle:
         self.last_used_wall: float | None = None  # time.time() of the last request's end
         self._load_scope: trio.CancelScope | None = None
         self.finished = trio.Event()  # set when run() has returned
+        self._state_changed = trio.Event()
+        self._queue_scope: trio.CancelScope | None = None
+        self._backoff_until = 0.0
+        self.rss: int | None = None  # the worker's resident memory, measured while it runs
+        self._estimate: tuple[ModelSpec, int] | None = None
+        self.threads: int | None = None  # the share of the cores given by the supervisor
+        self.worker_threads: int | None = None  # what the running worker was told to use
 
     @property
     def name(self) -> str:
@@ -114,6 +147,7 @@ class ModelHandle:
         self.last_used = trio.current_time()
         self.last_used_wall = time.time()
         self._poke()
+        self.on_change()  # an idle model may now be evicted
 
     def request_unload(self, force: bool = False, reason: str = "unloaded by an admin") -> None:
         """Stop the worker once nothing is in flight (state DRAINING meanwhile); with
@@ -142,6 +176,10 @@ class ModelHandle:
         self._poke()
 
     async def _acquire(self) -> WorkerConnection:
+        # The deadline bounds waiting on a model that is not loading: queued for room,
+        # backing off, or still stopping from an unload. A load in progress is bounded by
+        # start_timeout instead, so a slow large model is not cut short.
+        deadline = trio.current_time() + self.settings.load_wait
         while True:
             if self.state is State.FAILED:
                 raise self._failed_error()
@@ -155,9 +193,116 @@ class ModelHandle:
                 self._attempt = _Attempt()
                 self._poke()
             attempt = self._attempt
-            await attempt.done.wait()
-            if attempt.error is not None:
+            attempt.waiters += 1
+            try:
+                with trio.move_on_at(math.inf if self.state is State.STARTING else deadline):
+                    await self._state_changed.wait()  # also set when the attempt finishes
+            finally:
+                attempt.waiters -= 1
+                if attempt.waiters == 0:  # a queued load nobody waits for leaves the queue
+                    self._poke()
+                    self.on_change()
+            if attempt.done.is_set() and attempt.error is not None:
                 raise attempt.error
+            if trio.current_time() >= deadline and self.state not in (State.STARTING, State.READY):
+                raise self._gave_up()
+
+    def wanted(self) -> bool:
+        """Does anyone still want the pending load? (False when there is none.)"""
+        a = self._attempt
+        if a is None or self._shutdown or self._retire:
+            return False
+        return a.waiters > 0 or trio.current_time() < a.keep_until
+
+    def _gave_up(self) -> WorkerUnavailable:
+        wait = self.settings.load_wait
+        if self.state is State.BACKOFF:
+            left = max(self._backoff_until - trio.current_time(), 1.0)
+            return WorkerUnavailable(
+                f"model {self.name!r} is backing off after {self.failures} failed start(s) "
+                f"(last error: {self.last_error}); the next try is in {left:.0f}s",
+                retry_after=left,
+            )
+        why = self.admission.waiting_reason(self) if self.admission is not None else None
+        if why is not None:
+            return WorkerUnavailable(f"{why} (waited load_wait = {wait:g}s)", retry_after=QUEUE_RETRY_AFTER)
+        return WorkerUnavailable(
+            f"model {self.name!r} did not become ready within load_wait = {wait:g}s "
+            f"(it is {self.state.value})",
+            retry_after=QUEUE_RETRY_AFTER,
+        )
+
+    # ---- capacity ---------------------------------------------------------------------------
+
+    @property
+    def holds_memory(self) -> bool:
+        return self.state in HOLDING
+
+    @property
+    def leaving(self) -> bool:
+        """Unloading already: its memory frees without anyone evicting it."""
+        return self.state in (State.DRAINING, State.STOPPING) or self._unload is not None
+
+    def cost(self) -> int:
+        """Bytes this model holds or will hold: its worker's RSS once measured, otherwise
+        the estimate from its file (or the bare file size before that is known)."""
+        if self.rss is not None and self.state in (State.READY, State.DRAINING, State.STOPPING):
+            return max(self.rss, 1)
+        if self._estimate is not None and self._estimate[0] is self.spec:
+            return self._estimate[1]
+        try:
+            return self.spec.path.stat().st_size
+        except OSError:
+            return 0
+
+    def estimated_cost(self) -> int:
+        """The GGUF file's size plus its KV cache for n_ctx cells, read once per config.
+        Reading stops at the last key it needs, a few hundred bytes in, so it is done
+        inline."""
+        spec = self.spec
+        if self._estimate is None or self._estimate[0] is not spec:
+            try:
+                n = estimate_bytes(spec.path, spec.n_ctx)
+            except OSError:
+                n = 0
+            self._estimate = (spec, n)
+        return self._estimate[1]
+
+    def resident(self) -> Resident:
+        return Resident(
+            name=self.name,
+            cost=self.cost(),
+            last_used=self.last_used,
+            evictable=(
+                self.state is State.READY and self.in_flight == 0 and not self.spec.pinned
+                and not self.leaving
+            ),
+            leaving=self.leaving,
+        )
+
+    def _measure(self) -> None:
+        pid = self.pid
+        if pid is None:
+            return
+        try:
+            self.rss = int(psutil.Process(pid).memory_info().rss)
+        except psutil.Error:
+            pass
+
+    def assign_threads(self, n: int | None) -> None:
+        """The supervisor's share of the cores for this model (None: it has its own
+        `threads`). A running worker is told at once; a loading one when it is ready."""
+        self.threads = n
+        conn = self.conn
+        if (
+            n is not None and n != self.worker_threads and conn is not None
+            and conn.ready is not None and self.state in (State.READY, State.DRAINING)
+        ):
+            try:
+                conn.send(SetThreads(n_threads=n))
+                self.worker_threads = n
+            except WorkerCrashed:
+                pass
 
     # ---- the single writer ----------------------------------------------------------------
 
@@ -172,13 +317,26 @@ class ModelHandle:
         check(self.state, new)
         log.info("%s: %s -> %s (%s)", self.name, self.state.value, new.value, reason)
         self.state = new
+        self._announce()
+        self.on_change()
+
+    def _announce(self) -> None:
+        """Wake every waiter: the state changed or the load attempt finished."""
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
+    async def wait_for_state(self, *states: State) -> None:
+        """Return once the model is in one of `states` (at once if it already is)."""
+        while self.state not in states:
+            await self._state_changed.wait()
 
     def request_shutdown(self) -> None:
         """Ask the run loop to stop the worker gracefully and return. Never blocks; wait on
         `finished`. A load in progress is abandoned; its waiters get WorkerUnavailable."""
         self._shutdown = True
-        if self._load_scope is not None:
-            self._load_scope.cancel()
+        for scope in (self._load_scope, self._queue_scope):
+            if scope is not None:
+                scope.cancel()
         self._poke()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -186,7 +344,9 @@ class ModelHandle:
         frame) or cancellation (hard: the worker is killed with its nursery)."""
         task_status.started()
         if self.spec.preload:
-            self._attempt = _Attempt()  # nobody waits on it; the model just loads
+            # Nobody waits on a preload; it keeps its place in the load queue for as long
+            # as a request would.
+            self._attempt = _Attempt(keep_until=trio.current_time() + self.settings.load_wait)
         try:
             while not self._shutdown:
                 if self._retire and self.state in (State.STOPPED, State.FAILED):
@@ -196,6 +356,8 @@ class ModelHandle:
                 if self.state is State.FAILED or self._attempt is None:
                     await self._sleep_until_poked()  # a request, a reset, or shutdown
                     continue
+                if not await self._admitted():
+                    continue
                 await self._lifetime(self._attempt)
                 if self.state is State.BACKOFF:
                     await self._backoff()
@@ -203,20 +365,40 @@ class ModelHandle:
             if self._attempt is not None:
                 self._attempt.finish(WorkerUnavailable(f"model {self.name!r} is shutting down"))
                 self._attempt = None
+                self._announce()
             self.finished.set()
+
+    async def _admitted(self) -> bool:
+        """Wait for room to load (max_loaded_models, memory_budget). False if the load is
+        no longer wanted (its waiters gave up) or shutdown came first."""
+        if self.admission is None:
+            return True
+        admitted = False
+        with trio.CancelScope() as self._queue_scope:
+            admitted = await self.admission.admit(self)
+        self._queue_scope = None
+        if admitted and not self._shutdown:
+            return True
+        if not self._shutdown:
+            self._attempt = None  # nobody waits on it: there is nobody to tell
+            if self.state is State.BACKOFF:
+                self._set(State.STOPPED, "no request waits for a retry")
+        return False
 
     async def _lifetime(self, attempt: _Attempt) -> None:
         """One worker, from spawn to exit."""
-        self._set(State.STARTING, "requested")
+        self._set(State.STARTING, "requested")  # the supervisor assigns self.threads here
         self.starts += 1
+        self.rss = None
         started = trio.current_time()
+        self.worker_threads = self.threads or self.spec.threads
         async with trio.open_nursery() as nursery:
             conn: WorkerConnection | None = None
             try:
                 with trio.CancelScope() as self._load_scope:
                     with trio.fail_after(self.settings.start_timeout or float("inf")):
-                        conn = await open_worker(
-                            nursery, worker_spec(self.spec), self.worker_command, self._poke
+                        conn = await self.launcher.start(
+                            nursery, worker_spec(self.spec, self.worker_threads), self._poke
                         )
             except (LoadFailed, trio.TooSlowError, OSError) as exc:
                 msg = (
@@ -243,9 +425,11 @@ class ModelHandle:
             self.conn = conn
             self.load_seconds = trio.current_time() - started
             self.last_used = ready_at = trio.current_time()
+            self._measure()
             self._set(State.READY, f"loaded in {self.load_seconds:.1f}s, pid {self.pid}")
             self._attempt = None
             attempt.finish()
+            self.assign_threads(self.threads)  # the cores may have been re-divided meanwhile
             nursery.start_soon(self._watch_health, conn)
             try:
                 reason = await self._serve(conn)
@@ -289,7 +473,9 @@ class ModelHandle:
                 self._attempt.finish(self._failed_error())
                 self._attempt = None
         else:
-            self._set(State.BACKOFF, f"{reason}; retry {self.failures}/{retries} in {self._backoff_delay():g}s")
+            delay = self._backoff_delay()
+            self._backoff_until = trio.current_time() + delay
+            self._set(State.BACKOFF, f"{reason}; retry {self.failures}/{retries} in {delay:g}s")
 
     def _failed_error(self) -> WorkerUnavailable:
         return WorkerUnavailable(
@@ -306,12 +492,15 @@ class ModelHandle:
     async def _backoff(self) -> None:
         """Wait out the backoff delay (only shutdown cuts it short), then start again if a
         request is waiting, or rest in STOPPED until one arrives."""
-        with trio.move_on_after(self._backoff_delay()):
+        with trio.move_on_at(self._backoff_until):
             while not (self._shutdown or self._retire):
                 await self._sleep_until_poked()
-        if self._shutdown or self._retire or self._attempt is None:
-            self._set(State.STOPPED, "stopping" if self._shutdown or self._retire else "backoff over, no request waiting")
-        # else: run() calls _lifetime, which goes BACKOFF -> STARTING
+        if self._shutdown or self._retire:
+            self._set(State.STOPPED, "stopping")
+        elif not self.wanted():
+            self._attempt = None
+            self._set(State.STOPPED, "backoff over, no request waiting")
+        # else: run() admits it and calls _lifetime, which goes BACKOFF -> STARTING
 
     def reset(self) -> bool:
         """FAILED -> STOPPED, so the next request tries again. False if not FAILED."""
@@ -372,6 +561,7 @@ class ModelHandle:
                 conn.kill(f"worker hung: no answer to pings for {silent:.1f}s")
                 return
             seq += 1
+            self._measure()
             try:
                 conn.send(Ping(seq=seq))
             except WorkerCrashed:
@@ -379,5 +569,5 @@ class ModelHandle:
 
     async def _stop(self, conn: WorkerConnection, reason: str) -> None:
         self._set(State.STOPPING, reason)
-        await stop_worker(conn, self.settings.stop_grace)
+        await self.launcher.stop(conn, self.settings.stop_grace)
         self._set(State.STOPPED, "worker exited")

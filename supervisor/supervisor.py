@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Sequence
 
 import trio
 
-from supervisor.config import Config, ConfigError, load
-from supervisor.connection import default_worker_command
+from supervisor.admission import Admission
+from supervisor.capacity import Limits, parse_size
+from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, load
+from supervisor.cores import divide_cores
+from supervisor.connection import Launcher, ProcessLauncher
 from supervisor.errors import ModelNotFound
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
@@ -26,18 +30,47 @@ class Supervisor:
         config: Config,
         worker_command: Sequence[str] | None = None,
         notifier: Notifier | None = None,
+        launcher: Launcher | None = None,
+        cores: int | None = None,
     ) -> None:
         self.config = config
-        self._command = list(worker_command or default_worker_command())
+        self._launcher = launcher or ProcessLauncher(worker_command)
+        # The CPUs this process may run on (its affinity mask, which a cgroup cpuset or
+        # taskset narrows), shared among workers that have no explicit `threads`.
+        self.cores = cores or len(os.sched_getaffinity(0))
         self.notifier = notifier or Notifier({})
+        self.admission = Admission(self._every_handle, self._limits)
         self.handles: dict[str, ModelHandle] = {
-            name: ModelHandle(spec, config.supervisor, self._command)
-            for name, spec in config.models.items()
+            name: self._handle(spec, config.supervisor) for name, spec in config.models.items()
         }
         self._nursery: trio.Nursery | None = None
         self._retired: list[ModelHandle] = []  # removed by a reload, maybe still draining
         self.config_error: str | None = None  # the last reload's problems, if it failed
         self.needs_restart: tuple[str, ...] = ()
+
+    def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
+        return ModelHandle(spec, settings, self._launcher, self.admission, self._changed)
+
+    def _every_handle(self) -> list[ModelHandle]:
+        """Configured models and removed ones that are still draining: both hold memory."""
+        return [*self.handles.values(), *(h for h in self._retired if not h.finished.is_set())]
+
+    def _limits(self) -> Limits:
+        s = self.config.supervisor
+        return Limits(s.max_loaded_models, parse_size(s.memory_budget))
+
+    def _changed(self) -> None:
+        """A handle changed state or finished a request: re-plan the load queue and
+        re-divide the cores among the workers loaded together."""
+        self.admission.poke()
+        together = {
+            h.name: h.spec.threads
+            for h in self._every_handle()
+            if h.state in (State.STARTING, State.READY, State.DRAINING)
+        }
+        shares = divide_cores(self.cores, together)
+        for h in self._every_handle():
+            h.assign_threads(shares.get(h.name))
 
     def reload_file(self) -> ConfigDiff:
         """Re-read the config file and apply it (SIGHUP, POST /admin/reload).
@@ -74,13 +107,13 @@ class Supervisor:
         for name in d.changed:
             self.handles[name].respec(new.models[name])
         for name in d.added:
-            handle = ModelHandle(new.models[name], new.supervisor, self._command)
+            handle = self._handle(new.models[name], new.supervisor)
             self.handles[name] = handle
             self._nursery.start_soon(handle.run)
+        self.config = new
         for handle in self.handles.values():
             handle.settings = new.supervisor
             handle.reset()
-        self.config = new
         self.config_error = None
         self.needs_restart = d.needs_restart
         log.info("reloaded %s: %s", new.source, d.summary())

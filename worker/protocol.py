@@ -109,6 +109,13 @@ class Shutdown(Frame):
     grace: float = 5.0
 
 
+class SetThreads(Frame):
+    """Use this many CPU threads from the next decode step on. The supervisor divides the
+    cores among the workers loaded together and re-divides when that set changes."""
+
+    n_threads: int
+
+
 # ---- worker -> supervisor ---------------------------------------------------------------------
 
 
@@ -192,7 +199,7 @@ class Pong(Frame):
     queued: int = 0
 
 
-ToWorker = Union[Generate, Embed, Tokenize, Cancel, Ping, Shutdown]
+ToWorker = Union[Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads]
 FromWorker = Union[Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong]
 
 _encoder = msgspec.msgpack.Encoder()
@@ -235,7 +242,7 @@ class FrameBuffer:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray) -> list[bytes]:
         self._buf += data
         bodies: list[bytes] = []
         while len(self._buf) >= HEADER.size:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import psutil
 import trio
 
-from supervisor.config import Config, parse
+from tests.harness import make_config, running  # noqa: F401  (re-exported)
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.supervisor import Supervisor
 from worker.protocol import SamplingParams, TokenEvent
@@ -20,51 +18,10 @@ FAKE_WORKER = Path(__file__).resolve().parent.parent / "fake_worker.py"
 WORKER_COMMAND = [sys.executable, str(FAKE_WORKER)]
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
-def make_config(
-    tmp_path: Path, models: dict[str, dict[str, object]], **supervisor: object
-) -> Config:
-    """A parsed config whose models all point at one empty dummy file in tmp_path."""
-    dummy = tmp_path / "dummy.gguf"
-    dummy.touch()
-    lines = ["[supervisor]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in supervisor.items()]
-    for name, fields in models.items():
-        lines.append(f"[models.{json.dumps(name)}]")
-        lines.append('path = "dummy.gguf"')
-        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
-    return parse("\n".join(lines) + "\n", tmp_path)
-
-
 def make_supervisor(
     tmp_path: Path, models: dict[str, dict[str, object]], **settings: object
 ) -> Supervisor:
     return Supervisor(make_config(tmp_path, models, **settings), worker_command=WORKER_COMMAND)
-
-
-@asynccontextmanager
-async def running(sup: Supervisor) -> AsyncIterator[Supervisor]:
-    """Run the supervisor for the duration of the block; leaving it stops the supervisor
-    gracefully (Supervisor.stop), as corral serve does on SIGTERM."""
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sup.run)
-        try:
-            yield sup
-        finally:
-            with trio.move_on_after(10):
-                await sup.stop()
-            nursery.cancel_scope.cancel()
 
 
 async def wait_for(predicate: Callable[[], bool], timeout: float, what: str = "condition") -> None:

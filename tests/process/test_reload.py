@@ -13,16 +13,17 @@ from supervisor.config import ConfigError, load
 from supervisor.errors import ModelNotFound
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
-from tests.process.support import WORKER_COMMAND, StartLog, _toml_value, collect, expected_text, running, wait_for
+from tests.harness import toml_value
+from tests.process.support import WORKER_COMMAND, StartLog, collect, expected_text, running, wait_for
 from worker.protocol import SamplingParams
 
 
 def write_config(path: Path, models: dict[str, dict[str, object]], **supervisor: object) -> Path:
     (path.parent / "dummy.gguf").touch()
-    lines = ["[supervisor]", *(f"{k} = {_toml_value(v)}" for k, v in supervisor.items())]
+    lines = ["[supervisor]", *(f"{k} = {toml_value(v)}" for k, v in supervisor.items())]
     for name, fields in models.items():
         lines += [f"[models.{name}]", 'path = "dummy.gguf"']
-        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in fields.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 

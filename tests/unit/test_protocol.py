@@ -43,6 +43,7 @@ TO_WORKER: list[p.Frame] = [
     p.Ping(seq=7),
     p.Shutdown(),
     p.Shutdown(grace=0.5),
+    p.SetThreads(n_threads=3),
 ]
 
 FROM_WORKER: list[p.Frame] = [

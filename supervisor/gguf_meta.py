@@ -1,0 +1,137 @@
+"""Just enough of a GGUF file's header to estimate what a model costs before it loads.
+
+The supervisor must not import llama_cpp, and the `gguf` package pulls in requests, tqdm and
+PyYAML to read what is a few dozen lines of format. Reading stops as soon as the keys it
+needs have been seen, so a 262k-token vocabulary array later in the header costs nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+GGUF_MAGIC = b"GGUF"
+# value type id -> struct format of one scalar
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_MAX_SMALL_ARRAY = 4096  # per-layer arrays are kept; vocabularies are skipped
+
+Value = int | float | bool | str | list[int | float | bool]
+
+
+class NotGGUF(ValueError):
+    pass
+
+
+def _read(f: BinaryIO, fmt: str) -> tuple[object, ...]:
+    size = struct.calcsize("<" + fmt)
+    data = f.read(size)
+    if len(data) != size:
+        raise NotGGUF("truncated header")
+    return struct.unpack("<" + fmt, data)
+
+
+def _string(f: BinaryIO) -> str:
+    (n,) = _read(f, "Q")
+    assert isinstance(n, int)
+    if n > 1 << 24:
+        raise NotGGUF("implausible string length")
+    return f.read(n).decode("utf-8", errors="replace")
+
+
+def _value(f: BinaryIO, vtype: int) -> Value | None:
+    if vtype in _SCALARS:
+        (v,) = _read(f, _SCALARS[vtype])
+        assert isinstance(v, (int, float, bool))
+        return v
+    if vtype == _STRING:
+        return _string(f)
+    if vtype == _ARRAY:
+        etype, count = _read(f, "IQ")
+        assert isinstance(etype, int) and isinstance(count, int)
+        if etype in _SCALARS:
+            size = struct.calcsize("<" + _SCALARS[etype])
+            if count > _MAX_SMALL_ARRAY:
+                f.seek(size * count, 1)
+                return None
+            return list(_read(f, _SCALARS[etype] * count))  # type: ignore[arg-type]
+        for _ in range(count):  # arrays of strings (a vocabulary) or nested arrays: skip
+            _value(f, etype)
+        return None
+    raise NotGGUF(f"unknown value type {vtype}")
+
+
+def read_metadata(
+    path: Path, enough: Callable[[dict[str, Value]], bool] | None = None
+) -> dict[str, Value]:
+    """The header's key/value pairs (long arrays left out). With `enough`, stop as soon as
+    it says the pairs read so far suffice. Raises NotGGUF or OSError."""
+    out: dict[str, Value] = {}
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise NotGGUF("no GGUF magic")
+        version, _tensors, n_kv = _read(f, "IQQ")
+        if version not in (2, 3):
+            raise NotGGUF(f"unsupported GGUF version {version}")
+        assert isinstance(n_kv, int)
+        for _ in range(n_kv):
+            key = _string(f)
+            (vtype,) = _read(f, "I")
+            assert isinstance(vtype, int)
+            v = _value(f, vtype)
+            if v is not None:
+                out[key] = v
+            if enough is not None and enough(out):
+                break
+    return out
+
+
+def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, bytes_per_value: int = 2) -> int:
+    """The K and V cache for `n_ctx` cells (F16 by default), from the architecture's layer
+    count, KV heads and head sizes. 0 when the header does not say."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return 0
+
+    def num(key: str) -> int | None:
+        v = meta.get(f"{arch}.{key}")
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    layers, embd, heads = num("block_count"), num("embedding_length"), num("attention.head_count")
+    if not layers or not embd or not heads:
+        return 0
+    kv_heads: list[int]
+    raw = meta.get(f"{arch}.attention.head_count_kv")
+    if isinstance(raw, list):
+        kv_heads = [int(x) for x in raw][:layers]
+    else:
+        kv_heads = [int(raw) if isinstance(raw, (int, float)) else heads] * layers
+    k = num("attention.key_length") or embd // heads
+    v = num("attention.value_length") or embd // heads
+    return n_ctx * sum(h * (k + v) for h in kv_heads) * bytes_per_value
+
+
+def _has_kv_shape(meta: dict[str, Value]) -> bool:
+    """True once the keys kv_cache_bytes needs are in. Converters write the architecture's
+    keys before the tokenizer's, so this usually stops before the vocabulary; head sizes
+    are optional (they default from the embedding), but a file that has them lists them
+    with the others, before head_count_kv."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return False
+    return all(
+        f"{arch}.{k}" in meta
+        for k in ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv")
+    )
+
+
+def estimate_bytes(path: Path, n_ctx: int) -> int:
+    """A model's memory before it has ever loaded: the file (weights are mapped and all
+    touched) plus its KV cache. A file that is not GGUF counts its size alone."""
+    size = path.stat().st_size
+    try:
+        meta = read_metadata(path, _has_kv_shape)
+    except (NotGGUF, OSError):
+        return size
+    return size + kv_cache_bytes(meta, n_ctx)

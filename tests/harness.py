@@ -1,0 +1,56 @@
+"""Shared by the supervisor tests: configs written as TOML and parsed the way `corral serve`
+does, and a supervisor running for the length of a block."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import trio
+
+from supervisor.config import Config, parse
+from supervisor.supervisor import Supervisor
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def make_config(
+    tmp_path: Path, models: dict[str, dict[str, object]], **supervisor: object
+) -> Config:
+    """A parsed config. Models point at one empty dummy file in tmp_path unless they name
+    their own `path` (relative to tmp_path)."""
+    dummy = tmp_path / "dummy.gguf"
+    dummy.touch()
+    lines = ["[supervisor]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in supervisor.items()]
+    for name, fields in models.items():
+        lines.append(f"[models.{json.dumps(name)}]")
+        fields = {"path": "dummy.gguf", **fields}
+        lines += [f"{k} = {toml_value(v)}" for k, v in fields.items()]
+    return parse("\n".join(lines) + "\n", tmp_path)
+
+
+@asynccontextmanager
+async def running(sup: Supervisor) -> AsyncIterator[Supervisor]:
+    """Run the supervisor for the duration of the block; leaving it stops the supervisor
+    gracefully (Supervisor.stop), as corral serve does on SIGTERM."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        try:
+            yield sup
+        finally:
+            with trio.move_on_after(10):
+                await sup.stop()
+            nursery.cancel_scope.cancel()

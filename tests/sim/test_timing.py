@@ -1,0 +1,129 @@
+"""Lifecycle timing under trio's virtual clock: idle unload, backoff, start timeout,
+min_uptime and hung-worker detection, each checked to the (virtual) second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from supervisor.errors import WorkerUnavailable
+from supervisor.lifecycle import State
+from tests.harness import running
+from tests.sim.support import complete, sim_supervisor, until_state
+from tests.sim_worker import Behaviour
+
+
+async def test_idle_unload_fires_exactly_after_idle_timeout(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"idle_timeout": 600}})
+    async with running(sup):
+        h = sup.resolve("a")
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        ended = h.last_used
+        stopped = await until_state(h, State.STOPPED)
+        assert stopped - ended == pytest.approx(600, abs=0.01)
+        assert len(launcher.stops) == 1
+
+
+async def test_idle_timeout_never_fires_with_a_request_in_flight(tmp_path: Path, autojump_clock: object) -> None:
+    # A 300 s request on a model whose idle_timeout is 10 s.
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {"idle_timeout": 10}}, {"a": Behaviour(tokens_per_sec=0.01)}
+    )
+    async with running(sup):
+        h = sup.resolve("a")
+        t0 = trio.current_time()
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        assert trio.current_time() - t0 == pytest.approx(300, abs=0.01)
+        assert len(launcher.starts) == 1 and not launcher.stops
+        stopped = await until_state(h, State.STOPPED)
+        assert stopped - h.last_used == pytest.approx(10, abs=0.01)
+
+
+async def test_crash_loop_backs_off_exponentially_then_fails(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {}}, {"a": Behaviour(exit_at_start=True)},
+        start_retries=3, backoff_base=1, backoff_max=60, load_wait=600,
+    )
+    async with running(sup):
+        t0 = trio.current_time()
+        with pytest.raises(WorkerUnavailable) as err:
+            await complete(sup, "a")
+        assert err.value.retry is False
+        starts = [s.at - t0 for s in launcher.starts]
+        assert starts == pytest.approx([0, 1, 3, 7], abs=0.01)
+        assert sup.resolve("a").state is State.FAILED
+        # A failed model answers at once, without another start.
+        with pytest.raises(WorkerUnavailable):
+            await complete(sup, "a")
+        assert len(launcher.starts) == 4 and trio.current_time() - t0 == pytest.approx(7, abs=0.01)
+
+
+async def test_backoff_is_capped_at_backoff_max(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {}}, {"a": Behaviour(fail_load="bad file")},
+        start_retries=4, backoff_base=10, backoff_max=15, load_wait=600,
+    )
+    async with running(sup):
+        with pytest.raises(WorkerUnavailable, match="bad file"):
+            await complete(sup, "a")
+        at = [s.at for s in launcher.starts]
+        assert [b - a for a, b in zip(at, at[1:])] == pytest.approx([10, 15, 15, 15], abs=0.01)
+
+
+async def test_start_timeout_counts_as_a_failed_start(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {}}, {"a": Behaviour(load_delay=500)},
+        start_timeout=120, start_retries=0,
+    )
+    async with running(sup):
+        t0 = trio.current_time()
+        with pytest.raises(WorkerUnavailable, match="start_timeout=120"):
+            await complete(sup, "a")
+        assert trio.current_time() - t0 == pytest.approx(120, abs=0.01)
+
+
+@pytest.mark.parametrize(("die_after", "expect"), [(2.0, State.BACKOFF), (6.0, State.STOPPED)])
+async def test_min_uptime_separates_failed_starts_from_crashes(
+    tmp_path: Path, autojump_clock: object, die_after: float, expect: State
+) -> None:
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {}}, {"a": Behaviour(die_after=die_after)}, min_uptime=5, backoff_base=30
+    )
+    async with running(sup):
+        h = sup.resolve("a")
+        await complete(sup, "a", max_tokens=1)
+        await until_state(h, expect)
+        assert h.failures == (1 if expect is State.BACKOFF else 0)
+
+
+async def test_hung_worker_is_replaced_within_interval_times_misses_plus_one(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    behaviours = {"a": Behaviour(hang=True)}
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {}}, behaviours, health_interval=10, health_misses=3
+    )
+    async with running(sup):
+        h = sup.resolve("a")
+        held = await h.acquire()
+        ready_at = trio.current_time()
+        behaviours["a"] = Behaviour()  # the replacement is healthy
+        held.release()
+        await until_state(h, State.STOPPED)
+        detected = trio.current_time() - ready_at
+        # Silent for more than interval * misses, noticed at the next tick at the latest.
+        assert 30 < detected <= 40
+        assert "hung" in (h.last_error or "")
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        assert len(launcher.starts) == 2
+
+
+async def test_a_busy_worker_that_answers_pings_is_never_killed(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(
+        tmp_path, {"a": {}}, {"a": Behaviour(tokens_per_sec=0.05)}, health_interval=1, health_misses=1
+    )
+    async with running(sup):
+        assert await complete(sup, "a", max_tokens=5) == "tok0 tok1 tok2 tok3 tok4"  # 100 s
+        assert len(launcher.starts) == 1 and sup.resolve("a").crashes == 0

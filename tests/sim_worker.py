@@ -1,0 +1,188 @@
+"""An in-process simulated worker, for lifecycle tests under trio's virtual clock.
+
+The process fake (tests/fake_worker.py) is the right tool for what only a real process
+shows: signals, kill -9, exit codes, orphaned sockets. Timing logic (backoff, idle unload,
+health misses, capacity waits) is better tested here: the simulated worker is a trio task
+that speaks the real frame protocol over an in-memory stream, so with `autojump_clock` a
+test of a 60-second backoff runs in milliseconds and its timings are exact.
+
+`SimLauncher` implements supervisor.connection.Launcher. Each start consults the model's
+`Behaviour`, which a test may change between starts (for a crash loop that gets fixed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import trio
+import trio.testing
+
+from supervisor.connection import LoadFailed, WorkerConnection, wait_until_ready
+from worker.protocol import (
+    Cancel,
+    Failed,
+    Frame,
+    FrameBuffer,
+    Generate,
+    Loading,
+    Ping,
+    Pong,
+    Ready,
+    SetThreads,
+    Shutdown,
+    Step,
+    TokenEvent,
+    Usage,
+    WorkerSpec,
+    decode_to_worker,
+    encode,
+)
+
+
+@dataclass
+class Behaviour:
+    load_delay: float = 0.0  # seconds from spawn to Ready
+    fail_load: str | None = None  # send Failed(message) instead of Ready
+    exit_at_start: bool = False  # close the socket before any frame
+    tokens_per_sec: float = 10.0  # decode steps per second
+    die_after: float | None = None  # close the socket this long after Ready (a crash)
+    hang: bool = False  # after Ready, answer nothing (a SIGSTOPped worker)
+    ignore_shutdown: bool = False  # only the launcher's kill stops it
+
+
+@dataclass
+class Start:
+    """One start of one model, as the launcher saw it."""
+
+    name: str
+    at: float  # trio clock
+    threads: int | None
+    conn: WorkerConnection
+    set_threads: list[int] = field(default_factory=list)  # SetThreads frames received
+
+
+class SimLauncher:
+    def __init__(self, behaviours: dict[str, Behaviour] | None = None) -> None:
+        self.behaviours = behaviours if behaviours is not None else {}
+        self.starts: list[Start] = []
+        self.stops: list[tuple[str, float]] = []  # (name, trio clock) of each graceful stop
+
+    def behaviour(self, name: str) -> Behaviour:
+        return self.behaviours.setdefault(name, Behaviour())
+
+    def starts_of(self, name: str) -> list[Start]:
+        return [s for s in self.starts if s.name == name]
+
+    async def start(
+        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
+    ) -> WorkerConnection:
+        ours, theirs = trio.testing.memory_stream_pair()
+        conn = WorkerConnection(spec.name, ours, on_close)
+        record = Start(spec.name, trio.current_time(), spec.threads, conn)
+        self.starts.append(record)
+        nursery.start_soon(conn.reader)
+        nursery.start_soon(conn.writer)
+        nursery.start_soon(_simulate, theirs, spec, self.behaviour(spec.name), record)
+        await wait_until_ready(conn)
+        if conn.ready is None:
+            raise LoadFailed(conn.failed_message or "worker exited during load")
+        return conn
+
+    async def stop(self, conn: WorkerConnection, grace: float) -> None:
+        self.stops.append((conn.name, trio.current_time()))
+        if not conn.closed.is_set():
+            conn.send(Shutdown(grace=grace))
+        with trio.move_on_after(grace + 1.0):
+            await conn.closed.wait()
+            return
+        conn.kill("did not exit after Shutdown")
+
+
+async def _simulate(
+    stream: trio.abc.Stream, spec: WorkerSpec, b: Behaviour, record: Start
+) -> None:
+    lock = trio.Lock()  # one send_all at a time: generations and Pongs share the stream
+
+    async def send(frame: Frame) -> None:
+        async with lock:
+            await stream.send_all(encode(frame))
+
+    async with stream:
+        if b.exit_at_start:
+            return
+        await send(Loading(progress=0.0))
+        await trio.sleep(b.load_delay)
+        if b.fail_load is not None:
+            await send(Failed(message=b.fail_load))
+            return
+        await send(
+            Ready(
+                n_ctx=spec.n_ctx, n_ctx_slot=spec.n_ctx, slots=spec.slots, n_vocab=32000,
+                n_ctx_train=32768, has_template=True, embeddings=spec.embeddings, n_embd=16,
+            )
+        )
+        if b.hang:
+            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            if b.die_after is not None:
+
+                async def die() -> None:
+                    await trio.sleep(b.die_after or 0.0)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(die)
+            running: dict[int, trio.CancelScope] = {}
+            frames = FrameBuffer()
+            while True:
+                data = await stream.receive_some(1 << 16)
+                if not data:
+                    break  # EOF: the supervisor is gone
+                for body in frames.feed(data):
+                    frame = decode_to_worker(body)
+                    if isinstance(frame, Ping):
+                        await send(Pong(seq=frame.seq, active=len(running)))
+                    elif isinstance(frame, Generate):
+                        nursery.start_soon(_generate, send, frame, b.tokens_per_sec, running)
+                    elif isinstance(frame, Cancel):
+                        scope = running.pop(frame.id, None)
+                        if scope is not None:
+                            scope.cancel()
+                    elif isinstance(frame, SetThreads):
+                        record.set_threads.append(frame.n_threads)
+                    elif isinstance(frame, Shutdown) and not b.ignore_shutdown:
+                        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+
+
+async def _generate(
+    send: Callable[[Frame], Awaitable[None]],
+    g: Generate,
+    tokens_per_sec: float,
+    running: dict[int, trio.CancelScope],
+) -> None:
+    """`max_tokens` words (8 if unset), one per step: "tok0", " tok1", ..."""
+    n = 8 if g.params.max_tokens is None else g.params.max_tokens
+    with trio.CancelScope() as scope:
+        running[g.id] = scope
+        for i in range(n):
+            await trio.sleep(1.0 / tokens_per_sec)
+            if i < n - 1:
+                await send(Step(events=[TokenEvent(id=g.id, text=_word(i))]))
+        await send(
+            Step(
+                events=[
+                    TokenEvent(
+                        id=g.id,
+                        text=_word(n - 1) if n else "",
+                        finish_reason="length",
+                        usage=Usage(prompt_tokens=1, completion_tokens=n),
+                    )
+                ]
+            )
+        )
+    running.pop(g.id, None)
+
+
+def _word(i: int) -> str:
+    return f"tok{i}" if i == 0 else f" tok{i}"
