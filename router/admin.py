@@ -40,6 +40,11 @@ def model_info(h: ModelHandle) -> dict[str, object]:
         "restarts": max(h.starts - 1, 0),
         "last_error": h.last_error,
         "pinned": h.spec.pinned,
+        # What the model counts for against memory_budget: its worker's RSS once loaded,
+        # the GGUF size plus KV cache before.
+        "cost_bytes": h.cost(),
+        # CPU threads per decode: the config's `threads`, or its share of the cores.
+        "threads": (stats.threads or None) if stats is not None else h.worker_threads,
     }
 
 
@@ -61,6 +66,12 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         return reply(
             {
                 "models": [model_info(h) for h in supervisor.handles.values()],
+                # Models waiting for room to load, first in line first, and why.
+                "load_queue": [
+                    {"model": name, "reason": supervisor.admission.waiting_reason(supervisor.handles[name])}
+                    for name in supervisor.admission.queued()
+                    if name in supervisor.handles
+                ],
                 "config_error": supervisor.config_error,
                 "needs_restart": list(supervisor.needs_restart),
             }

@@ -263,7 +263,7 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
     except ValueError as exc:
         yield f"supervisor.memory_budget: {exc}"
     pinned = [name for name, m in file.models.items() if m.pinned]
-    if sup.max_loaded_models and len(pinned) > sup.max_loaded_models:
+    if sup.max_loaded_models > 0 and len(pinned) > sup.max_loaded_models:
         yield (
             f"supervisor.max_loaded_models: {len(pinned)} models are pinned "
             f"({', '.join(pinned)}), more than max_loaded_models = {sup.max_loaded_models}"

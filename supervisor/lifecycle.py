@@ -27,7 +27,6 @@ TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
     {
         (S.STOPPED, S.STARTING),  # STOPPED -> STARTING: a request asked for the model
         (S.STARTING, S.READY),  # STARTING -> READY: the worker sent Ready
-        (S.STARTING, S.STOPPED),  # STARTING -> STOPPED: load failed; waiters get the error
         (S.STARTING, S.BACKOFF),  # STARTING -> BACKOFF: failed start, retries remain
         (S.STARTING, S.FAILED),  # STARTING -> FAILED: failed start, no retries left
         (S.STARTING, S.STOPPING),  # STARTING -> STOPPING: shutdown during load

@@ -13,7 +13,9 @@ What it does
   fields come from the spec: n_ctx = n_ctx_slot = spec.n_ctx, slots = spec.slots,
   embeddings = spec.embeddings, n_vocab = 32000, n_ctx_train = 32768, n_embd = 16,
   has_template = True.
-* Ping -> Pong(seq, active, queued), answered by the reader thread at any time (also while
+* SetThreads(n) -> later Pongs report threads = n (before: 0 while loading, then
+  spec.threads or the CPU count).
+* Ping -> Pong(seq, active, queued, threads), answered by the reader thread at any time (also while
   "loading"). Frames other than Ping/Shutdown that arrive before Ready wait for Ready.
 * Generate: at most `spec.slots` requests run at once, the rest queue. Every step (one Step
   frame for all running requests, FAKE_TOKENS_PER_SEC steps per second) each running
@@ -52,6 +54,7 @@ global FAKE_CRASH_AFTER off for the model "other". Booleans are true unless empt
                             any other flag acts, so FAKE_EXIT_AT_START starts are counted)
   FAKE_EXIT_AT_START=1      exit with code 3 at once, without sending any frame
   FAKE_LOAD_DELAY=<s>       seconds between Loading(0.0) and Ready (default 0)
+  FAKE_ALLOC_MB=<n>         hold n MiB of resident memory from load on (default 0)
   FAKE_FAIL_LOAD=<message>  send Failed(message) instead of Ready and exit 1; the values
                             1/true/yes send "fake load failure"
   FAKE_TOKENS_PER_SEC=<r>   decode steps per second (default 200)
@@ -106,6 +109,7 @@ from worker.protocol import (  # noqa: E402
     Pong,
     ProtocolError,
     Ready,
+    SetThreads,
     Shutdown,
     Step,
     TokenEvent,
@@ -214,6 +218,7 @@ class Engine:
         self.total_tokens = 0
         self.draining = False
         self.drain_deadline = math.inf
+        self.threads = spec.threads or len(os.sched_getaffinity(0))
 
     # ---- commands (engine thread) ---------------------------------------------------------
 
@@ -390,7 +395,10 @@ def reader(
                 frame = decode_to_worker(body)
                 if isinstance(frame, Ping):
                     active, queued = len(engine.active), len(engine.waiting)
-                    out.send(Pong(seq=frame.seq, active=active, queued=queued))
+                    threads = engine.threads if state["ready"] else 0  # like the real one: 0 while loading
+                    out.send(Pong(seq=frame.seq, active=active, queued=queued, threads=threads))
+                elif isinstance(frame, SetThreads):
+                    engine.threads = frame.n_threads
                 elif isinstance(frame, Shutdown):
                     if ignore_shutdown:
                         continue
@@ -430,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=reader, args=(sock, out, engine, flags, state), daemon=True).start()
 
     out.send(Loading(progress=0.0))
+    # Resident memory, as a model's weights would be: written, so every page is counted.
+    ballast = b"\x01" * int(flags.number("ALLOC_MB", 0.0) * 1024 * 1024)  # noqa: F841
     time.sleep(flags.number("LOAD_DELAY", 0.0))
     fail = flags.raw("FAIL_LOAD")
     if fail is not None:

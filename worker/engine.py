@@ -40,6 +40,7 @@ from worker.protocol import (
     Frame,
     Generate,
     SamplingParams,
+    SetThreads,
     Step,
     Tokenize,
     TokenizeResult,
@@ -53,6 +54,7 @@ from worker.stops import StopMatcher
 log = logging.getLogger("worker.engine")
 
 Emit = Callable[[Frame], None]
+MAX_THREADS = 1024  # the config's bound; a frame asking for more is clamped, not obeyed
 
 
 @dataclass(eq=False)
@@ -103,6 +105,7 @@ class Engine:
         # the cache and be preempted again.
         self._kv_full = False
         self._stopped = False
+        self.threads = m.threads  # read by the link for Pong
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
@@ -176,6 +179,11 @@ class Engine:
         elif isinstance(frame, Tokenize):
             toks = self.m.tokenize(frame.text, add_special=frame.add_special)
             self.emit(TokenizeResult(id=frame.id, tokens=toks))
+        elif isinstance(frame, SetThreads):
+            n = min(max(frame.n_threads, 1), MAX_THREADS)
+            self.m.set_threads(n)
+            self.threads = n
+            log.info("now decoding with %d threads", n)
 
     # ---- requests -----------------------------------------------------------------------------
 

@@ -81,7 +81,14 @@ class Link:
     def _dispatch(self, frame: Frame) -> None:
         if isinstance(frame, Ping):
             e = self.engine
-            self.emit(Pong(seq=frame.seq, active=e.active if e else 0, queued=e.queued if e else 0))
+            self.emit(
+                Pong(
+                    seq=frame.seq,
+                    active=e.active if e else 0,
+                    queued=e.queued if e else 0,
+                    threads=e.threads if e else 0,
+                )
+            )
         elif isinstance(frame, Shutdown):
             self.draining = True
             trio.lowlevel.spawn_system_task(self._shutdown, frame.grace)

@@ -72,6 +72,14 @@ class LoadedModel:
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
 
+    @property
+    def threads(self) -> int:
+        return int(llama_cpp.llama_n_threads(self.ctx))
+
+    def set_threads(self, n: int) -> None:
+        """Threads for every later decode. Only between decodes: the engine thread calls it."""
+        llama_cpp.llama_set_n_threads(self.ctx, n, n)
+
     # ---- vocabulary ---------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

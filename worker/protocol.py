@@ -197,6 +197,7 @@ class Pong(Frame):
     seq: int
     active: int = 0
     queued: int = 0
+    threads: int = 0  # CPU threads per decode now; 0 while loading
 
 
 ToWorker = Union[Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads]

@@ -61,3 +61,41 @@ def test_builtin_gemma_template(model: LoadedModel) -> None:
     )
     assert rendered.endswith("<start_of_turn>model\n")
     assert "Hi" in rendered and "Be brief." in rendered
+
+
+async def test_a_real_worker_changes_threads_live_and_costs_about_its_estimate() -> None:
+    """SetThreads reaches llama.cpp between decodes (Pong reads it back from the context),
+    generation goes on, and the supervisor's pre-load estimate (file + KV cache) is within
+    reach of what the loaded worker really holds."""
+    import psutil
+    import trio
+
+    from supervisor.connection import open_worker, default_worker_command, stop_worker
+    from supervisor.gguf_meta import estimate_bytes
+    from tests.process.support import generate
+    from worker.protocol import Ping, SetThreads
+
+    spec = WorkerSpec(name="t", path=str(DEMO_MODEL), slots=2, n_ctx=2048, threads=2)
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            conn = await open_worker(nursery, spec, default_worker_command(), lambda: None)
+
+            async def pong() -> int:
+                before = conn.stats
+                conn.send(Ping(seq=1))
+                while conn.stats is before:
+                    await trio.sleep(0.01)
+                assert conn.stats is not None
+                return conn.stats.threads
+
+            assert await pong() == 2
+            conn.send(SetThreads(n_threads=1))
+            text, last = await generate(conn, max_tokens=8)
+            assert last.finish_reason == "length" and text
+            assert await pong() == 1
+            assert conn.process is not None
+            rss = psutil.Process(conn.process.pid).memory_info().rss
+            estimate = estimate_bytes(DEMO_MODEL, spec.n_ctx)
+            print(f"rss={rss} estimate={estimate} ratio={estimate / rss:.2f}")
+            assert 0.8 * rss < estimate < 1.25 * rss, (estimate, rss)
+            await stop_worker(conn, 5.0)

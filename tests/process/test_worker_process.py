@@ -34,6 +34,7 @@ from worker.protocol import (
     Pong,
     Ready,
     SamplingParams,
+    SetThreads,
     Shutdown,
     Step,
     TokenEvent,
@@ -228,7 +229,10 @@ def test_fake_worker_speaks_the_protocol(client_factory, start_log: StartLog) ->
     assert isinstance(err, Error) and err.code == "unsupported"
 
     c.send(Ping(seq=7))
-    assert c.recv() == Pong(seq=7, active=0, queued=0)
+    assert c.recv() == Pong(seq=7, active=0, queued=0, threads=len(os.sched_getaffinity(0)))
+    c.send(SetThreads(n_threads=1))
+    c.send(Ping(seq=8))
+    assert c.recv() == Pong(seq=8, active=0, queued=0, threads=1)
 
 
 def test_fake_worker_cancel_and_shutdown(client_factory) -> None:

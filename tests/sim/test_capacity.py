@@ -3,7 +3,6 @@ models, the FIFO load queue with load_wait, and the division of cores."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

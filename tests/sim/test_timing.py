@@ -127,3 +127,36 @@ async def test_a_busy_worker_that_answers_pings_is_never_killed(tmp_path: Path, 
     async with running(sup):
         assert await complete(sup, "a", max_tokens=5) == "tok0 tok1 tok2 tok3 tok4"  # 100 s
         assert len(launcher.starts) == 1 and sup.resolve("a").crashes == 0
+
+
+async def test_ten_concurrent_first_requests_share_one_load(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"a": {}}, {"a": Behaviour(load_delay=5)})
+    async with running(sup):
+        texts: list[str] = []
+
+        async def ask() -> None:
+            texts.append(await complete(sup, "a"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(ask)
+        assert texts == ["tok0 tok1 tok2"] * 10
+        assert len(launcher.starts) == 1
+
+
+async def test_a_request_during_a_stop_waits_for_it_then_starts_a_new_worker(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    # The worker ignores Shutdown, so its stop takes stop_grace + 1 s before the kill.
+    behaviours = {"a": Behaviour(ignore_shutdown=True)}
+    sup, launcher = sim_supervisor(tmp_path, {"a": {}}, behaviours, stop_grace=10)
+    async with running(sup):
+        h = sup.resolve("a")
+        await complete(sup, "a")
+        behaviours["a"] = Behaviour()
+        h.request_unload()
+        await until_state(h, State.STOPPING)
+        t0 = trio.current_time()
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        assert trio.current_time() - t0 >= 11  # it waited out the stop
+        assert len(launcher.starts) == 2 and launcher.stops == [("a", t0)]

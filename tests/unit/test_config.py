@@ -361,10 +361,35 @@ def test_bad_pooling_value(base: Path) -> None:
         ("[supervisor]\nidle_timeout = -1\n", "supervisor.idle_timeout"),
         ("[supervisor]\nstart_timeout = -1\n", "supervisor.start_timeout"),
         ("[supervisor]\nstop_grace = -0.5\n", "supervisor.stop_grace"),
+        ("[supervisor]\nload_wait = -1\n", "supervisor.load_wait"),
+        ("[supervisor]\nmax_loaded_models = -1\n", "supervisor.max_loaded_models"),
+        ('[supervisor]\nmemory_budget = "12 parsecs"\n', "supervisor.memory_budget"),
+        ("[supervisor]\nmemory_budget = -5\n", "supervisor.memory_budget"),
+        ("[supervisor]\nmemory_budget = 1.5\n", "supervisor.memory_budget"),
     ],
 )
 def test_server_and_supervisor_range_checks(base: Path, text: str, key: str) -> None:
     assert one_problem(text + MINIMAL, base).startswith(key + ":")
+
+
+def test_capacity_settings(base: Path) -> None:
+    cfg = parse(MINIMAL, base)
+    assert (cfg.supervisor.max_loaded_models, cfg.supervisor.memory_budget) == (0, 0)
+    assert cfg.supervisor.load_wait == 60.0
+    text = '[supervisor]\nmax_loaded_models = 2\nmemory_budget = "12GiB"\nload_wait = 5\n'
+    cfg = parse(text + MINIMAL, base)
+    assert cfg.supervisor.max_loaded_models == 2
+    assert cfg.supervisor.memory_budget == "12GiB" and cfg.supervisor.load_wait == 5
+
+
+def test_more_pinned_models_than_may_be_loaded(base: Path) -> None:
+    text = (
+        "[supervisor]\nmax_loaded_models = 1\n"
+        '[models.a]\npath = "m.gguf"\npinned = true\n'
+        '[models.b]\npath = "m.gguf"\npinned = true\n'
+    )
+    msg = one_problem(text, base)
+    assert msg.startswith("supervisor.max_loaded_models:") and "a, b" in msg
 
 
 def test_no_models(base: Path) -> None:

@@ -84,6 +84,17 @@ def test_worker_unavailable_retry_defaults_true() -> None:
     assert re_.render(e.WorkerUnavailable("down"))[2]["x-should-retry"] == "true"
 
 
+@pytest.mark.parametrize(("after", "header"), [(5.0, "5"), (69.2, "70"), (0.2, "1")])
+def test_retry_after_is_whole_seconds_rounded_up(after: float, header: str) -> None:
+    headers = re_.render(e.WorkerUnavailable("full", retry_after=after))[2]
+    assert headers["retry-after"] == header and headers["x-should-retry"] == "true"
+
+
+def test_no_retry_after_when_retrying_is_pointless_or_unknown() -> None:
+    assert "retry-after" not in re_.render(e.WorkerUnavailable("down"))[2]
+    assert "retry-after" not in re_.render(e.WorkerUnavailable("x", retry=False, retry_after=3))[2]
+
+
 @pytest.mark.parametrize(
     "exc", [e.InvalidRequest("x"), e.WorkerCrashed("x"), e.ModelNotFound("x"), e.InternalError("x")]
 )
