@@ -116,6 +116,7 @@ class Supervisor:
             handle.reset()
         self.config_error = None
         self.needs_restart = d.needs_restart
+        self._changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
         log.info("reloaded %s: %s", new.source, d.summary())
         return d
 

@@ -13,7 +13,7 @@ from supervisor.errors import WorkerUnavailable
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
-from tests.harness import running
+from tests.harness import make_config, running
 from tests.sim.support import complete, sim_supervisor, until_state
 from tests.sim_worker import Behaviour, SimLauncher
 
@@ -235,3 +235,17 @@ async def test_cores_are_divided_among_the_models_loaded_together(tmp_path: Path
         assert shares(launcher, sup.handles) == {"a": 6, "d": 2}
         assert launcher.starts_of("a")[0].set_threads[-1] == 6
         assert launcher.starts_of("d")[0].set_threads == []  # its own setting, never touched
+
+
+async def test_a_reload_that_raises_the_limit_lets_the_queue_move(tmp_path: Path, autojump_clock: object) -> None:
+    models: dict[str, dict[str, object]] = {"a": {}, "b": {}}
+    sup, launcher = sim_supervisor(tmp_path, models, max_loaded_models=1, load_wait=600)
+    async with running(sup), trio.open_nursery() as nursery:
+        await nursery.start(hold, sup, "a")
+        nursery.start_soon(complete, sup, "b")
+        await trio.sleep(10)
+        assert sup.admission.queued() == ["b"]
+        sup.reload(make_config(tmp_path, models, max_loaded_models=2, load_wait=600))
+        await until_state(sup.resolve("b"), State.READY)
+        assert states(sup) == {"a": "ready", "b": "ready"}
+        nursery.cancel_scope.cancel()
