@@ -100,8 +100,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
     async def admin_load(name: str) -> Response:
         """Load the model now (or return at once if loaded); answers when it is ready."""
         handle = supervisor.resolve(name)
-        held = await handle.acquire()
-        held.release()
+        await handle.ensure_ready()
         return reply({"model": model_info(handle)})
 
     @app.post("/admin/models/<name>/unload")

@@ -142,6 +142,11 @@ class ModelHandle:
         """
         return Lease(self, await self._acquire())
 
+    async def ensure_ready(self) -> None:
+        """Load the model if it is not loaded, and return once it is ready. Raises like
+        `acquire()`; counts as a use for the idle timer."""
+        (await self.acquire()).release()
+
     def _release(self) -> None:
         self.in_flight -= 1
         self.last_used = trio.current_time()

@@ -137,9 +137,10 @@ class Supervisor:
         loaded = sum(s is State.READY for s in states)
         loading = sum(s is State.STARTING for s in states)
         failed = sum(s is State.FAILED for s in states)
+        queued = len(self.admission.queued())
         return (
-            f"{loaded} of {len(states)} models loaded, {loading} loading, {failed} failed, "
-            f"{self.in_flight} requests in flight"
+            f"{loaded} of {len(states)} models loaded, {loading} loading, {queued} queued, "
+            f"{failed} failed, {self.in_flight} requests in flight"
         )
 
     async def wait_idle(self) -> None:

@@ -19,9 +19,10 @@ WORKER_COMMAND = [sys.executable, str(FAKE_WORKER)]
 
 
 def make_supervisor(
-    tmp_path: Path, models: dict[str, dict[str, object]], **settings: object
+    tmp_path: Path, models: dict[str, dict[str, object]], cores: int | None = None, **settings: object
 ) -> Supervisor:
-    return Supervisor(make_config(tmp_path, models, **settings), worker_command=WORKER_COMMAND)
+    config = make_config(tmp_path, models, **settings)
+    return Supervisor(config, worker_command=WORKER_COMMAND, cores=cores)
 
 
 async def wait_for(predicate: Callable[[], bool], timeout: float, what: str = "condition") -> None:
