@@ -52,6 +52,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def bench_http(name: str, url: str, model: str, tokens: int, rounds: int) -> dict[int, float]:
+    """C greedy completions of `tokens` tokens at once, for each C, through an
+    OpenAI-compatible /v1/completions."""
+    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=16))
+
+    def one(i: int) -> int:
+        r = client.post(url, json={
+            "model": model, "prompt": prompt(i), "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True,
+        })
+        r.raise_for_status()
+        return int(r.json()["usage"]["completion_tokens"])
+
+    one(10_000)  # load the model and warm up
+    results: dict[int, float] = {}
+    with concurrent.futures.ThreadPoolExecutor(max(CONCURRENCY)) as pool:
+        for c in CONCURRENCY:
+            total, wall = 0, 0.0
+            for r in range(rounds):
+                t0 = time.perf_counter()
+                total += sum(pool.map(one, range(r * 100 + c * 1000, r * 100 + c * 1000 + c)))
+                wall += time.perf_counter() - t0
+            assert total == c * rounds * tokens, f"expected {c * rounds * tokens} tokens, got {total}"
+            results[c] = total / wall
+            print(f"{name:<12} c={c}: {results[c]:6.1f} tok/s", flush=True)
+    return results
+
+
 def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
@@ -65,32 +93,27 @@ def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
         [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}/v1/completions"
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-        client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=16))
+        return bench_http("corral", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
 
-        def one(i: int) -> int:
-            r = client.post(url, json={
-                "model": "demo", "prompt": prompt(i), "max_tokens": tokens,
-                "temperature": 0, "ignore_eos": True,
-            })
-            r.raise_for_status()
-            return int(r.json()["usage"]["completion_tokens"])
 
-        one(10_000)  # load the model and warm up
-        results: dict[int, float] = {}
-        with concurrent.futures.ThreadPoolExecutor(max(CONCURRENCY)) as pool:
-            for c in CONCURRENCY:
-                total, wall = 0, 0.0
-                for r in range(rounds):
-                    t0 = time.perf_counter()
-                    total += sum(pool.map(one, range(r * 100 + c * 1000, r * 100 + c * 1000 + c)))
-                    wall += time.perf_counter() - t0
-                assert total == c * rounds * tokens, f"expected {c * rounds * tokens} tokens, got {total}"
-                results[c] = total / wall
-                print(f"corral   c={c}: {results[c]:6.1f} tok/s", flush=True)
-        return results
+def bench_llama_server(binary: Path, model: Path, tokens: int, rounds: int) -> dict[int, float]:
+    """llama.cpp's own server, configured as the notes measured it: 4 slots sharing a
+    unified 4096-cell KV cache, no repacking, every core."""
+    port = free_port()
+    log = open(Path(tempfile.mkdtemp(prefix="llama-server-")) / "server.log", "wb")
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "--port", str(port), "-np", str(SLOTS), "-c", "4096",
+         "-kvu", "-nr", "-t", str(os.cpu_count()), "--no-webui"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        return bench_http("llama-server", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -176,17 +199,22 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"corral serve exited with {proc.returncode}")
+            raise SystemExit(f"{proc.args[0]} exited with {proc.returncode}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             time.sleep(0.2)
-    raise SystemExit("corral serve did not become healthy")
+    raise SystemExit(f"{proc.args[0]} did not become healthy")
 
 
 def report(
-    corral: dict[int, float], llama: dict[int, float], raw: dict[int, float], tokens: int, rounds: int
+    corral: dict[int, float],
+    llama: dict[int, float],
+    raw: dict[int, float],
+    tokens: int,
+    rounds: int,
+    server: dict[int, float] | None = None,
 ) -> str:
     lines = [
         f"Greedy completions of {tokens} new tokens, {rounds} rounds per level, demo model "
@@ -202,6 +230,18 @@ def report(
             f"| {corral[c] / llama[c]:.2f}x | {raw[c]:.1f} | {raw[c] / raw[1]:.2f}x "
             f"| {corral[c] / raw[c]:.0%} |"
         )
+    if server is not None:
+        lines += [
+            "",
+            "Same run, llama.cpp's own llama-server (`-np 4 -kvu -nr`), same requests:",
+            "",
+            "| concurrent requests | llama-server tok/s | its vs 1 stream | Corral / llama-server |",
+            "|---:|---:|---:|---:|",
+        ]
+        for c in CONCURRENCY:
+            lines.append(
+                f"| {c} | {server[c]:.1f} | {server[c] / server[1]:.2f}x | {corral[c] / server[c]:.2f}x |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -210,12 +250,21 @@ def main() -> int:
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--llama-server", type=Path, default=None,
+        help="a llama-server binary to measure the same way, for a same-machine reference",
+    )
     args = ap.parse_args()
     if not args.model.is_file():
         raise SystemExit(f"model not found: {args.model} (run `make model`)")
     corral = bench_corral(args.model.resolve(), args.tokens, args.rounds)
     llama = bench_llama(args.model.resolve(), args.tokens, args.rounds)
     raw = bench_raw(args.model.resolve(), args.tokens)
+    server = (
+        bench_llama_server(args.llama_server, args.model.resolve(), args.tokens, args.rounds)
+        if args.llama_server is not None
+        else None
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -231,8 +280,11 @@ def main() -> int:
         "llama_decode_scaling_vs_1": {c: raw[c] / raw[1] for c in CONCURRENCY},
         "corral_vs_llama_decode": {c: corral[c] / raw[c] for c in CONCURRENCY},
     }
+    if server is not None:
+        doc["llama_server_tok_s"] = server
+        doc["llama_server_scaling_vs_1"] = {c: server[c] / server[1] for c in CONCURRENCY}
     (OUT / "throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
-    md = report(corral, llama, raw, args.tokens, args.rounds)
+    md = report(corral, llama, raw, args.tokens, args.rounds, server)
     (OUT / "throughput.md").write_text(md)
     print(md)
     return 0

@@ -250,15 +250,10 @@ class ModelHandle:
 
     def cost(self) -> int:
         """Bytes this model holds or will hold: its worker's RSS once measured, otherwise
-        the estimate from its file (or the bare file size before that is known)."""
+        the estimate from its file."""
         if self.rss is not None and self.state in (State.READY, State.DRAINING, State.STOPPING):
             return max(self.rss, 1)
-        if self._estimate is not None and self._estimate[0] is self.spec:
-            return self._estimate[1]
-        try:
-            return self.spec.path.stat().st_size
-        except OSError:
-            return 0
+        return self.estimated_cost()
 
     def estimated_cost(self) -> int:
         """The GGUF file's size plus its KV cache for n_ctx cells, read once per config.
