@@ -16,6 +16,7 @@ import logging
 import signal
 import sys
 from functools import partial
+from typing import Sequence
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -33,10 +34,18 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def serve(cfg: Config, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until SIGINT or SIGTERM: then stop accepting, finish responses, stop workers."""
+async def serve(
+    cfg: Config,
+    *,
+    worker_command: Sequence[str] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until SIGINT or SIGTERM: then stop accepting, finish responses, stop workers.
+
+    `worker_command` replaces `python -m worker` (the tests run the whole server with fake
+    workers)."""
     notifier = Notifier()
-    supervisor = Supervisor(cfg, notifier=notifier)
+    supervisor = Supervisor(cfg, worker_command=worker_command, notifier=notifier)
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
