@@ -20,7 +20,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, schemas
+from router import admin, metrics, schemas
 from router.errors import http_status, render, sse_event
 from router.openai_format import DONE, Completion
 from supervisor.config import Config
@@ -135,6 +135,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return json_response({"object": "list", "data": data, "model": r.model, "usage": usage})
 
     admin.register(app, supervisor)
+    metrics.register(app, supervisor)
 
     @app.post("/tokenize")
     async def tokenize() -> Response:

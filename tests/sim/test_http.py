@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from router.app import create_app
@@ -67,3 +68,46 @@ async def test_a_request_during_backoff_gets_503_with_the_time_left(
         assert r.status_code == 503
         assert r.headers["retry-after"] == "35" and r.headers["x-should-retry"] == "true"
         assert "backing off" in (await r.get_json())["error"]["message"]
+
+
+async def test_health_metrics_and_model_lists_never_reset_the_idle_timer(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"idle_timeout": 100}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        h = sup.resolve("a")
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "a"})
+        assert r.status_code == 200
+        ended = h.last_used
+        for path in ("/health", "/metrics", "/v1/models", "/admin/models") * 6:
+            await trio.sleep(4)  # 96 s of polling in all, right up to the deadline
+            assert (await client.get(path)).status_code == 200
+        assert h.state is State.READY
+        await h.wait_for_state(State.STOPPED)
+        assert trio.current_time() - ended == pytest.approx(100, abs=0.01)
+        assert len(launcher.stops) == 1
+
+
+async def test_metrics_report_each_model_in_prometheus_text(tmp_path: Path, autojump_clock: object) -> None:
+    sup, _ = sim_supervisor(tmp_path, {"a": {"slots": 3}, "b": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        assert (await client.post("/v1/chat/completions", json={**CHAT, "model": "a"})).status_code == 200
+        r = await client.get("/metrics")
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/plain; version=")
+        samples = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in (await r.get_data(as_text=True)).splitlines()
+            if line and not line.startswith("#")
+        }
+        assert samples['corral_model_state{model="a",state="ready"}'] == 1
+        assert samples['corral_model_state{model="a",state="stopped"}'] == 0
+        assert samples['corral_model_state{model="b",state="stopped"}'] == 1
+        assert samples['corral_model_slots{model="a"}'] == 3
+        assert samples['corral_model_in_flight{model="a"}'] == 0
+        assert samples['corral_model_restarts_total{model="a"}'] == 0
+        assert samples["corral_load_queue_length"] == 0
+        assert samples["corral_config_error"] == 0
+        assert 'corral_model_rss_bytes{model="b"}' not in samples  # not loaded: no worker, no RSS

@@ -1,0 +1,80 @@
+"""`GET /metrics`: the supervisor's view of every model, in Prometheus' text format.
+
+The numbers are read from the supervisor when Prometheus scrapes, from the same snapshot
+as `/admin/models`, so nothing is counted on the request path and a scrape never touches a
+model's idle timer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from quart import Response
+from quart_trio import QuartTrio
+
+from router.admin import model_info
+from supervisor.lifecycle import State
+from supervisor.supervisor import Supervisor
+
+# (metric suffix, model_info key, help); all per-model gauges, absent values are skipped.
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("slots", "slots", "Slots (concurrent sequences) of the model's worker."),
+    ("slots_busy", "slots_busy", "Slots decoding a request right now."),
+    ("worker_queued", "queued", "Requests queued inside the worker for a free slot."),
+    ("in_flight", "in_flight", "Requests holding a lease on the model."),
+    ("rss_bytes", "rss_bytes", "Resident memory of the model's worker process."),
+    ("cost_bytes", "cost_bytes", "What the model counts for against memory_budget."),
+    ("threads", "threads", "CPU threads per decode step."),
+    ("load_seconds", "load_seconds", "How long the last load took."),
+    ("last_used_timestamp_seconds", "last_used", "When the last inference request ended (Unix time)."),
+)
+
+
+class SupervisorCollector(Collector):
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def collect(self) -> Iterable[Metric]:
+        sup = self._supervisor
+        infos = [model_info(h) for h in sup.handles.values()]
+        state = GaugeMetricFamily(
+            "corral_model_state", "1 for the lifecycle state each model is in.", labels=["model", "state"]
+        )
+        for info in infos:
+            for s in State:
+                state.add_metric([str(info["name"]), s.value], 1.0 if info["state"] == s.value else 0.0)
+        yield state
+        for suffix, key, doc in _GAUGES:
+            family = GaugeMetricFamily(f"corral_model_{suffix}", doc, labels=["model"])
+            for info in infos:
+                value = info[key]
+                if isinstance(value, (int, float)):
+                    family.add_metric([str(info["name"])], float(value))
+            yield family
+        restarts = CounterMetricFamily(
+            "corral_model_restarts", "Worker starts after the first one.", labels=["model"]
+        )
+        for info in infos:
+            if isinstance(n := info["restarts"], int):
+                restarts.add_metric([str(info["name"])], float(n))
+        yield restarts
+        yield GaugeMetricFamily(
+            "corral_load_queue_length", "Requests waiting for room to load their model.",
+            value=float(len(sup.admission.queued())),
+        )
+        yield GaugeMetricFamily(
+            "corral_config_error", "1 while the last reload's config was invalid (the old one runs).",
+            value=1.0 if sup.config_error else 0.0,
+        )
+
+
+def register(app: QuartTrio, supervisor: Supervisor) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SupervisorCollector(supervisor))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
