@@ -13,6 +13,7 @@ from quart_trio import QuartTrio
 
 from router.errors import http_status
 from supervisor.config import ConfigError
+from supervisor.errors import InvalidRequest
 from supervisor.handle import ModelHandle
 from supervisor.supervisor import Supervisor
 
@@ -57,6 +58,18 @@ def _rss(pid: int | None) -> int | None:
         return None
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _flag(value: str | None, param: str) -> bool:
+    """A boolean query parameter; anything unrecognised is a 400 rather than a silent no."""
+    word = (value or "").strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise InvalidRequest(f"`{param}` must be true or false, not {value!r}.", param)
+
+
 def register(app: QuartTrio, supervisor: Supervisor) -> None:
     def reply(obj: object, status: int = 200) -> Response:
         return Response(_json.encode(obj), status=status, content_type="application/json")
@@ -76,6 +89,11 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
                 "needs_restart": list(supervisor.needs_restart),
             }
         )
+
+    @app.get("/admin/models/<name>")
+    async def admin_model(name: str) -> Response:
+        """One model's entry of GET /admin/models (aliases resolve to their model)."""
+        return reply({"model": model_info(supervisor.resolve(name))})
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response:
@@ -108,8 +126,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         """Start a graceful unload (202): requests in flight finish first, unless
         `?force=true`, which cancels them."""
         handle = supervisor.resolve(name)
-        force = request.args.get("force", "false").lower() in ("1", "true", "yes")
-        handle.request_unload(force=force)
+        handle.request_unload(force=_flag(request.args.get("force"), "force"))
         return reply({"model": model_info(handle)}, status=202)
 
     @app.post("/admin/models/<name>/reset")

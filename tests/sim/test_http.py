@@ -111,3 +111,24 @@ async def test_metrics_report_each_model_in_prometheus_text(tmp_path: Path, auto
         assert samples["corral_load_queue_length"] == 0
         assert samples["corral_config_error"] == 0
         assert 'corral_model_rss_bytes{model="b"}' not in samples  # not loaded: no worker, no RSS
+
+
+async def test_admin_routes_name_a_bad_flag_and_show_one_model(tmp_path: Path, autojump_clock: object) -> None:
+    sup, _ = sim_supervisor(tmp_path, {"a": {"aliases": ["alpha"]}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/admin/models/a/unload?force=maybe")
+        assert r.status_code == 400
+        err = (await r.get_json())["error"]
+        assert err["param"] == "force" and "'maybe'" in err["message"]
+        assert sup.resolve("a").state is State.STOPPED  # nothing happened
+        r = await client.get("/admin/models/alpha")
+        assert r.status_code == 200
+        model = (await r.get_json())["model"]
+        assert (model["name"], model["aliases"], model["state"]) == ("a", ["alpha"], "stopped")
+        r = await client.get("/admin/models/nope")
+        assert r.status_code == 404 and (await r.get_json())["error"]["code"] == "model_not_found"
+        assert (await client.post("/admin/models/a/load")).status_code == 200
+        r = await client.post("/admin/models/a/unload?force=FALSE")  # case and spelling vary
+        assert r.status_code == 202
+        await sup.resolve("a").wait_for_state(State.STOPPED)
