@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.config import Config
+from supervisor.config import Config, ServerConfig
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,11 @@ class ConfigDiff:
         return "; ".join(parts) or "no changes"
 
 
-def diff(old: Config, new: Config) -> ConfigDiff:
+def diff(old: Config, new: Config, listening: ServerConfig | None = None) -> ConfigDiff:
+    """`listening` is the server section the process started with, if it differs from
+    `old.server`: after a reload that changed the port, the socket still listens on the
+    first one, so a second reload must keep reporting the change until a restart."""
+    live = listening or old.server
     old_names, new_names = set(old.models), set(new.models)
     common = sorted(old_names & new_names)
     return ConfigDiff(
@@ -46,7 +50,7 @@ def diff(old: Config, new: Config) -> ConfigDiff:
         unchanged=tuple(n for n in common if old.models[n] == new.models[n]),
         needs_restart=tuple(
             f"server.{name}"
-            for name in old.server.__struct_fields__
-            if getattr(old.server, name) != getattr(new.server, name)
+            for name in live.__struct_fields__
+            if getattr(live, name) != getattr(new.server, name)
         ),
     )

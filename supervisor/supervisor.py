@@ -47,6 +47,7 @@ class Supervisor:
         self._retired: list[ModelHandle] = []  # removed by a reload, maybe still draining
         self.config_error: str | None = None  # the last reload's problems, if it failed
         self.needs_restart: tuple[str, ...] = ()
+        self._listening = config.server  # what the socket was opened with; reloads cannot change it
 
     def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
         return ModelHandle(spec, settings, self._launcher, self.admission, self._changed)
@@ -88,7 +89,7 @@ class Supervisor:
         except ConfigError as exc:
             self.config_error = "; ".join(exc.problems)
             log.error("reload rejected, still running the old config: %s", self.config_error)
-            self.notifier.notify("READY=1", f"STATUS=reload failed: {self.config_error}")
+            self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
             raise
         d = self.reload(new)
         self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
@@ -99,7 +100,7 @@ class Supervisor:
         removed ones drain and stop; changed ones drain and restart; added ones appear.
         A model that had failed is reset, so a fixed config recovers it. Never blocks."""
         assert self._nursery is not None, "reload() needs run() to be running"
-        d = diff(self.config, new)
+        d = diff(self.config, new, self._listening)
         for name in d.removed:
             retired = self.handles.pop(name)
             retired.retire()
@@ -132,16 +133,24 @@ class Supervisor:
         return sum(h.in_flight for h in self.handles.values())
 
     def status_line(self) -> str:
-        """One line for systemd's STATUS=: how many models are loaded, loading, failed."""
+        """One line for systemd's STATUS=: how many models are loaded, loading, failed, and
+        what the last reload left undone."""
         states = [h.state for h in self.handles.values()]
         loaded = sum(s is State.READY for s in states)
         loading = sum(s is State.STARTING for s in states)
         failed = sum(s is State.FAILED for s in states)
         queued = len(self.admission.queued())
-        return (
+        line = (
             f"{loaded} of {len(states)} models loaded, {loading} loading, {queued} queued, "
             f"{failed} failed, {self.in_flight} requests in flight"
         )
+        # Kept in the line itself, not sent once: STATUS= is rewritten whenever the counts
+        # change, and a rejected reload must stay visible in `systemctl status` until fixed.
+        if self.config_error:
+            line += f"; reload failed, running the old config: {self.config_error}"
+        if self.needs_restart:
+            line += f"; restart needed for {', '.join(self.needs_restart)}"
+        return line
 
     async def wait_idle(self) -> None:
         """Return once no inference request is in flight on any model. Used only at

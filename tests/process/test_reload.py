@@ -102,6 +102,19 @@ async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog
             sup.reload_file()
         assert sup.config_error == "models.a.n_ctx: expected int, got str"
         assert sup.resolve("a").pid == pid and sup.resolve("a").state is State.READY
+        # systemd's STATUS= keeps saying so, however often the counts change meanwhile.
+        assert sup.status_line().endswith(
+            "; reload failed, running the old config: models.a.n_ctx: expected int, got str"
+        )
+        # A fixed file that also moves the port: the error clears, the port needs a restart,
+        # and says so through later reloads too, since the socket has not moved.
+        write_config(cfg, {"a": {}})
+        cfg.write_text("[server]\nport = 9999\n" + cfg.read_text())
+        for _ in range(2):
+            assert sup.reload_file().needs_restart == ("server.port",)
+            assert sup.config_error is None
+            assert sup.status_line().endswith("; restart needed for server.port")
+        assert sup.resolve("a").pid == pid
 
 
 async def test_reload_recovers_a_failed_model(tmp_path, monkeypatch, start_log: StartLog) -> None:

@@ -34,3 +34,12 @@ def test_alias_change_is_a_change_and_server_changes_need_a_restart(tmp_path: Pa
     d = diff(old, new)
     assert d.changed == ("a",) and d.needs_restart == ("server.port",)
     assert diff(old, old).summary() == "no changes"
+
+
+def test_a_server_change_is_reported_until_the_process_restarts(tmp_path: Path) -> None:
+    started = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n')
+    moved = _cfg(tmp_path, '[server]\nport=9000\n[models.a]\npath="m.gguf"\n')
+    assert diff(started, moved, started.server).needs_restart == ("server.port",)
+    # The running config is now `moved`, but the socket still listens on the first port.
+    assert diff(moved, moved, started.server).needs_restart == ("server.port",)
+    assert diff(moved, started, started.server).needs_restart == ()  # the file went back
