@@ -37,8 +37,12 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
 
     model: str
     max_tokens: Int32 | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
+    # Unset sampling parameters take llama-server's defaults (temperature 0.8, top_k 40,
+    # top_p 0.95, min_p 0.05; llama-cpp-python's server and Ollama are alike), not
+    # OpenAI's 1.0 with no truncation: with a 262k-token vocabulary and a small model,
+    # untruncated sampling at 1.0 wanders into stray scripts within a few tokens.
+    temperature: float = 0.8
+    top_p: float = 0.95
     n: Int32 = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -49,8 +53,8 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # llama.cpp extensions, as llama-server names them.
-    top_k: Int32 = 0
-    min_p: float = 0.0
+    top_k: Int32 = 40
+    min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: Int32 = 64
     ignore_eos: bool = False

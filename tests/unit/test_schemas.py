@@ -133,9 +133,13 @@ def test_decode_non_object_body_is_invalid_request() -> None:
 # ---- sampling_params ----------------------------------------------------------------------------
 
 
-def test_sampling_params_defaults() -> None:
+def test_sampling_params_defaults_are_llama_servers() -> None:
     r = chat()
     sp = s.sampling_params(r, r.max_tokens)
+    llama_server = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+    assert sp == SamplingParams(max_tokens=None, stop=[], **llama_server)
+    # Explicit values win, including the ones that turn truncation off (OpenAI's defaults).
+    sp = s.sampling_params(chat(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), None)
     assert sp == SamplingParams(max_tokens=None, stop=[])
 
 
