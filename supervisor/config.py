@@ -7,6 +7,7 @@ error is reported as `key.path: what is wrong`, so that `corral config check`, s
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -166,6 +167,8 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"(syntax): {exc}"], source) from exc
+    except RecursionError as exc:  # tomllib recurses per nesting level
+        raise ConfigError(["(syntax): arrays or tables nested too deeply"], source) from exc
     file = _convert(raw, source)
     problems = list(_check(file, base_dir))
     if problems:
@@ -231,6 +234,8 @@ def load(path: str | os.PathLike[str]) -> Config:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"(file): cannot read: {exc.strerror}"], str(path)) from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; anything else must not escape a SIGHUP
+        raise ConfigError([f"(file): not UTF-8 text (byte {exc.start})"], str(path)) from exc
     cfg = parse(text, p.parent, str(path))
     return Config(cfg.server, cfg.supervisor, cfg.models, p)
 
@@ -245,13 +250,19 @@ def _template(value: str | None, base_dir: Path) -> str | None:
     return str(_resolve(value, base_dir))
 
 
+def _seconds(value: float) -> bool:
+    """A duration: TOML allows nan and inf, and either would break a timer (0 already
+    means "never" where that makes sense)."""
+    return math.isfinite(value) and value >= 0
+
+
 def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
     """Semantic checks msgspec's types cannot express. Yields `key.path: message`."""
     srv, sup = file.server, file.supervisor
     if not 0 <= srv.port <= 65535:
         yield f"server.port: must be 0..65535, got {srv.port}"
-    if srv.drain_timeout < 0:
-        yield "server.drain_timeout: must be >= 0"
+    if not _seconds(srv.drain_timeout):
+        yield f"server.drain_timeout: must be a finite number >= 0, got {srv.drain_timeout}"
     if srv.max_body_bytes < 1024:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
     if sup.health_misses < 1:
@@ -274,8 +285,8 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         "idle_timeout", "start_timeout", "stop_grace", "health_interval",
         "min_uptime", "backoff_base", "backoff_max", "load_wait",
     ):
-        if getattr(sup, key) < 0:
-            yield f"supervisor.{key}: must be >= 0"
+        if not _seconds(value := getattr(sup, key)):
+            yield f"supervisor.{key}: must be a finite number >= 0, got {value}"
     if not file.models:
         yield "models: at least one [models.NAME] table is required"
     seen: dict[str, str] = {name: f"models.{name}" for name in file.models}
@@ -296,8 +307,8 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
-        if m.idle_timeout is not None and m.idle_timeout < 0:
-            yield f"{at}.idle_timeout: must be >= 0"
+        if m.idle_timeout is not None and not _seconds(m.idle_timeout):
+            yield f"{at}.idle_timeout: must be a finite number >= 0, got {m.idle_timeout}"
         if m.pooling is not None and not m.embeddings:
             yield f"{at}.pooling: only applies with embeddings = true"
         if m.chat_template is not None and m.chat_template not in BUILTIN_CHAT_TEMPLATES:

@@ -148,6 +148,14 @@ def test_load_resolves_relative_to_file(tmp_path: Path) -> None:
     assert cfg.models["x"].path == (tmp_path / "models" / "x.gguf").resolve()
 
 
+def test_load_non_utf8_file_is_a_config_error(tmp_path: Path) -> None:
+    conf = tmp_path / "latin1.toml"
+    conf.write_bytes('[models.caf\xe9]\n'.encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load(conf)
+    assert info.value.problems == ["(file): not UTF-8 text (byte 11)"]
+
+
 def test_load_missing_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     with pytest.raises(ConfigError) as info:
@@ -448,7 +456,30 @@ def test_health_settings_are_validated(tmp_path: Path) -> None:
         parse('[supervisor]\nhealth_interval = -1\nhealth_misses = 0\n[models.m]\npath = "h.gguf"\n', tmp_path)
     assert set(err.value.problems) == {
         "supervisor.health_misses: must be at least 1, got 0",
-        "supervisor.health_interval: must be >= 0",
+        "supervisor.health_interval: must be a finite number >= 0, got -1.0",
     }
     ok = parse('[models.m]\npath = "h.gguf"\n', tmp_path)
     assert (ok.supervisor.health_interval, ok.supervisor.health_misses) == (10.0, 3)
+
+
+def test_durations_reject_nan_and_inf(tmp_path: Path) -> None:
+    # TOML spells them nan and inf; a NaN deadline would break a timer at run time.
+    (tmp_path / "m.gguf").write_bytes(b"")
+    text = (
+        "[server]\ndrain_timeout = inf\n[supervisor]\nload_wait = nan\nidle_timeout = -inf\n"
+        '[models.m]\npath = "m.gguf"\nidle_timeout = nan\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        parse(text, tmp_path)
+    assert err.value.problems == [
+        "server.drain_timeout: must be a finite number >= 0, got inf",
+        "supervisor.idle_timeout: must be a finite number >= 0, got -inf",
+        "supervisor.load_wait: must be a finite number >= 0, got nan",
+        "models.m.idle_timeout: must be a finite number >= 0, got nan",
+    ]
+
+
+def test_deep_nesting_is_a_syntax_error_not_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse("a = " + "[" * 5000 + "]" * 5000, tmp_path)
+    assert err.value.problems == ["(syntax): arrays or tables nested too deeply"]
