@@ -90,7 +90,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
             }
         )
 
-    @app.get("/admin/models/<name>")
+    @app.get("/admin/models/<path:name>")
     async def admin_model(name: str) -> Response:
         """One model's entry of GET /admin/models (aliases resolve to their model)."""
         return reply({"model": model_info(supervisor.resolve(name))})
@@ -114,14 +114,14 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
             }
         )
 
-    @app.post("/admin/models/<name>/load")
+    @app.post("/admin/models/<path:name>/load")
     async def admin_load(name: str) -> Response:
         """Load the model now (or return at once if loaded); answers when it is ready."""
         handle = supervisor.resolve(name)
         await handle.ensure_ready()
         return reply({"model": model_info(handle)})
 
-    @app.post("/admin/models/<name>/unload")
+    @app.post("/admin/models/<path:name>/unload")
     async def admin_unload(name: str) -> Response:
         """Start a graceful unload (202): requests in flight finish first, unless
         `?force=true`, which cancels them."""
@@ -129,7 +129,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         handle.request_unload(force=_flag(request.args.get("force"), "force"))
         return reply({"model": model_info(handle)}, status=202)
 
-    @app.post("/admin/models/<name>/reset")
+    @app.post("/admin/models/<path:name>/reset")
     async def admin_reset(name: str) -> Response:
         """failed -> stopped, so the next request tries to load it again."""
         handle = supervisor.resolve(name)

@@ -88,10 +88,16 @@ class ConfigError(Exception):
     """One or more problems in a config file, each as `key.path: message`."""
 
     def __init__(self, problems: list[str], source: str = "") -> None:
-        self.problems = problems
+        # Problems end up in one-line places (the log, systemd's STATUS=, a JSON field);
+        # a key such as [models."a\nb"] must not break them.
+        self.problems = [_one_line(p) for p in problems]
         self.source = source
         where = f"{source}: " if source else ""
-        super().__init__(where + "; ".join(problems))
+        super().__init__(where + "; ".join(self.problems))
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -294,6 +300,8 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         at = f"models.{name}"
         if not name.strip():
             yield f"{at}: model name must not be empty"
+        elif not name.isprintable():
+            yield f"{at}: model name {name!r} has control characters"
         p = _resolve(m.path, base_dir)
         if not p.is_file():
             yield f"{at}.path: no such file: {p}"
@@ -321,6 +329,8 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         for i, alias in enumerate(m.aliases):
             if not alias.strip():
                 yield f"{at}.aliases[{i}]: must not be empty"
+            elif not alias.isprintable():
+                yield f"{at}.aliases[{i}]: {alias!r} has control characters"
             elif alias in seen:
                 yield f"{at}.aliases[{i}]: {alias!r} is already used by {seen[alias]}"
             else:

@@ -132,3 +132,17 @@ async def test_admin_routes_name_a_bad_flag_and_show_one_model(tmp_path: Path, a
         r = await client.post("/admin/models/a/unload?force=FALSE")  # case and spelling vary
         assert r.status_code == 202
         await sup.resolve("a").wait_for_state(State.STOPPED)
+
+
+async def test_admin_routes_take_model_names_with_slashes(tmp_path: Path, autojump_clock: object) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"org/model-7b": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/admin/models/org/model-7b/load")
+        assert r.status_code == 200 and (await r.get_json())["model"]["state"] == "ready"
+        assert (await client.get("/admin/models/org/model-7b")).status_code == 200
+        assert (await client.post("/admin/models/org/model-7b/unload")).status_code == 202
+        await sup.resolve("org/model-7b").wait_for_state(State.STOPPED)
+        r = await client.post("/admin/models/org/other/load")
+        assert r.status_code == 404 and "org/other" in (await r.get_json())["error"]["message"]
+        assert [spec.name for spec in launcher.starts] == ["org/model-7b"]

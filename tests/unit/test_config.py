@@ -483,3 +483,14 @@ def test_deep_nesting_is_a_syntax_error_not_a_crash(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         parse("a = " + "[" * 5000 + "]" * 5000, tmp_path)
     assert err.value.problems == ["(syntax): arrays or tables nested too deeply"]
+
+
+def test_model_names_and_aliases_must_be_printable(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"")
+    text = '[models."a\\nb"]\npath = "m.gguf"\n[models.c]\npath = "m.gguf"\naliases = ["ok/alias:1", "t\\tab"]\n'
+    with pytest.raises(ConfigError) as err:
+        parse(text, tmp_path)
+    assert err.value.problems == [
+        "models.a\\nb: model name 'a\\nb' has control characters",  # one line
+        "models.c.aliases[1]: 't\\tab' has control characters",
+    ]
