@@ -101,6 +101,7 @@ class ModelHandle:
         self._unload_reason = ""
         self._next_spec: ModelSpec | None = None  # from a reload, adopted once stopped
         self._retire = False  # removed from the config: stop for good
+        self._hung = False  # its worker was killed for missing pings: replace it at once
         self.last_used_wall: float | None = None  # time.time() of the last request's end
         self._load_scope: trio.CancelScope | None = None
         self.finished = trio.Event()  # set when run() has returned
@@ -346,7 +347,7 @@ class ModelHandle:
         if self.spec.preload:
             # Nobody waits on a preload; it keeps its place in the load queue for as long
             # as a request would.
-            self._attempt = _Attempt(keep_until=trio.current_time() + self.settings.load_wait)
+            self._want_for(self.settings.load_wait)
         try:
             while not self._shutdown:
                 if self._retire and self.state in (State.STOPPED, State.FAILED):
@@ -367,6 +368,12 @@ class ModelHandle:
                 self._attempt = None
                 self._announce()
             self.finished.set()
+
+    def _want_for(self, seconds: float) -> None:
+        """A load that nobody waits on, wanted for `seconds` (a preload, a replacement)."""
+        if self._attempt is None:
+            self._attempt = _Attempt()
+        self._attempt.keep_until = trio.current_time() + seconds
 
     async def _admitted(self) -> bool:
         """Wait for room to load (max_loaded_models, memory_budget). False if the load is
@@ -389,6 +396,7 @@ class ModelHandle:
         """One worker, from spawn to exit."""
         self._set(State.STARTING, "requested")  # the supervisor assigns self.threads here
         self.starts += 1
+        self._hung = False
         self.rss = None
         started = trio.current_time()
         self.worker_threads = self.threads or self.spec.threads
@@ -439,8 +447,12 @@ class ModelHandle:
                 if conn.closed.is_set():
                     self.crashes += 1
                     self.last_error = conn.close_reason
+                    if (self._hung or self.spec.pinned) and self.state is State.READY:
+                        # A hung worker is replaced, and a pinned model kept loaded, without
+                        # waiting for a request: wanted for load_wait, as a preload is.
+                        self._want_for(self.settings.load_wait)
                     if stable or self.state is State.DRAINING:
-                        self._set(State.STOPPED, reason)  # restarted by the next request
+                        self._set(State.STOPPED, reason)  # restarted now if wanted, else on demand
                     else:
                         self._failed_start(f"{reason} within min_uptime")
                 else:
@@ -541,31 +553,38 @@ class ModelHandle:
                 await self._sleep_until_poked()
 
     async def _watch_health(self, conn: WorkerConnection) -> None:
-        """Ping every health_interval; kill a worker silent for health_misses intervals.
+        """Ping every health_interval; kill a worker that leaves health_misses pings in a
+        row unanswered, each given half an interval to answer.
 
         The worker answers pings from its event loop, not its decode thread, so a long
-        decode step does not count as a miss. Detection takes at most
-        health_interval * (health_misses + 1). The kill closes the connection, and the run
-        loop then handles it like any crash.
+        decode step does not count as a miss. The deadline runs from the last answer, which
+        came at or before the hang, so a hang is noticed within (health_misses + 1/2) *
+        health_interval. That leaves half an interval of the promised
+        (health_misses + 1) * health_interval for the replacement, which the run loop
+        starts at once after the kill.
         """
         interval = self.settings.health_interval
         if interval <= 0:
             return
-        limit = interval * self.settings.health_misses
+        allowed = interval * (self.settings.health_misses + 0.5)
+        next_ping = trio.current_time() + interval
         seq = 0
         while not conn.closed.is_set():
-            await trio.sleep(interval)
+            await trio.sleep_until(min(next_ping, conn.last_pong + allowed))
             silent = trio.current_time() - conn.last_pong
-            if silent > limit:
+            if silent >= allowed:
                 log.warning("%s: no answer to pings for %.1fs; killing pid %s as hung", self.name, silent, self.pid)
+                self._hung = True
                 conn.kill(f"worker hung: no answer to pings for {silent:.1f}s")
                 return
-            seq += 1
-            self._measure()
-            try:
-                conn.send(Ping(seq=seq))
-            except WorkerCrashed:
-                return
+            if trio.current_time() >= next_ping:
+                next_ping += interval
+                seq += 1
+                self._measure()
+                try:
+                    conn.send(Ping(seq=seq))
+                except WorkerCrashed:
+                    return
 
     async def _stop(self, conn: WorkerConnection, reason: str) -> None:
         self._set(State.STOPPING, reason)

@@ -28,8 +28,10 @@ def sim_supervisor(
 
 
 async def until_state(handle: ModelHandle, *states: State) -> float:
-    """Wait (on the virtual clock) until the handle is in one of `states`; returns when."""
-    await handle.wait_for_state(*states)
+    """Wait (on the virtual clock) until the handle is in one of `states`; returns when.
+    A state that never comes fails after a virtual day instead of hanging the suite."""
+    with trio.fail_after(86_400):
+        await handle.wait_for_state(*states)
     return trio.current_time()
 
 

@@ -108,16 +108,35 @@ async def test_hung_worker_is_replaced_within_interval_times_misses_plus_one(
     async with running(sup):
         h = sup.resolve("a")
         held = await h.acquire()
-        ready_at = trio.current_time()
-        behaviours["a"] = Behaviour()  # the replacement is healthy
+        hung_at = trio.current_time()  # Ready was its last answer
+        behaviours["a"] = Behaviour(load_delay=2)  # the replacement is healthy
         held.release()
         await until_state(h, State.STOPPED)
-        detected = trio.current_time() - ready_at
-        # Silent for more than interval * misses, noticed at the next tick at the latest.
-        assert 30 < detected <= 40
+        # Three pings unanswered, the last one for half an interval: 35 s.
+        assert trio.current_time() - hung_at == pytest.approx(35, abs=0.01)
         assert "hung" in (h.last_error or "")
-        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        # Replaced at once, with no request asking, within interval * (misses + 1).
+        await until_state(h, State.READY)
+        assert trio.current_time() - hung_at == pytest.approx(37, abs=0.01)
         assert len(launcher.starts) == 2
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+
+
+async def test_a_pinned_model_whose_worker_crashes_is_loaded_again_at_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    # Both workers die 10 s after Ready, past min_uptime: a crash, not a failed start.
+    behaviours = {"a": Behaviour(die_after=10), "b": Behaviour(die_after=10)}
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"pinned": True}, "b": {}}, behaviours, min_uptime=1)
+    async with running(sup):
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        assert await complete(sup, "b") == "tok0 tok1 tok2"
+        behaviours.update(a=Behaviour(), b=Behaviour())
+        await trio.sleep(60)
+        assert sup.resolve("a").state is State.READY  # pinned: kept loaded
+        assert sup.resolve("b").state is State.STOPPED  # started again by its next request
+        assert [start.name for start in launcher.starts] == ["a", "b", "a"]
+        assert sup.resolve("a").crashes == sup.resolve("b").crashes == 1
 
 
 async def test_a_busy_worker_that_answers_pings_is_never_killed(tmp_path: Path, autojump_clock: object) -> None:
