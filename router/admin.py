@@ -7,14 +7,13 @@ admin key arrives with the security work.
 from __future__ import annotations
 
 import msgspec
-import psutil
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from router.errors import http_status
 from supervisor.config import ConfigError
 from supervisor.errors import InvalidRequest
-from supervisor.handle import ModelHandle
+from supervisor.handle import ModelHandle, process_rss
 from supervisor.supervisor import Supervisor
 
 _json = msgspec.json.Encoder()
@@ -31,7 +30,7 @@ def model_info(h: ModelHandle) -> dict[str, object]:
         "aliases": list(h.spec.aliases),
         "state": h.state.value,
         "pid": pid,
-        "rss_bytes": _rss(pid),
+        "rss_bytes": process_rss(pid),
         "slots": ready.slots if ready is not None else h.spec.slots,
         "slots_busy": stats.active if stats is not None else 0,
         "queued": stats.queued if stats is not None else 0,
@@ -47,15 +46,6 @@ def model_info(h: ModelHandle) -> dict[str, object]:
         # CPU threads per decode: the config's `threads`, or its share of the cores.
         "threads": (stats.threads or None) if stats is not None else h.worker_threads,
     }
-
-
-def _rss(pid: int | None) -> int | None:
-    if pid is None:
-        return None
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except psutil.Error:
-        return None
 
 
 _TRUE = ("1", "true", "yes", "on")

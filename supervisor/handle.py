@@ -37,6 +37,16 @@ HOLDING = (State.STARTING, State.READY, State.DRAINING, State.STOPPING)
 QUEUE_RETRY_AFTER = 5.0
 
 
+def process_rss(pid: int | None) -> int | None:
+    """Resident memory of a process, or None when there is none (or it just exited)."""
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
 @dataclass(eq=False)
 class _Attempt:
     """One load that every waiter shares; a failed load fails all of them.
@@ -282,13 +292,9 @@ class ModelHandle:
         )
 
     def _measure(self) -> None:
-        pid = self.pid
-        if pid is None:
-            return
-        try:
-            self.rss = int(psutil.Process(pid).memory_info().rss)
-        except psutil.Error:
-            pass
+        rss = process_rss(self.pid)
+        if rss is not None:
+            self.rss = rss
 
     def assign_threads(self, n: int | None) -> None:
         """The supervisor's share of the cores for this model (None: it has its own

@@ -26,20 +26,36 @@ def toml_value(v: object) -> str:
     raise TypeError(f"cannot write {v!r} as TOML")
 
 
-def make_config(
-    tmp_path: Path, models: dict[str, dict[str, object]], **supervisor: object
-) -> Config:
-    """A parsed config. Models point at one empty dummy file in tmp_path unless they name
-    their own `path` (relative to tmp_path)."""
-    dummy = tmp_path / "dummy.gguf"
-    dummy.touch()
-    lines = ["[supervisor]"]
-    lines += [f"{k} = {toml_value(v)}" for k, v in supervisor.items()]
+def config_text(
+    models: dict[str, dict[str, object]], server: dict[str, object] | None = None, **supervisor: object
+) -> str:
+    """TOML for a config whose models point at `dummy.gguf` unless they name their own
+    `path` (relative to the config's folder)."""
+    lines = ["[server]", *(f"{k} = {toml_value(v)}" for k, v in (server or {}).items())]
+    lines += ["[supervisor]", *(f"{k} = {toml_value(v)}" for k, v in supervisor.items())]
     for name, fields in models.items():
         lines.append(f"[models.{json.dumps(name)}]")
         fields = {"path": "dummy.gguf", **fields}
         lines += [f"{k} = {toml_value(v)}" for k, v in fields.items()]
-    return parse("\n".join(lines) + "\n", tmp_path)
+    return "\n".join(lines) + "\n"
+
+
+def make_config(
+    tmp_path: Path, models: dict[str, dict[str, object]], **supervisor: object
+) -> Config:
+    """A parsed config, with an empty dummy.gguf in tmp_path."""
+    (tmp_path / "dummy.gguf").touch()
+    return parse(config_text(models, **supervisor), tmp_path)
+
+
+def write_config(
+    path: Path, models: dict[str, dict[str, object]], server: dict[str, object] | None = None,
+    **supervisor: object,
+) -> Path:
+    """The same config as a file (for reloads), with dummy.gguf beside it."""
+    (path.parent / "dummy.gguf").touch()
+    path.write_text(config_text(models, server, **supervisor))
+    return path
 
 
 @asynccontextmanager

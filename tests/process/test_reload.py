@@ -4,7 +4,6 @@ reload recovers a failed model."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import trio
@@ -13,19 +12,9 @@ from supervisor.config import ConfigError, load
 from supervisor.errors import ModelNotFound
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
-from tests.harness import toml_value
+from tests.harness import write_config
 from tests.process.support import WORKER_COMMAND, StartLog, collect, expected_text, running, wait_for
 from worker.protocol import SamplingParams
-
-
-def write_config(path: Path, models: dict[str, dict[str, object]], **supervisor: object) -> Path:
-    (path.parent / "dummy.gguf").touch()
-    lines = ["[supervisor]", *(f"{k} = {toml_value(v)}" for k, v in supervisor.items())]
-    for name, fields in models.items():
-        lines += [f"[models.{name}]", 'path = "dummy.gguf"']
-        lines += [f"{k} = {toml_value(v)}" for k, v in fields.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 async def test_reload_under_load_keeps_unchanged_models_untouched(
@@ -108,8 +97,7 @@ async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog
         )
         # A fixed file that also moves the port: the error clears, the port needs a restart,
         # and says so through later reloads too, since the socket has not moved.
-        write_config(cfg, {"a": {}})
-        cfg.write_text("[server]\nport = 9999\n" + cfg.read_text())
+        write_config(cfg, {"a": {}}, server={"port": 9999})
         for _ in range(2):
             assert sup.reload_file().needs_restart == ("server.port",)
             assert sup.config_error is None

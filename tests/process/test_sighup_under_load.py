@@ -17,16 +17,8 @@ import trio
 from router.cli import serve
 from supervisor.config import load
 from tests.e2e.conftest import free_port
-from tests.harness import toml_value
+from tests.harness import write_config
 from tests.process.support import WORKER_COMMAND, StartLog, expected_text, wait_for
-
-
-def write_config(path: Path, port: int, models: dict[str, dict[str, object]]) -> None:
-    lines = ["[server]", f"port = {port}"]
-    for name, fields in models.items():
-        lines += [f"[models.{name}]", 'path = "dummy.gguf"']
-        lines += [f"{k} = {toml_value(v)}" for k, v in fields.items()]
-    path.write_text("\n".join(lines) + "\n")
 
 
 async def stream_text(client: httpx.AsyncClient, model: str, max_tokens: int) -> str:
@@ -66,10 +58,9 @@ async def test_sighup_under_load_spares_the_unchanged_model(
     tmp_path: Path, start_log: StartLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "200")
-    (tmp_path / "dummy.gguf").touch()
     cfg_path = tmp_path / "config.toml"
     port = free_port()
-    write_config(cfg_path, port, {"a": {}, "c": {"slots": 2}})
+    write_config(cfg_path, {"a": {}, "c": {"slots": 2}}, server={"port": port})
     served = {"a": 0}
     failures: list[str] = []
 
@@ -94,7 +85,7 @@ async def test_sighup_under_load_spares_the_unchanged_model(
                     for _ in range(4):  # more streams than a's 4 slots: some always queue
                         load_nursery.start_soon(steady_load, client, stop)
                     await wait_for(lambda: served["a"] >= 8, 10, "load on a")
-                    write_config(cfg_path, port, {"a": {}, "b": {}, "c": {"slots": 3}})
+                    write_config(cfg_path, {"a": {}, "b": {}, "c": {"slots": 3}}, server={"port": port})
                     at_reload = served["a"]
                     os.kill(os.getpid(), signal.SIGHUP)
                     with trio.fail_after(5):
