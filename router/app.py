@@ -20,7 +20,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, metrics, schemas
+from router import admin, connections, metrics, schemas
 from router.errors import http_status, render, sse_event
 from router.openai_format import DONE, Completion
 from supervisor.config import Config
@@ -42,6 +42,12 @@ SSE_HEADERS = {
 
 def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     app = QuartTrio("corral")
+    connections.install(app)
+    # Werkzeug answers `//admin/models` with an HTML 308 to `/admin/models`, and redirects
+    # skip every error handler. An address with doubled slashes is a 404 in JSON instead;
+    # serving it would let `//admin/...` slip past any check made on the path's prefix. The
+    # matcher reads the setting when the map is built, hence a new map.
+    app.url_map = app.url_map_class(merge_slashes=False)
     # Quart ends every response after 60 s by default, silently cutting long streams.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import sys
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 import psutil
 import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
 
+from router.app import create_app
 from tests.harness import make_config, running  # noqa: F401  (re-exported)
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.supervisor import Supervisor
@@ -88,3 +93,23 @@ class StartLog:
 
     def pids(self, name: str | None = None) -> list[int]:
         return [pid for n, pid in self.entries() if name is None or n == name]
+
+
+@asynccontextmanager
+async def serving_http(sup: Supervisor, **hypercorn: object) -> AsyncIterator[str]:
+    """The supervisor running and the real app served by hypercorn on a free loopback port,
+    for the length of the block; yields the base URL. `hypercorn` sets Config attributes."""
+    hc = HyperConfig()
+    hc.bind = ["127.0.0.1:0"]
+    for key, value in hypercorn.items():
+        setattr(hc, key, value)
+    stop = trio.Event()
+    async with running(sup), trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            partial(serve, create_app(sup, sup.config), hc, shutdown_trigger=stop.wait)
+        )
+        try:
+            yield binds[0]
+        finally:
+            stop.set()
+            nursery.cancel_scope.cancel()

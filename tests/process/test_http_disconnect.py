@@ -3,17 +3,13 @@ the real app served by hypercorn on a socket, fake worker processes, httpx as th
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
-from router.app import create_app
-from tests.process.support import StartLog, make_supervisor, running, wait_for
+from tests.process.support import StartLog, make_supervisor, serving_http, wait_for
 
 
 async def test_a_waiter_whose_client_disconnects_leaves_the_queue(
@@ -21,15 +17,8 @@ async def test_a_waiter_whose_client_disconnects_leaves_the_queue(
 ) -> None:
     monkeypatch.setenv("FAKE_TOKENS_PER_SEC__a", "2")  # a's request runs for a minute
     sup = make_supervisor(tmp_path, {"a": {}, "b": {}}, max_loaded_models=1, load_wait=60)
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    stop = trio.Event()
     with trio.fail_after(30):
-        async with running(sup), trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                partial(serve, create_app(sup, sup.config), hc, shutdown_trigger=stop.wait)
-            )
-            base = binds[0]
+        async with serving_http(sup) as base:
             async with httpx.AsyncClient(base_url=base, timeout=30) as client:
                 body = {"prompt": "x", "max_tokens": 120, "stream": True}
                 async with client.stream("POST", "/v1/completions", json={**body, "model": "a"}) as r:
@@ -50,4 +39,3 @@ async def test_a_waiter_whose_client_disconnects_leaves_the_queue(
                     assert sup.resolve("b").in_flight == 0
                     assert sup.resolve("a").in_flight == 1  # a's stream went on throughout
             assert start_log.names() == ["a"]
-            stop.set()
