@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from router import json_path
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
@@ -125,6 +126,22 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         if not path:
             raise InvalidRequest(f"The request body must be a JSON object: {message}") from None
         raise InvalidRequest(f"Invalid value for '{path}': {message}", path) from None
+    except RecursionError:
+        # Free-form fields (tool_choice, an unknown key in a message) are decoded by
+        # recursion; a hostile body nested thousands deep must be a 400, not a 500.
+        path = json_path.too_deep(body)
+        raise InvalidRequest(
+            f"Invalid value for '{path}': JSON nested too deeply." if path
+            else "The JSON body is nested too deeply.",
+            path,
+        ) from None
+    except UnicodeDecodeError:
+        path = json_path.invalid_utf8(body)
+        raise InvalidRequest(
+            f"Invalid value for '{path}': the string is not valid UTF-8." if path
+            else "The request body is not valid UTF-8.",
+            path,
+        ) from None
     except msgspec.DecodeError:
         raise InvalidRequest(
             "We could not parse the JSON body of your request. (HINT: This likely means you "
