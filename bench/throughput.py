@@ -94,7 +94,7 @@ def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         return bench_http("corral", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -112,7 +112,7 @@ def bench_llama_server(binary: Path, model: Path, tokens: int, rounds: int) -> d
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         return bench_http("llama-server", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -195,7 +195,7 @@ def bench_raw(model: Path, tokens: int) -> dict[int, float]:
     return results
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

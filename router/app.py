@@ -20,7 +20,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, connections, metrics, schemas
+from router import admin, bodies, connections, metrics, schemas
 from router.errors import http_status, render, sse_event
 from router.openai_format import DONE, Completion
 from supervisor.config import Config
@@ -42,6 +42,7 @@ SSE_HEADERS = {
 
 def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     app = QuartTrio("corral")
+    app.request_class = bodies.CorralRequest
     connections.install(app)
     # Werkzeug answers `//admin/models` with an HTML 308 to `/admin/models`, and redirects
     # skip every error handler. An address with doubled slashes is a 404 in JSON instead;
@@ -103,7 +104,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
-        r: schemas.ChatRequest = schemas.decode(await _body(), schemas.ChatRequest)
+        r: schemas.ChatRequest = schemas.decode(await bodies.read_body(), schemas.ChatRequest)
         handle = supervisor.resolve(r.model)
         _needs_generation(handle.spec.embeddings, r.model)
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
@@ -114,7 +115,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/v1/completions")
     async def completions() -> Response:
-        r: schemas.CompletionRequest = schemas.decode(await _body(), schemas.CompletionRequest)
+        r: schemas.CompletionRequest = schemas.decode(await bodies.read_body(), schemas.CompletionRequest)
         handle = supervisor.resolve(r.model)
         _needs_generation(handle.spec.embeddings, r.model)
         params = schemas.sampling_params(r, r.max_tokens if r.max_tokens is not None else 16)
@@ -124,7 +125,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/v1/embeddings")
     async def embeddings() -> Response:
-        r: schemas.EmbeddingRequest = schemas.decode(await _body(), schemas.EmbeddingRequest)
+        r: schemas.EmbeddingRequest = schemas.decode(await bodies.read_body(), schemas.EmbeddingRequest)
         handle = supervisor.resolve(r.model)
         if not handle.spec.embeddings:
             raise Unsupported(
@@ -145,18 +146,22 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.post("/tokenize")
     async def tokenize() -> Response:
-        r: schemas.TokenizeRequest = schemas.decode(await _body(), schemas.TokenizeRequest)
+        r: schemas.TokenizeRequest = schemas.decode(await bodies.read_body(), schemas.TokenizeRequest)
         handle = supervisor.resolve(r.model)
         async with handle.lease() as conn:
+            if (ready := conn.ready) is not None:
+                schemas.refuse_if_too_long(
+                    ready,
+                    r.content,
+                    ready.n_ctx_slot,
+                    "the text",
+                    f"/tokenize takes at most {ready.n_ctx_slot} tokens with this model (its context)",
+                    "content",
+                )
             tokens = await conn.tokenize(r.content, add_special=r.add_special)
         return json_response({"tokens": tokens})
 
     return app
-
-
-async def _body() -> bytes:
-    data = await request.get_data(as_text=False)
-    return data if isinstance(data, bytes) else data.encode()
 
 
 def _needs_generation(is_embedding_model: bool, model: str) -> None:
@@ -185,6 +190,16 @@ async def _generate(
     """Run one generation on a held lease; the lease is released when the answer is done."""
     stream: RequestStream | None = None
     try:
+        ready = lease.conn.ready
+        if ready is not None:
+            schemas.refuse_if_too_long(
+                ready,
+                schemas.bounded_text(prompt, messages),
+                ready.n_ctx_slot - 1,
+                "the prompt",
+                f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",
+                "messages" if messages is not None else "prompt",
+            )
         stream = lease.conn.generate(params, prompt=prompt, messages=messages)
         # Wait for the first answer before committing to a status: errors such as
         # context_length_exceeded arrive here and become a proper 4xx.

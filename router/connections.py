@@ -59,8 +59,8 @@ class HTTPConnection(TrioASGIHTTPConnection):
 async def _read_rest_of_body(response: Response) -> Response:
     """after_request: make sure the request has been read in full before answering.
 
-    Free for the routes that read their body anyway (Quart caches it); it matters for
-    answers decided early (unknown route, wrong method, a model that does not exist).
+    Free for the routes that read their body anyway; it matters for answers decided early
+    (unknown route, wrong method, a model that does not exist).
     """
     if response.status_code == 413:  # the body is over the limit: it will not be read
         response.headers["connection"] = "close"
@@ -68,9 +68,12 @@ async def _read_rest_of_body(response: Response) -> Response:
     complete = False
     with trio.move_on_after(BODY_DRAIN_SECONDS):
         try:
-            await request.get_data()
+            # Iterating drops each piece as it comes; a body the handler already took
+            # (router/app.py) ends at once, with nothing copied.
+            async for _ in request.body:
+                pass
             complete = True
-        except HTTPException:  # over the body limit, or the body timed out
+        except HTTPException:  # over the body limit
             pass
     if not complete:
         response.headers["connection"] = "close"

@@ -32,12 +32,12 @@ _QUOTE, _OPEN_OBJ, _OPEN_ARR = ord('"'), ord("{"), ord("[")
 _CLOSE = frozenset(b"]}")
 
 
-def too_deep(body: bytes) -> str | None:
+def too_deep(body: bytes | bytearray) -> str | None:
     """The parameter that holds the first container nested deeper than `DEEP` levels."""
     return _walk(body, deeper_than=DEEP, offset=None)
 
 
-def invalid_utf8(body: bytes) -> str | None:
+def invalid_utf8(body: bytes | bytearray) -> str | None:
     """The parameter whose string (value or key) holds the body's first invalid UTF-8."""
     try:
         body.decode("utf-8")
@@ -58,7 +58,7 @@ class _Frame:
         self.expect_key = is_object
 
 
-def _walk(body: bytes, deeper_than: int | None, offset: int | None) -> str | None:
+def _walk(body: bytes | bytearray, deeper_than: int | None, offset: int | None) -> str | None:
     stack: list[_Frame] = []
     pos = 0
     budget = MAX_TOKENS
@@ -97,7 +97,7 @@ def _walk(body: bytes, deeper_than: int | None, offset: int | None) -> str | Non
     return None
 
 
-def _string_end(body: bytes, start: int, budget: int) -> tuple[int, int]:
+def _string_end(body: bytes | bytearray, start: int, budget: int) -> tuple[int, int]:
     """Just past the closing quote of the string that opens at `start`, and the budget
     left: each escape crossed costs one."""
     i = start + 1
@@ -115,7 +115,7 @@ def _string_end(body: bytes, start: int, budget: int) -> tuple[int, int]:
     return len(body), 0
 
 
-def _key(token: bytes) -> str:
+def _key(token: bytes | bytearray) -> str:
     text = token[1:-1].decode("utf-8", errors="replace")
     return text if len(text) <= _KEY_CHARS else text[:_KEY_CHARS] + "..."
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from router import json_path
-from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams
+from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
 
 MAX_STOP_STRINGS = 16
 
@@ -105,9 +105,9 @@ _PATH = re.compile(r"`\$\.?(?P<path>[^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `(?P<key>[^`]+)`")
 
 
-def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
+def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
     """Decode a JSON body into `kind`; InvalidRequest names the offending parameter."""
-    if not body.strip():
+    if not body or body.isspace():  # strip() would copy a bytearray; isspace() stops early
         raise InvalidRequest("The request body is empty; expected a JSON object.")
     try:
         return msgspec.json.decode(body, type=kind)
@@ -289,3 +289,32 @@ def embedding_inputs(r: EmbeddingRequest) -> list[str]:
         if not x:
             raise InvalidRequest(f"'input[{i}]' must not be an empty string.", "input")
     return inputs
+
+
+# ---- texts that certainly cannot fit -----------------------------------------------------------
+
+
+def bounded_text(prompt: str | None, messages: list[ChatMessage] | None) -> str:
+    """The text a prompt certainly contains, whatever its chat template: a completion's
+    prompt, or a chat's last user message without surrounding whitespace. Templates may
+    trim content, drop roles they do not know, or strip old reasoning, but every one writes
+    the question it is asked to answer."""
+    if messages is None:
+        return prompt or ""
+    return next((m.content for m in reversed(messages) if m.role == "user"), "").strip()
+
+
+def refuse_if_too_long(ready: Ready | None, text: str, most: int, what: str, why: str, param: str) -> None:
+    """ContextOverflow when `text` alone certainly makes more than `most` tokens.
+
+    This spares the worker a text it would refuse anyway: a 15 MB prompt is refused here
+    in the time it takes to read it, instead of crossing to the worker to be rendered and
+    measured there. It errs in one direction only; the worker checks the whole rendered
+    prompt exactly.
+    """
+    if ready is None or not ready.max_token_bytes or len(text) <= most:
+        return  # each token covers at least one byte: a short text needs no bound
+    n_bytes = utf8_length(text)
+    at_least = fewest_tokens(n_bytes, ready.max_token_bytes)
+    if at_least > most:
+        raise ContextOverflow(f"{what} is at least {at_least} tokens ({n_bytes} bytes of text); {why}", param)

@@ -46,6 +46,7 @@ from worker.protocol import (
     Frame,
     Generate,
     Loading,
+    Occupancy,
     Pong,
     ProtocolError,
     Ready,
@@ -142,7 +143,11 @@ class WorkerConnection:
         self.load_progress = 0.0
         self.process: trio.Process | None = None
         self.last_pong = 0.0  # trio clock; Ready counts as the first answer
-        self.stats: Pong | None = None  # the latest answer: slots busy, requests queued
+        self.stats: Pong | None = None  # the latest answer to a ping
+        # Requests holding a slot, and waiting for one, as the worker last said (Occupancy
+        # after every change, and every Pong).
+        self.active = 0
+        self.queued = 0
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -262,6 +267,9 @@ class WorkerConnection:
         elif isinstance(frame, Pong):
             self.last_pong = trio.current_time()
             self.stats = frame
+            self.active, self.queued = frame.active, frame.queued
+        elif isinstance(frame, Occupancy):
+            self.active, self.queued = frame.active, frame.queued
 
     def _deliver(self, rid: int, reply: Reply, final: bool) -> None:
         ch = self._pending.get(rid)

@@ -15,6 +15,7 @@ What it does
   has_template = True.
 * SetThreads(n) -> later Pongs report threads = n (before: 0 while loading, then
   spec.threads or the CPU count).
+* Occupancy(active, queued) whenever either count changes, as the real engine sends it.
 * Ping -> Pong(seq, active, queued, threads), answered by the reader thread at any time (also while
   "loading"). Frames other than Ping/Shutdown that arrive before Ready wait for Ready.
 * Generate: at most `spec.slots` requests run at once, the rest queue. Every step (one Step
@@ -105,6 +106,7 @@ from worker.protocol import (  # noqa: E402
     FrameBuffer,
     Generate,
     Loading,
+    Occupancy,
     Ping,
     Pong,
     ProtocolError,
@@ -219,6 +221,7 @@ class Engine:
         self.draining = False
         self.drain_deadline = math.inf
         self.threads = spec.threads or len(os.sched_getaffinity(0))
+        self.reported = (0, 0)  # the counts of the last Occupancy frame
 
     # ---- commands (engine thread) ---------------------------------------------------------
 
@@ -369,7 +372,16 @@ class Engine:
                 self.active.append(self.waiting.pop(0))
             if self.active:
                 self.step()
+            self.report_occupancy()
+            if self.active:
                 time.sleep(self.interval)
+
+    def report_occupancy(self) -> None:
+        """As the real engine: an Occupancy frame whenever the counts change."""
+        counts = (len(self.active), len(self.waiting))
+        if counts != self.reported:
+            self.reported = counts
+            self.out.send(Occupancy(active=counts[0], queued=counts[1]))
 
 
 # ---- main -----------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The engine thread: owns the llama_context and runs continuous batching.
 
 One long-lived thread calls every llama.cpp function that touches the context (ctypes
-releases the GIL, and one thread keeps one OpenMP pool). Commands arrive on a thread-safe
-queue and are applied between steps; each step's results leave as one Step frame.
+releases the GIL, and one thread keeps one OpenMP pool). Requests reach it already tokenized
+and checked by the preparing thread (worker/preparer.py), so no text is ever tokenized here;
+they and other commands arrive on a thread-safe queue and are applied between steps. Each
+step's results leave as one Step frame, followed by an Occupancy frame when the counts of
+busy slots or waiting requests changed.
 
 A step:
   1. every generating request contributes its last sampled token;
@@ -17,39 +20,34 @@ only happens where logits were requested, and sampler chains always end in dist 
 
 from __future__ import annotations
 
-import codecs
 import collections
 import logging
 import queue
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Union
 
 import llama_cpp
 import msgspec
 import numpy as np
 
 from worker.batch import BatchBuffer
-from worker.chat_template import TemplateError
 from worker.model import LoadedModel
+from worker.preparer import Preparer, Work
 from worker.protocol import (
     Cancel,
-    Embed,
     EmbedResult,
     Error,
     FinishReason,
     Frame,
-    Generate,
+    Occupancy,
     SamplingParams,
     SetThreads,
     Step,
-    Tokenize,
-    TokenizeResult,
     TokenEvent,
     Usage,
 )
+from worker.request import EmbedJob, Request
 from worker.sampling import SamplerChain
 from worker.slots import Slot, choose_slot, reusable_prefix
-from worker.stops import StopMatcher
 
 log = logging.getLogger("worker.engine")
 
@@ -57,31 +55,8 @@ Emit = Callable[[Frame], None]
 MAX_THREADS = 1024  # the config's bound; a frame asking for more is clamped, not obeyed
 
 
-@dataclass(eq=False)
-class Request:
-    id: int
-    params: SamplingParams
-    prompt: list[int]
-    max_new: int
-    stops: StopMatcher
-    tokens: list[int] = field(default_factory=list)  # prompt + generated, as it should be in KV
-    n_gen: int = 0
-    cached: int = 0  # prompt tokens reused from the slot's cache
-    preempted: bool = False
-    sampler: SamplerChain | None = None
-    slot: Slot[Request] | None = None
-    decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
-    )
-
-    def __post_init__(self) -> None:
-        self.tokens = list(self.prompt)
-
-
-class RequestRejected(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
+# What the engine's inbox carries: prepared work, and commands applied between steps.
+Inbound = Union[Request, EmbedJob, Cancel, SetThreads]
 
 
 class Engine:
@@ -91,7 +66,7 @@ class Engine:
         self.m = m
         self.emit = emit
         self.embeddings = embeddings
-        self.inbox: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Inbound | None] = queue.SimpleQueue()
         self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
         # With a unified KV cache one sequence may use every cell; the engine enforces the
         # per-request limit itself and preempts when the shared pool runs out.
@@ -106,11 +81,22 @@ class Engine:
         self._kv_full = False
         self._stopped = False
         self.threads = m.threads  # read by the link for Pong
+        self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
+        self.prep = Preparer(m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit)
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
-    def submit(self, frame: Frame) -> None:
-        self.inbox.put(frame)
+    def submit(self, frame: Work | Cancel | SetThreads) -> None:
+        """Hand a frame from the supervisor to the engine; never blocks. Requests go to the
+        preparing thread first; a Cancel goes to both, which drops the request wherever it
+        is."""
+        if isinstance(frame, Cancel):
+            self.prep.cancel(frame.id)
+            self.inbox.put(frame)
+        elif isinstance(frame, SetThreads):
+            self.inbox.put(frame)
+        else:
+            self.prep.submit(frame)
 
     def stop(self) -> None:
         self._stopped = True
@@ -122,11 +108,13 @@ class Engine:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting)
+        """Requests waiting for a slot, or still being prepared."""
+        return len(self.waiting) + self.prep.pending
 
     # ---- the thread ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        self.prep.start()
         while not self._stopped:
             busy = bool(self.waiting) or self.active > 0
             self._drain_inbox(block=not busy)
@@ -139,6 +127,16 @@ class Engine:
             except Exception as exc:  # a bug must cost requests, never the worker
                 log.exception("engine step failed")
                 self._fail_active("internal", f"engine error: {exc}")
+            self._report_occupancy()
+
+    def _report_occupancy(self) -> None:
+        """Occupancy after every change, so that slots_busy agrees with in_flight. At most
+        one small frame per step, and none while the counts hold still. A request that is
+        still being prepared is noticed within the idle wait (0.5 s)."""
+        counts = (self.active, self.queued)
+        if counts != self._reported:
+            self._reported = counts
+            self.emit(Occupancy(active=counts[0], queued=counts[1]))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -159,68 +157,23 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _handle(self, frame: Frame) -> None:
-        if isinstance(frame, Generate):
-            try:
-                req = self._new_request(frame)
-            except RequestRejected as rej:
-                self.emit(Error(id=frame.id, code=rej.code, message=rej.message, param=rej.param))  # type: ignore[arg-type]
-                return
-            self.by_id[req.id] = req
-            self.waiting.append(req)
-        elif isinstance(frame, Cancel):
-            target = self.by_id.get(frame.id)
+    def _handle(self, item: Inbound) -> None:
+        if isinstance(item, Request):
+            self.by_id[item.id] = item
+            self.waiting.append(item)
+        elif isinstance(item, Cancel):
+            target = self.by_id.get(item.id)
             if target is not None:
                 if target in self.waiting:
                     self.waiting.remove(target)
                 self._finish(target, "cancelled", events=None)
-        elif isinstance(frame, Embed):
-            self._embed(frame)
-        elif isinstance(frame, Tokenize):
-            toks = self.m.tokenize(frame.text, add_special=frame.add_special)
-            self.emit(TokenizeResult(id=frame.id, tokens=toks))
-        elif isinstance(frame, SetThreads):
-            n = min(max(frame.n_threads, 1), MAX_THREADS)
+        elif isinstance(item, EmbedJob):
+            self._embed(item)
+        elif isinstance(item, SetThreads):
+            n = min(max(item.n_threads, 1), MAX_THREADS)
             self.m.set_threads(n)
             self.threads = n
             log.info("now decoding with %d threads", n)
-
-    # ---- requests -----------------------------------------------------------------------------
-
-    def _new_request(self, g: Generate) -> Request:
-        if self.embeddings:
-            raise RequestRejected(
-                "unsupported", "this model serves embeddings only (embeddings = true)", "model"
-            )
-        if g.messages is not None:
-            if self.m.template is None:
-                raise RequestRejected(
-                    "unsupported",
-                    "this model has no chat template; set chat_template in its config or use "
-                    "/v1/completions",
-                    "messages",
-                )
-            try:
-                text = self.m.template.render(g.messages)
-            except TemplateError as exc:
-                raise RequestRejected("invalid_request", f"chat template: {exc}", "messages")
-            param = "messages"
-        else:
-            text, param = g.prompt or "", "prompt"
-        prompt = self.m.tokenize(text, add_special=True, parse_special=True)
-        if not prompt:
-            raise RequestRejected("invalid_request", "the prompt is empty", param)
-        if len(prompt) >= self.n_ctx_slot:
-            raise RequestRejected(
-                "context_length_exceeded",
-                f"the prompt is {len(prompt)} tokens; this model's context holds "
-                f"{self.n_ctx_slot} tokens, prompt and output together",
-                param,
-            )
-        room = self.n_ctx_slot - len(prompt)
-        p = g.params
-        max_new = room if p.max_tokens is None else min(p.max_tokens, room)
-        return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
 
     def _admit(self) -> None:
         """Move waiting requests into idle slots, reusing the best cached prefix."""
@@ -410,21 +363,10 @@ class Engine:
 
     # ---- embeddings ---------------------------------------------------------------------------
 
-    def _embed(self, e: Embed) -> None:
-        if not self.embeddings:
-            self.emit(Error(id=e.id, code="unsupported", param="model",
-                            message="this model does not serve embeddings (set embeddings = true)"))
-            return
-        tokenized = [self.m.tokenize(t, add_special=True, parse_special=True) for t in e.inputs]
-        for i, toks in enumerate(tokenized):
-            if not toks:
-                self.emit(Error(id=e.id, code="invalid_request", param="input",
-                                message=f"input[{i}] is empty"))
-                return
-            if len(toks) > self.m.n_batch:
-                self.emit(Error(id=e.id, code="context_length_exceeded", param="input",
-                                message=f"input[{i}] is {len(toks)} tokens; this model embeds at most {self.m.n_batch}"))
-                return
+    def _embed(self, job: EmbedJob) -> None:
+        """One embedding request, decoded at once between steps (an embedding model has no
+        generation to interleave with). Its inputs are tokenized and each fits a batch."""
+        tokenized = job.inputs
         out: list[list[float]] = [[] for _ in tokenized]
         i = 0
         while i < len(tokenized):
@@ -438,12 +380,12 @@ class Engine:
             llama_cpp.llama_memory_clear(self.m.memory, True)
             rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())
             if rc != 0:
-                self.emit(Error(id=e.id, code="internal", message=f"llama_decode failed with {rc}"))
+                self.emit(Error(id=job.id, code="internal", message=f"llama_decode failed with {rc}"))
                 return
             for seq, idx in enumerate(group):
                 ptr = llama_cpp.llama_get_embeddings_seq(self.m.ctx, seq)
                 if not ptr:
-                    self.emit(Error(id=e.id, code="internal", message="no pooled embedding"))
+                    self.emit(Error(id=job.id, code="internal", message="no pooled embedding"))
                     return
                 vec = np.ctypeslib.as_array(ptr, shape=(self.m.n_embd,)).astype(np.float64)
                 norm = float(np.linalg.norm(vec))
@@ -451,4 +393,4 @@ class Engine:
         llama_cpp.llama_memory_clear(self.m.memory, True)
         for s in self.slots:
             s.cache.clear()
-        self.emit(EmbedResult(id=e.id, data=out, prompt_tokens=sum(map(len, tokenized))))
+        self.emit(EmbedResult(id=job.id, data=out, prompt_tokens=sum(map(len, tokenized))))

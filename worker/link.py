@@ -20,6 +20,7 @@ import time
 import trio
 
 from worker.engine import Engine
+from worker.preparer import Work
 from worker.protocol import (
     Cancel,
     Error,
@@ -32,7 +33,9 @@ from worker.protocol import (
     Pong,
     ProtocolError,
     Ready,
+    SetThreads,
     Shutdown,
+    ToWorker,
     WorkerSpec,
     decode_to_worker,
     encode,
@@ -48,7 +51,7 @@ class Link:
         self._token = trio.lowlevel.current_trio_token()
         self.engine: Engine | None = None
         # Frames that arrive while the model loads wait here; the engine adopts the queue.
-        self.early: list[Frame] = []
+        self.early: list[Work | Cancel | SetThreads] = []
         self.draining = False
 
     def emit(self, frame: Frame) -> None:
@@ -78,7 +81,7 @@ class Link:
                 log.error("protocol error from supervisor: %s", exc)
                 os._exit(2)
 
-    def _dispatch(self, frame: Frame) -> None:
+    def _dispatch(self, frame: ToWorker) -> None:
         if isinstance(frame, Ping):
             e = self.engine
             self.emit(
@@ -167,6 +170,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 embeddings=spec.embeddings,
                 n_embd=model.n_embd,
                 description=model.description,
+                max_token_bytes=model.max_token_bytes() or 0,
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)

@@ -66,6 +66,8 @@ class LoadedModel:
     n_embd: int
     template: ChatTemplate | None
     description: str
+    pooling: str | None = None  # embedding models: the pooling in effect
+    token_bytes: int | None = None  # the length bound's unit; None: no bound holds
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -110,6 +112,10 @@ class LoadedModel:
                 return out
             cap = -n
         raise RuntimeError("llama_token_to_piece kept asking for a larger buffer")
+
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of input text one token can cover (see `_longest_token`)."""
+        return self.token_bytes
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
@@ -164,11 +170,13 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     cparams.n_threads_batch = threads
     cparams.kv_unified = True
     cparams.swa_full = spec.swa_full
+    pooling = None
     if spec.embeddings:
         # Non-causal models need a whole input in one ubatch.
         cparams.n_batch = cparams.n_ubatch = min(spec.n_batch, spec.n_ctx)
         cparams.embeddings = True
-        cparams.pooling_type = _POOLING[spec.pooling or _model_pooling(model)]
+        pooling = spec.pooling or _model_pooling(model)
+        cparams.pooling_type = _POOLING[pooling]
     else:
         cparams.n_batch = min(spec.n_batch, spec.n_ctx)
         cparams.n_ubatch = min(cparams.n_batch, 512)
@@ -193,7 +201,26 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         n_embd=int(llama_cpp.llama_model_n_embd(model)),
         template=template,
         description=desc.value.decode("utf-8", errors="replace"),
+        pooling=pooling,
+        token_bytes=_longest_token(vocab),
     )
+
+
+def _longest_token(vocab: llama_cpp.llama_vocab_p) -> int | None:
+    """The most bytes of input text one token can cover: the bound that lets a text be
+    refused by its length before it is tokenized (worker/prompts.py).
+
+    A token's vocabulary text is at least as long as the text it matches: SPM writes a
+    space as the 3-byte "▁", byte-level BPE writes a byte as 1 or 2 characters,
+    byte-fallback tokens read "<0xAB>", and special tokens match their own text. Other
+    tokenizers (WPM, UGM, ...) normalise their input, folding whitespace, so one token can
+    cover more than its text: no bound for them. About 0.17 s for a 262k vocabulary.
+    """
+    if llama_cpp.llama_vocab_type(vocab) not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE):
+        return None
+    text = llama_cpp.llama_vocab_get_text
+    n = int(llama_cpp.llama_vocab_n_tokens(vocab))
+    return max((len(text(vocab, t) or b"") for t in range(n)), default=0) or None
 
 
 def _model_pooling(model: llama_cpp.llama_model_p) -> str:

@@ -99,3 +99,32 @@ async def test_a_real_worker_changes_threads_live_and_costs_about_its_estimate()
             print(f"rss={rss} estimate={estimate} ratio={estimate / rss:.2f}")
             assert 0.8 * rss < estimate < 1.25 * rss, (estimate, rss)
             await stop_worker(conn, 5.0)
+
+
+def test_no_text_makes_fewer_tokens_than_the_length_bound_says(model: LoadedModel) -> None:
+    """The length bound that refuses a long prompt before tokenizing it (issue 8,
+    finding 3) must never refuse one that fits: every text makes at least
+    ceil(bytes / max_token_bytes) tokens. Tried on the texts that pack most bytes into a
+    token: whitespace runs, repeated words, the longest tokens themselves, special tokens."""
+    from worker.protocol import fewest_tokens
+
+    bound = model.max_token_bytes()
+    assert bound is not None and 16 <= bound <= 256  # gemma's longest is 48 bytes
+    longest = [t for t in range(model.n_vocab) if len(model.piece(t)) >= bound - 8][:200]
+    texts = [
+        " " * 5000,
+        "\n" * 5000,
+        "\t" * 3000,
+        "a" * 5000,
+        "the " * 2000,
+        "<start_of_turn>" * 500,
+        "<start_of_turn>user\n" * 300,
+        "…" * 3000,
+        "".join(model.piece(t).decode("utf-8", errors="ignore") for t in longest) * 3,
+        "🦙" * 1000,
+    ]
+    for text in texts:
+        n_bytes = len(text.encode())
+        for add_special in (True, False):
+            tokens = model.tokenize(text, add_special=add_special)
+            assert len(tokens) >= fewest_tokens(n_bytes, bound), (text[:40], len(tokens), n_bytes)

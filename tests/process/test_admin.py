@@ -161,3 +161,37 @@ async def test_admin_reload_reports_the_diff_or_every_problem(tmp_path, start_lo
             assert err["code"] == "invalid_config" and "models.b.bogus: unknown key" in err["message"]
             r = await client.get("/admin/models")
             assert "models.b.bogus" in (await r.get_json())["config_error"]
+
+
+
+async def test_slots_busy_agrees_with_in_flight_during_and_after_a_burst(
+    tmp_path, monkeypatch, start_log: StartLog
+) -> None:
+    """Issue 8, finding 8: right after 300 clients finished, /admin/models said
+    slots_busy 3 with in_flight 0 for about 3 s, because slots_busy came only with the next
+    Pong. The worker now reports its occupancy whenever it changes."""
+    monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "20")
+    sup = make_supervisor(tmp_path, {"m": {"slots": 2}}, health_interval=30)  # no ping helps
+    client = _app(sup)
+
+    async def counts() -> tuple[object, object, object]:
+        m = (await _models(client))["m"]
+        return m["in_flight"], m["slots_busy"], m["queued"]
+
+    with trio.fail_after(20):
+        async with running(sup):
+            h = sup.resolve("m")
+
+            async def one_request() -> None:
+                async with h.lease() as conn:
+                    await collect(conn.generate(SamplingParams(max_tokens=10), prompt="x"))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(one_request)
+                await wait_for(lambda: h.in_flight == 6, 5, "six requests in flight")
+                await trio.sleep(0.2)  # a few decode steps: the counts have arrived
+                assert await counts() == (6, 2, 4)
+            # The last request has just finished: the counts say so at once.
+            await trio.sleep(0.05)
+            assert await counts() == (0, 0, 0)

@@ -86,6 +86,8 @@ FROM_WORKER: list[p.Frame] = [
     p.Error(id=9, code="internal", message="boom"),
     p.Pong(seq=7),
     p.Pong(seq=8, active=3, queued=2),
+    p.Occupancy(active=0, queued=0),
+    p.Occupancy(active=4, queued=7),
 ]
 
 

@@ -1,0 +1,51 @@
+"""What the engine works on: a generation with its tokens, or an embedding job.
+
+Both are built on the preparing thread (worker/preparer.py) from a frame, with the prompt
+already tokenized and checked, and handed to the engine's step loop whole.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+from worker.protocol import ErrorCode, SamplingParams
+from worker.sampling import SamplerChain
+from worker.slots import Slot
+from worker.stops import StopMatcher
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    params: SamplingParams
+    prompt: list[int]
+    max_new: int
+    stops: StopMatcher
+    tokens: list[int] = field(default_factory=list)  # prompt + generated, as it should be in KV
+    n_gen: int = 0
+    cached: int = 0  # prompt tokens reused from the slot's cache
+    preempted: bool = False
+    sampler: SamplerChain | None = None
+    slot: Slot[Request] | None = None
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt)
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    """An embedding request whose inputs are tokenized and within the batch size."""
+
+    id: int
+    inputs: list[list[int]]
+
+
+class RequestRejected(Exception):
+    """The request cannot be served as sent: its Error frame, ready to emit."""
+
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
