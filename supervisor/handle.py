@@ -415,11 +415,15 @@ class ModelHandle:
                             nursery, worker_spec(self.spec, self.worker_threads), self._poke
                         )
             except (LoadFailed, trio.TooSlowError, OSError) as exc:
-                msg = (
-                    f"no Ready within start_timeout={self.settings.start_timeout:g}s"
-                    if isinstance(exc, trio.TooSlowError)
-                    else str(exc)
-                )
+                if isinstance(exc, trio.TooSlowError):
+                    msg = f"no Ready within start_timeout={self.settings.start_timeout:g}s"
+                elif isinstance(exc, OSError):
+                    # The spawn itself failed: the full error (paths included) is for the
+                    # log; clients see last_error in 503s.
+                    log.error("%s: could not start the worker process: %s", self.name, exc)
+                    msg = f"could not start the worker process ({exc.strerror or type(exc).__name__})"
+                else:
+                    msg = str(exc)
                 self._load_failed(attempt, msg)
                 nursery.cancel_scope.cancel()
                 return

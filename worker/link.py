@@ -145,12 +145,14 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
         try:
             model = await trio.to_thread.run_sync(load, spec, progress, abandon_on_cancel=True)
         except LoadError as exc:
-            link.emit(Failed(message=str(exc)))
+            # The log gets the path; the Failed frame, which clients see, does not.
+            log.error("load failed: %s", exc.detail)
+            link.emit(Failed(message=exc.message))
             await link.flush_and_exit(1, timeout=2.0)
             return
         except Exception as exc:  # anything else from llama.cpp's load path
             log.exception("load failed")
-            link.emit(Failed(message=f"load failed: {exc}"))
+            link.emit(Failed(message=f"load failed ({type(exc).__name__}); see the server log"))
             await link.flush_and_exit(1, timeout=2.0)
             return
 

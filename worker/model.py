@@ -29,7 +29,16 @@ _POOLING = {
 
 
 class LoadError(Exception):
-    pass
+    """A load that failed for a reason a user can act on.
+
+    `message` reaches clients (through the supervisor's 503s), so it names no local path:
+    the server's file layout is not theirs to see. `detail` goes to the log, path and all.
+    """
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or message
 
 
 _llama_log = logging.getLogger("llama.cpp")
@@ -156,10 +165,13 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     cb = llama_cpp.llama_progress_callback(on_progress)
     mparams.progress_callback = cb
     if not Path(spec.path).is_file():
-        raise LoadError(f"model file not found: {spec.path}")
+        raise LoadError("the model file does not exist", f"model file not found: {spec.path}")
     model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
     if not model:
-        raise LoadError(f"llama.cpp could not load {spec.path} (not a valid GGUF?)")
+        raise LoadError(
+            "llama.cpp could not load the model file (not a valid GGUF?)",
+            f"llama.cpp could not load {spec.path} (not a valid GGUF?)",
+        )
 
     vocab = llama_cpp.llama_model_get_vocab(model)
     threads = spec.threads or default_threads()
@@ -241,7 +253,10 @@ def _template(
         try:
             source = Path(spec.chat_template).read_text(encoding="utf-8")
         except OSError as exc:
-            raise LoadError(f"cannot read chat template {spec.chat_template}: {exc}") from exc
+            raise LoadError(
+                f"the chat template file cannot be read ({exc.strerror or type(exc).__name__})",
+                f"cannot read chat template {spec.chat_template}: {exc}",
+            ) from exc
         return JinjaTemplate(source, *_bos_eos(vocab))
     raw = llama_cpp.llama_model_chat_template(model, None)
     if not raw:
