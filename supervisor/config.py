@@ -319,6 +319,13 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
             yield f"{at}.idle_timeout: must be a finite number >= 0, got {m.idle_timeout}"
         if m.pooling is not None and not m.embeddings:
             yield f"{at}.pooling: only applies with embeddings = true"
+        elif m.pooling in ("none", "rank"):
+            # /v1/embeddings returns one vector per input; these give something else.
+            what = "a reranker's relevance score" if m.pooling == "rank" else "one vector per token"
+            yield (
+                f"{at}.pooling: {m.pooling!r} gives {what}, which /v1/embeddings cannot "
+                "return; use mean, cls or last"
+            )
         if m.chat_template is not None and m.chat_template not in BUILTIN_CHAT_TEMPLATES:
             t = _resolve(m.chat_template, base_dir)
             if not t.is_file():
