@@ -87,10 +87,11 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response:
-        """Re-read the config file, as SIGHUP does. 400 with every problem if it is
-        invalid (the old config keeps running)."""
+        """Re-read the config file, as SIGHUP does, once it has stopped changing (at least
+        reload_settle seconds). 400 with every problem if it is invalid (the old config
+        keeps running)."""
         try:
-            d = supervisor.reload_file()
+            d = await supervisor.reload_settled()
         except ConfigError as exc:
             body, status, headers = http_status(400, "; ".join(exc.problems), "invalid_config")
             return Response(body, status=status, headers=headers)

@@ -11,7 +11,6 @@ router; imports go router -> supervisor -> worker.protocol.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
@@ -70,9 +69,8 @@ async def serve(
 
             async for sig in signals:
                 if sig == signal.SIGHUP:
-                    log.info("SIGHUP received: reloading %s", cfg.source)
-                    with contextlib.suppress(ConfigError):  # logged; the old config runs on
-                        supervisor.reload_file()
+                    log.info("SIGHUP received: reloading %s once it stops changing", cfg.source)
+                    supervisor.request_reload()
                     continue
                 log.info("%s received: shutting down", signal.Signals(sig).name)
                 break

@@ -55,6 +55,9 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_loaded_models: int = 0  # 0: no limit
     memory_budget: int | str = 0  # bytes, or "12GiB", "8GB", ...; 0: no limit
     load_wait: float = 60.0
+    # A reload (SIGHUP, POST /admin/reload) applies the file once it has stayed the same
+    # for this long, so a file caught mid-write is never applied half-written.
+    reload_settle: float = 0.5
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -235,11 +238,22 @@ def _convert(raw: dict[str, object], source: str) -> ConfigFile:
 
 def load(path: str | os.PathLike[str]) -> Config:
     """Read and validate a config file; model paths are relative to its folder."""
-    p = Path(path).resolve()
+    return from_bytes(read_bytes(path), path)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A config file's bytes, as they are now. Raises ConfigError."""
     try:
-        text = p.read_text(encoding="utf-8")
+        return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"(file): cannot read: {exc.strerror}"], str(path)) from exc
+
+
+def from_bytes(data: bytes, path: str | os.PathLike[str]) -> Config:
+    """Validate a config file's bytes, read from `path`. Raises ConfigError."""
+    p = Path(path).resolve()
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:  # TOML is UTF-8; anything else must not escape a SIGHUP
         raise ConfigError([f"(file): not UTF-8 text (byte {exc.start})"], str(path)) from exc
     cfg = parse(text, p.parent, str(path))
@@ -289,7 +303,7 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
         yield f"supervisor.start_retries: must be >= 0, got {sup.start_retries}"
     for key in (
         "idle_timeout", "start_timeout", "stop_grace", "health_interval",
-        "min_uptime", "backoff_base", "backoff_max", "load_wait",
+        "min_uptime", "backoff_base", "backoff_max", "load_wait", "reload_settle",
     ):
         if not _seconds(value := getattr(sup, key)):
             yield f"supervisor.{key}: must be a finite number >= 0, got {value}"

@@ -175,21 +175,46 @@ class ModelHandle:
             self._poke()
 
     def respec(self, spec: ModelSpec) -> None:
-        """Adopt a changed config (reload). Without a worker, at once; otherwise the worker
-        drains, stops, and the next start uses the new spec. Never blocks."""
+        """Adopt a model's settings from a reload. Never blocks.
+
+        Without a worker, at once. A worker that runs other settings drains, stops, and
+        the next start uses these. A worker that already runs these settings keeps running,
+        and a restart still pending from an earlier reload is cancelled: the comparison is
+        with what the worker runs, not with the last file, so a reload that restores a
+        model's settings undoes the restart an intermediate file asked for.
+        """
         if self.state in (State.STOPPED, State.BACKOFF, State.FAILED):
             self.spec = spec
+            self._next_spec = None
             self.reset()
             self.failures = 0
         else:
-            self._next_spec = spec
-            self.request_unload(reason="config changed")
+            self._next_spec = None if spec == self.spec else spec
+            self._poke()
 
     def retire(self) -> None:
         """The model left the config (reload): drain, stop, and end the run loop."""
         self._retire = True
-        self.request_unload(reason="removed from the config")
         self._poke()
+
+    def unretire(self) -> bool:
+        """A reload put the model back before its run loop ended: it stays, and a worker
+        still draining keeps serving. False when the run loop has already ended."""
+        if self.finished.is_set():
+            return False
+        self._retire = False
+        self._poke()
+        return True
+
+    def _leave_reason(self) -> str | None:
+        """Why the running worker should stop once nothing is in flight, or None."""
+        if self._unload is not None:
+            return self._unload_reason
+        if self._retire:
+            return "removed from the config"
+        if self._next_spec is not None:
+            return "config changed"
+        return None
 
     async def _acquire(self) -> WorkerConnection:
         # The deadline bounds waiting on a model that is not loading: queued for room,
@@ -257,7 +282,7 @@ class ModelHandle:
     @property
     def leaving(self) -> bool:
         """Unloading already: its memory frees without anyone evicting it."""
-        return self.state in (State.DRAINING, State.STOPPING) or self._unload is not None
+        return self.state in (State.DRAINING, State.STOPPING) or self._leave_reason() is not None
 
     def cost(self) -> int:
         """Bytes this model holds or will hold: its worker's RSS once measured, otherwise
@@ -542,17 +567,18 @@ class ModelHandle:
                 return f"worker died: {conn.close_reason}"
             if self._shutdown:
                 return "shutdown"
-            if self._unload is not None:
+            leaving = self._leave_reason()
+            if leaving is not None:
                 if self._unload == "force" and self.in_flight:
-                    conn.cancel_all(f"the model was {self._unload_reason} (force)")
+                    conn.cancel_all(f"the model was {leaving} (force)")
                 if self.in_flight == 0:
-                    return self._unload_reason
+                    return leaving
                 if self.state is State.READY:
-                    self._set(
-                        State.DRAINING,
-                        f"{self._unload_reason}: waiting for {self.in_flight} request(s)",
-                    )
+                    self._set(State.DRAINING, f"{leaving}: waiting for {self.in_flight} request(s)")
                 await self._sleep_until_poked()
+            elif self.state is State.DRAINING:
+                # What made it leave was withdrawn before the last request finished.
+                self._set(State.READY, "a reload restored its config; the restart is cancelled")
             elif self.in_flight == 0 and idle_timeout > 0:
                 deadline = self.last_used + idle_timeout
                 if trio.current_time() >= deadline:

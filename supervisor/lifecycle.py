@@ -36,6 +36,7 @@ TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
         (S.READY, S.BACKOFF),  # READY -> BACKOFF: it died before min_uptime, retries remain
         (S.READY, S.FAILED),  # READY -> FAILED: it died before min_uptime, no retries left
         (S.DRAINING, S.STOPPING),  # DRAINING -> STOPPING: the last request finished
+        (S.DRAINING, S.READY),  # DRAINING -> READY: a reload restored its config, or added it back
         (S.DRAINING, S.STOPPED),  # DRAINING -> STOPPED: the worker exited while draining
         (S.STOPPING, S.STOPPED),  # STOPPING -> STOPPED: the worker is gone
         (S.BACKOFF, S.STARTING),  # BACKOFF -> STARTING: the delay passed

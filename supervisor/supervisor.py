@@ -1,17 +1,26 @@
-"""The supervisor: one handle per configured model, name/alias resolution, and reload."""
+"""The supervisor: one handle per configured model, name/alias resolution, and reload.
+
+Reloads settle. SIGHUP and POST /admin/reload only ask; one reloader task reads the config
+file, waits until its bytes have stayed the same for `reload_settle` seconds, and applies
+what it read then. A file caught mid-write is never applied half-written, and a storm of
+SIGHUPs while an editor or a deploy tool rewrites the file comes down to one or two reloads.
+Writing the new file beside the old one and renaming it over it (what `mv`, most editors and
+config tools do) is atomic, and settles at once.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Sequence
 
 import trio
 
 from supervisor.admission import Admission
 from supervisor.capacity import Limits, parse_size
-from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, load
+from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes
 from supervisor.cores import divide_cores
 from supervisor.connection import Launcher, ProcessLauncher
 from supervisor.errors import ModelNotFound
@@ -22,6 +31,9 @@ from supervisor.systemd import Notifier
 
 
 log = logging.getLogger("corral.supervisor")
+
+# A file that keeps changing for this long (or 3 x reload_settle, if longer) is refused.
+RELOAD_GIVE_UP = 10.0
 
 
 class Supervisor:
@@ -48,6 +60,14 @@ class Supervisor:
         self.config_error: str | None = None  # the last reload's problems, if it failed
         self.needs_restart: tuple[str, ...] = ()
         self._listening = config.server  # what the socket was opened with; reloads cannot change it
+        # Reload requests are numbered; a finished reload serves every request made before
+        # it read the file for the last time.
+        self._reloads_asked = 0
+        self._reloads_served = 0
+        self._last_reload: ConfigDiff | ConfigError | None = None
+        self._reload_wanted = trio.Event()
+        self._reload_finished = trio.Event()
+        self._reloader_scope = trio.CancelScope()
 
     def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
         return ModelHandle(spec, settings, self._launcher, self.admission, self._changed)
@@ -73,27 +93,96 @@ class Supervisor:
         for h in self._every_handle():
             h.assign_threads(shares.get(h.name))
 
-    def reload_file(self) -> ConfigDiff:
-        """Re-read the config file and apply it (SIGHUP, POST /admin/reload).
+    # ---- reloads ------------------------------------------------------------------------------
 
-        An invalid file changes nothing: the old config keeps running and ConfigError
-        (naming every key path) is raised and kept in `config_error`. systemd hears
-        RELOADING=1 with MONOTONIC_USEC in one datagram, then READY=1, either way.
+    def request_reload(self) -> int:
+        """Ask for the config file to be reloaded (SIGHUP). Never blocks. A request made
+        while a reload settles is served by that reload or the next one. Returns the
+        request's number, for `reload_settled`."""
+        self._reloads_asked += 1
+        self._reload_wanted.set()
+        return self._reloads_asked
+
+    async def reload_settled(self) -> ConfigDiff:
+        """Reload the config file (POST /admin/reload) and return what changed.
+
+        Blocks for at least `reload_settle` seconds: the answer comes from a reload that
+        read the file after this call, once the file had stopped changing. Raises
+        ConfigError, naming every problem, if the file is invalid (the old config runs on,
+        and `config_error` says why). Cancelling the wait leaves the reload running.
         """
         if self.config.source is None:
             raise ConfigError(["(file): this config was not read from a file"])
-        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={usec}")
-        try:
-            new = load(self.config.source)
-        except ConfigError as exc:
-            self.config_error = "; ".join(exc.problems)
-            log.error("reload rejected, still running the old config: %s", self.config_error)
-            self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
-            raise
-        d = self.reload(new)
-        self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
-        return d
+        ticket = self.request_reload()
+        while self._reloads_served < ticket:
+            await self._reload_finished.wait()
+        result = self._last_reload
+        if isinstance(result, ConfigError):
+            raise result
+        assert result is not None
+        return result
+
+    async def _reloader(self) -> None:
+        """The one task that reloads: it waits for a request, then for the file to settle,
+        then applies it. systemd hears RELOADING=1 with MONOTONIC_USEC (one datagram) when
+        a reload starts and READY=1 when it is done, applied or not."""
+        with self._reloader_scope:
+            while True:
+                while self._reloads_served >= self._reloads_asked:
+                    await self._reload_wanted.wait()
+                    self._reload_wanted = trio.Event()
+                usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+                self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={usec}")
+                result: ConfigDiff | ConfigError
+                try:
+                    data, served = await self._settled_bytes()
+                    result = self.reload(from_bytes(data, self._source()))
+                except ConfigError as exc:
+                    served = self._reloads_asked
+                    self.config_error = "; ".join(exc.problems)
+                    log.error("reload rejected, still running the old config: %s", self.config_error)
+                    result = exc
+                self._finish_reloads(served, result)
+                self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
+
+    def _finish_reloads(self, served: int, result: ConfigDiff | ConfigError) -> None:
+        self._reloads_served = served
+        self._last_reload = result
+        self._reload_finished.set()
+        self._reload_finished = trio.Event()
+
+    def _source(self) -> Path:
+        source = self.config.source
+        if source is None:
+            raise ConfigError(["(file): this config was not read from a file"])
+        return source
+
+    async def _settled_bytes(self) -> tuple[bytes, int]:
+        """The config file's bytes once they have stayed the same for reload_settle
+        seconds, with how many reload requests that last read serves. Raises ConfigError if
+        the file cannot be read, or if it keeps changing past RELOAD_GIVE_UP."""
+        source = self._source()
+        settle = self.config.supervisor.reload_settle
+        give_up = trio.current_time() + max(RELOAD_GIVE_UP, 3 * settle)
+        before = _snapshot(source)
+        while True:
+            await trio.sleep(settle)
+            served = self._reloads_asked
+            now = _snapshot(source)
+            if _same(before, now):
+                if isinstance(now, ConfigError):
+                    raise now
+                return now, served
+            if trio.current_time() >= give_up:
+                raise ConfigError(
+                    [
+                        f"(file): still changing after {max(RELOAD_GIVE_UP, 3 * settle):g}s; "
+                        "write the new config to a temporary file in the same folder and "
+                        "rename it over the old one"
+                    ],
+                    str(source),
+                )
+            before = now
 
     def reload(self, new: Config) -> ConfigDiff:
         """Apply a validated config. Unchanged models keep their worker and never notice;
@@ -108,6 +197,11 @@ class Supervisor:
         for name in d.changed:
             self.handles[name].respec(new.models[name])
         for name in d.added:
+            revived = self._revive(name)
+            if revived is not None:  # removed by an earlier reload, and still draining
+                self.handles[name] = revived
+                revived.respec(new.models[name])
+                continue
             handle = self._handle(new.models[name], new.supervisor)
             self.handles[name] = handle
             self._nursery.start_soon(handle.run)
@@ -120,6 +214,14 @@ class Supervisor:
         self._changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
         log.info("reloaded %s: %s", new.source, d.summary())
         return d
+
+    def _revive(self, name: str) -> ModelHandle | None:
+        """A retired handle for `name` whose run loop has not ended yet, taken back."""
+        for h in self._retired:
+            if h.name == name and h.unretire():
+                self._retired.remove(h)
+                return h
+        return None
 
     def resolve(self, model: str) -> ModelHandle:
         """The handle for a model name or alias. Raises ModelNotFound (param "model")."""
@@ -162,6 +264,9 @@ class Supervisor:
         """Stop every worker gracefully (Shutdown frame, then SIGTERM, then SIGKILL after
         stop_grace) and return when all handles have finished. Requests still in flight get
         up to stop_grace to finish; the CLI drains them before calling this."""
+        self._reloader_scope.cancel()
+        if self._reloads_served < self._reloads_asked:  # nobody waits on a reload forever
+            self._finish_reloads(self._reloads_asked, ConfigError(["(reload): the server is stopping"]))
         every = [*self.handles.values(), *self._retired]
         for handle in every:
             handle.request_shutdown()
@@ -174,4 +279,19 @@ class Supervisor:
             self._nursery = nursery
             for handle in self.handles.values():
                 await nursery.start(handle.run)
+            nursery.start_soon(self._reloader)
             task_status.started()
+
+
+def _snapshot(path: Path) -> bytes | ConfigError:
+    """The file's bytes now, or why it cannot be read (a rename can race a read)."""
+    try:
+        return read_bytes(path)
+    except ConfigError as exc:
+        return exc
+
+
+def _same(a: bytes | ConfigError, b: bytes | ConfigError) -> bool:
+    if isinstance(a, ConfigError) or isinstance(b, ConfigError):
+        return isinstance(a, ConfigError) and isinstance(b, ConfigError) and a.problems == b.problems
+    return a == b

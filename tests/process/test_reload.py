@@ -21,7 +21,7 @@ async def test_reload_under_load_keeps_unchanged_models_untouched(
     tmp_path, monkeypatch, start_log: StartLog
 ) -> None:
     monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "100")
-    cfg = write_config(tmp_path / "config.toml", {"a": {}, "c": {"slots": 2}, "d": {}})
+    cfg = write_config(tmp_path / "config.toml", {"a": {}, "c": {"slots": 2}, "d": {}}, reload_settle=0.05)
     sup = Supervisor(load(cfg), worker_command=WORKER_COMMAND)
     failures: list[BaseException] = []
     done = {"a": 0}
@@ -54,8 +54,8 @@ async def test_reload_under_load_keeps_unchanged_models_untouched(
                     stream_c = conn_c.generate(SamplingParams(max_tokens=40), prompt="c")
                     stream_d = conn_d.generate(SamplingParams(max_tokens=40), prompt="d")
                     await trio.sleep(0.1)
-                    write_config(cfg, {"a": {}, "b": {}, "c": {"slots": 3}})  # +b, c changed, -d
-                    diff = sup.reload_file()
+                    write_config(cfg, {"a": {}, "b": {}, "c": {"slots": 3}}, reload_settle=0.05)  # +b, c changed, -d
+                    diff = await sup.reload_settled()
                     assert (diff.added, diff.removed, diff.changed, diff.unchanged) == (("b",), ("d",), ("c",), ("a",))
                     await wait_for(
                         lambda: c.state is State.DRAINING and d.state is State.DRAINING, 3, "drain"
@@ -81,14 +81,14 @@ async def test_reload_under_load_keeps_unchanged_models_untouched(
 
 
 async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog) -> None:
-    cfg = write_config(tmp_path / "config.toml", {"a": {}})
+    cfg = write_config(tmp_path / "config.toml", {"a": {}}, reload_settle=0.05)
     sup = Supervisor(load(cfg), worker_command=WORKER_COMMAND)
     async with running(sup):
         async with sup.resolve("a").lease():
             pid = sup.resolve("a").pid
         cfg.write_text(cfg.read_text() + 'n_ctx = "lots"\n')
         with pytest.raises(ConfigError):
-            sup.reload_file()
+            await sup.reload_settled()
         assert sup.config_error == "models.a.n_ctx: expected int, got str"
         assert sup.resolve("a").pid == pid and sup.resolve("a").state is State.READY
         # systemd's STATUS= keeps saying so, however often the counts change meanwhile.
@@ -97,9 +97,9 @@ async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog
         )
         # A fixed file that also moves the port: the error clears, the port needs a restart,
         # and says so through later reloads too, since the socket has not moved.
-        write_config(cfg, {"a": {}}, server={"port": 9999})
+        write_config(cfg, {"a": {}}, server={"port": 9999}, reload_settle=0.05)
         for _ in range(2):
-            assert sup.reload_file().needs_restart == ("server.port",)
+            assert (await sup.reload_settled()).needs_restart == ("server.port",)
             assert sup.config_error is None
             assert sup.status_line().endswith("; restart needed for server.port")
         assert sup.resolve("a").pid == pid
@@ -107,7 +107,7 @@ async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog
 
 async def test_reload_recovers_a_failed_model(tmp_path, monkeypatch, start_log: StartLog) -> None:
     monkeypatch.setenv("FAKE_FAIL_LOAD", "bad file")
-    cfg = write_config(tmp_path / "config.toml", {"a": {}}, start_retries=0)
+    cfg = write_config(tmp_path / "config.toml", {"a": {}}, start_retries=0, reload_settle=0.05)
     sup = Supervisor(load(cfg), worker_command=WORKER_COMMAND)
     with trio.fail_after(15):
         async with running(sup):
@@ -116,7 +116,7 @@ async def test_reload_recovers_a_failed_model(tmp_path, monkeypatch, start_log: 
                 await a.acquire()
             assert a.state is State.FAILED
             monkeypatch.delenv("FAKE_FAIL_LOAD")  # "the file was fixed"
-            sup.reload_file()  # even an unchanged config resets a failed model
+            await sup.reload_settled()  # even an unchanged config resets a failed model
             assert a.state is State.STOPPED
             async with a.lease() as conn:
                 assert (await collect(conn.generate(SamplingParams(max_tokens=1), prompt="x")))[0] == expected_text(1)

@@ -15,7 +15,7 @@ import supervisor.handle
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.lifecycle import TRANSITIONS, State, check
 from supervisor.supervisor import Supervisor
-from tests.harness import running
+from tests.harness import make_config, running
 from tests.sim.support import complete, sim_supervisor, until_state
 from tests.sim_worker import Behaviour
 
@@ -91,6 +91,20 @@ async def unload_with_a_request_in_flight(tmp_path: Path) -> None:
             await until_state(sup.resolve("a"), S.READY)
             sup.resolve("a").request_unload()
         await until_state(sup.resolve("a"), S.STOPPED)
+
+
+@scenario((S.DRAINING, S.READY))
+async def reload_restores_a_draining_models_config(tmp_path: Path) -> None:
+    models: dict[str, dict[str, object]] = {"a": {}}
+    sup, _ = sim_supervisor(tmp_path, models, {"a": Behaviour(tokens_per_sec=0.1)})
+    async with running(sup):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(complete, sup, "a")
+            await until_state(sup.resolve("a"), S.READY)
+            sup.reload(make_config(tmp_path, {"a": {"slots": 2}}))
+            await until_state(sup.resolve("a"), S.DRAINING)
+            sup.reload(make_config(tmp_path, models))
+            await until_state(sup.resolve("a"), S.READY)
 
 
 @scenario((S.DRAINING, S.STOPPED))

@@ -26,7 +26,7 @@ def test_every_edge_passes(old: State, new: State) -> None:
         (State.READY, State.STARTING),
         (State.FAILED, State.STARTING),
         (State.STOPPED, State.STOPPING),
-        (State.DRAINING, State.READY),
+        (State.DRAINING, State.STARTING),
         (State.BACKOFF, State.READY),
     ],
     ids=lambda s: s.value,
