@@ -578,7 +578,7 @@ class ModelHandle:
                 await self._sleep_until_poked()
             elif self.state is State.DRAINING:
                 # What made it leave was withdrawn before the last request finished.
-                self._set(State.READY, "a reload restored its config; the restart is cancelled")
+                self._set(State.READY, "a reload put it back as it runs; it stays")
             elif self.in_flight == 0 and idle_timeout > 0:
                 deadline = self.last_used + idle_timeout
                 if trio.current_time() >= deadline:

@@ -5,7 +5,7 @@ file, waits until its bytes have stayed the same for `reload_settle` seconds, an
 what it read then. A file caught mid-write is never applied half-written, and a storm of
 SIGHUPs while an editor or a deploy tool rewrites the file comes down to one or two reloads.
 Writing the new file beside the old one and renaming it over it (what `mv`, most editors and
-config tools do) is atomic, and settles at once.
+config tools do) is atomic: no read ever sees half of it.
 """
 
 from __future__ import annotations

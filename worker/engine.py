@@ -2,7 +2,7 @@
 
 One long-lived thread calls every llama.cpp function that touches the context (ctypes
 releases the GIL, and one thread keeps one OpenMP pool). Requests reach it already tokenized
-and checked by the preparing thread (worker/preparer.py), so no text is ever tokenized here;
+and checked by the preparing threads (worker/preparer.py), so no text is ever tokenized here;
 they and other commands arrive on a thread-safe queue and are applied between steps. Each
 step's results leave as one Step frame, followed by an Occupancy frame when the counts of
 busy slots or waiting requests changed.
@@ -65,7 +65,6 @@ class Engine:
     ) -> None:
         self.m = m
         self.emit = emit
-        self.embeddings = embeddings
         self.inbox: queue.SimpleQueue[Inbound | None] = queue.SimpleQueue()
         self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
         # With a unified KV cache one sequence may use every cell; the engine enforces the
@@ -88,7 +87,7 @@ class Engine:
 
     def submit(self, frame: Work | Cancel | SetThreads) -> None:
         """Hand a frame from the supervisor to the engine; never blocks. Requests go to the
-        preparing thread first; a Cancel goes to both, which drops the request wherever it
+        preparing threads first; a Cancel goes to both, which drops the request wherever it
         is."""
         if isinstance(frame, Cancel):
             self.prep.cancel(frame.id)

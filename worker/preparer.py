@@ -106,10 +106,6 @@ class Preparer:
         """The OS ids of the render and the tokenize thread (nice is set per thread)."""
         return self._render.native_id, self._tokenize.native_id
 
-    def stop(self) -> None:
-        """End both threads after the frames already queued."""
-        self._to_render.put(None)
-
     # ---- the threads --------------------------------------------------------------------------
 
     def _render_loop(self) -> None:

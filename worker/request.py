@@ -1,6 +1,6 @@
 """What the engine works on: a generation with its tokens, or an embedding job.
 
-Both are built on the preparing thread (worker/preparer.py) from a frame, with the prompt
+Both are built by the preparing threads (worker/preparer.py) from a frame, with the prompt
 already tokenized and checked, and handed to the engine's step loop whole.
 """
 
