@@ -30,6 +30,7 @@ from worker.protocol import (
     FrameBuffer,
     Generate,
     Loading,
+    Occupancy,
     Ping,
     Pong,
     Ready,
@@ -136,19 +137,27 @@ class Client:
         self.sock.settimeout(5)
         self.frames = FrameBuffer()
         self.backlog: list[object] = []
+        # Occupancy frames come whenever the slot counts change, between any two answers;
+        # they are kept here, in order, for the tests that look at them.
+        self.occupancy: list[Occupancy] = []
 
     def send(self, frame: object) -> None:
         self.sock.sendall(encode(frame))  # type: ignore[arg-type]
 
     def recv(self, timeout: float = 5) -> object:
-        """The next frame; raises socket.timeout if none comes in time, EOFError on EOF."""
+        """The next frame other than Occupancy; raises socket.timeout if none comes in time,
+        EOFError on EOF."""
         self.sock.settimeout(timeout)
-        while not self.backlog:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise EOFError
-            self.backlog += [decode_from_worker(b) for b in self.frames.feed(data)]
-        return self.backlog.pop(0)
+        while True:
+            while not self.backlog:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise EOFError
+                self.backlog += [decode_from_worker(b) for b in self.frames.feed(data)]
+            frame = self.backlog.pop(0)
+            if not isinstance(frame, Occupancy):
+                return frame
+            self.occupancy.append(frame)
 
     def until_ready(self) -> tuple[list[object], Ready]:
         before = []
@@ -214,6 +223,10 @@ def test_fake_worker_speaks_the_protocol(client_factory, start_log: StartLog) ->
     events = c.events(3)
     assert "".join(ev.text for ev in events) == expected_text(3)
     assert events[-1].finish_reason == "stop"
+    # each request took a slot and gave it back; the counts are reported on every change
+    c.send(Ping(seq=100))
+    assert c.recv() == Pong(seq=100, active=0, queued=0, threads=len(os.sched_getaffinity(0)))
+    assert c.occupancy == [Occupancy(active=1, queued=0), Occupancy(active=0, queued=0)] * 3
 
     c.send(Generate(id=4, params=SamplingParams(max_tokens=5), prompt="word " * 64))
     err = c.recv()
