@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
 import trio
 
+from router import connections
 from tests.process.support import make_supervisor, serving_http
 
 
@@ -174,6 +176,24 @@ async def test_keep_alive_survives_a_404_whose_body_arrives_late(tmp_path: Path)
                 assert r.headers.get("connection", "keep-alive").lower() != "close"
                 await c.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert (await c.reply()).status == 200  # the same connection still answers
+        await c.aclose()
+
+
+async def test_an_early_answer_to_a_stalled_body_says_close_and_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body that stops coming cannot hold the 404 back past the drain time, and the
+    connection cannot be reused (its request never ended), so the answer says so."""
+    monkeypatch.setattr(connections, "BODY_DRAIN_SECONDS", 0.3)
+    sup = make_supervisor(tmp_path, {"a": {}})
+    async with serving_http(sup) as base:
+        c = await RawClient.connect(base)
+        await c.send(b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\": ")
+        with trio.fail_after(3):
+            r = await c.reply()
+            assert r.status == 404
+            assert r.headers.get("connection", "").lower() == "close"
+            assert await c.closed_by_server()
         await c.aclose()
 
 
