@@ -140,7 +140,6 @@ class WorkerConnection:
         self.failed_message: str | None = None
         self.closed = trio.Event()
         self.close_reason = ""
-        self.load_progress = 0.0
         self.process: trio.Process | None = None
         self.last_pong = 0.0  # trio clock; Ready counts as the first answer
         self.stats: Pong | None = None  # the latest answer to a ping
@@ -257,7 +256,7 @@ class WorkerConnection:
         elif isinstance(frame, (Error, EmbedResult, TokenizeResult)):
             self._deliver(frame.id, frame, final=True)
         elif isinstance(frame, Loading):
-            self.load_progress = frame.progress
+            pass  # progress is for the log of a slow load; nothing here shows it yet
         elif isinstance(frame, Ready):
             self.ready = frame
             self.last_pong = trio.current_time()

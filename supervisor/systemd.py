@@ -51,11 +51,6 @@ class Notifier:
         except OSError as exc:
             log.warning("sd_notify %s failed: %s", lines[0].split("=", 1)[0], exc)
 
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
 
 def _watchdog_interval(env: Mapping[str, str]) -> float | None:
     """Seconds between WATCHDOG=1 pings: half of WATCHDOG_USEC, as sd_watchdog_enabled

@@ -60,16 +60,14 @@ Inbound = Union[Request, EmbedJob, Cancel, SetThreads]
 
 
 class Engine:
-    def __init__(
-        self, m: LoadedModel, emit: Emit, embeddings: bool = False, n_ctx_slot: int | None = None
-    ) -> None:
+    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False) -> None:
         self.m = m
         self.emit = emit
-        self.inbox: queue.SimpleQueue[Inbound | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
         # With a unified KV cache one sequence may use every cell; the engine enforces the
         # per-request limit itself and preempts when the shared pool runs out.
-        self.n_ctx_slot = n_ctx_slot or m.n_ctx
+        self.n_ctx_slot = m.n_ctx
         self.waiting: collections.deque[Request] = collections.deque()
         self.by_id: dict[int, Request] = {}
         self.batch = BatchBuffer(m.n_batch)
@@ -78,7 +76,6 @@ class Engine:
         # Until then a preempted request waits: re-admitting it at once would only refill
         # the cache and be preempted again.
         self._kv_full = False
-        self._stopped = False
         self.threads = m.threads  # read by the link for Pong
         self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
         self.prep = Preparer(m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit)
@@ -97,10 +94,6 @@ class Engine:
         else:
             self.prep.submit(frame)
 
-    def stop(self) -> None:
-        self._stopped = True
-        self.inbox.put(None)
-
     @property
     def active(self) -> int:
         return sum(1 for s in self.slots if not s.idle)
@@ -114,11 +107,9 @@ class Engine:
 
     def run(self) -> None:
         self.prep.start()
-        while not self._stopped:
+        while True:  # the process ends it: the link exits once a Shutdown has drained
             busy = bool(self.waiting) or self.active > 0
             self._drain_inbox(block=not busy)
-            if self._stopped:
-                break
             try:
                 self._admit()
                 if self.active:
@@ -143,8 +134,6 @@ class Engine:
         except queue.Empty:
             return
         while True:
-            if item is None:
-                return
             try:
                 self._handle(item)
             except Exception as exc:

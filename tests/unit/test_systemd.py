@@ -41,7 +41,6 @@ def test_one_datagram_per_message(tmp_path: Path) -> None:
         n.notify("READY=1")
         assert sink.recv(4096) == b"RELOADING=1\nMONOTONIC_USEC=123"
         assert sink.recv(4096) == b"READY=1"
-        n.close()
 
 
 def test_workers_do_not_inherit_notify_variables() -> None:
