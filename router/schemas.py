@@ -33,32 +33,32 @@ class ResponseFormat(msgspec.Struct):
     type: str = "text"
 
 
+_DEFAULT = SamplingParams()
+
+
 class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     """Parameters shared by chat and completions (OpenAI's, then llama.cpp's extensions)."""
 
     model: str
     max_tokens: Int32 | None = None
-    # Unset sampling parameters take llama-server's defaults (temperature 0.8, top_k 40,
-    # top_p 0.95, min_p 0.05; llama-cpp-python's server and Ollama are alike), not
-    # OpenAI's 1.0 with no truncation: with a 262k-token vocabulary and a small model,
-    # untruncated sampling at 1.0 wanders into stray scripts within a few tokens.
-    temperature: float = 0.8
-    top_p: float = 0.95
+    # What a request leaves unset takes the worker protocol's defaults (llama-server's).
+    temperature: float = _DEFAULT.temperature
+    top_p: float = _DEFAULT.top_p
     n: Int32 = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = _DEFAULT.presence_penalty
+    frequency_penalty: float = _DEFAULT.frequency_penalty
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # llama.cpp extensions, as llama-server names them.
-    top_k: Int32 = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: Int32 = 64
-    ignore_eos: bool = False
+    top_k: Int32 = _DEFAULT.top_k
+    min_p: float = _DEFAULT.min_p
+    repeat_penalty: float = _DEFAULT.repeat_penalty
+    repeat_last_n: Int32 = _DEFAULT.repeat_last_n
+    ignore_eos: bool = _DEFAULT.ignore_eos
 
 
 class ChatRequest(_Sampling, forbid_unknown_fields=True):

@@ -37,11 +37,16 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     could abort llama.cpp, because no frame may crash it.
     """
 
+    # These defaults are the only ones: the router's request types take theirs from here.
+    # They are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05;
+    # llama-cpp-python's server and Ollama are alike), not OpenAI's 1.0 with no truncation:
+    # with a 262k-token vocabulary and a small model, untruncated sampling at 1.0 wanders
+    # into stray scripts within a few tokens.
     max_tokens: int | None = None  # None: up to the slot's context
-    temperature: float = 1.0  # 0 selects greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables
-    min_p: float = 0.0
+    temperature: float = 0.8  # 0 selects greedy
+    top_p: float = 0.95  # 1 disables
+    top_k: int = 40  # 0 disables
+    min_p: float = 0.05  # 0 disables
     seed: int | None = None
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64

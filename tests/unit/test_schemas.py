@@ -138,9 +138,23 @@ def test_sampling_params_defaults_are_llama_servers() -> None:
     sp = s.sampling_params(r, r.max_tokens)
     llama_server = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
     assert sp == SamplingParams(max_tokens=None, stop=[], **llama_server)
-    # Explicit values win, including the ones that turn truncation off (OpenAI's defaults).
-    sp = s.sampling_params(chat(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), None)
+    # One set of defaults: a frame built directly samples as an HTTP client's request does.
     assert sp == SamplingParams(max_tokens=None, stop=[])
+    # Explicit values win, including the ones that turn truncation off (OpenAI's defaults).
+    openai = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    sp = s.sampling_params(chat(**openai), None)
+    assert sp == SamplingParams(max_tokens=None, stop=[], **openai)
+
+
+@pytest.mark.parametrize("kind", [s.ChatRequest, s.CompletionRequest])
+def test_request_sampling_defaults_are_the_protocols(kind: type[msgspec.Struct]) -> None:
+    """Issue 9: the router had 0.8/40/0.95/0.05 and SamplingParams 1.0/0/1.0/0."""
+    request_defaults = {f.name: f.default for f in msgspec.structs.fields(kind)}
+    shared = [f for f in msgspec.structs.fields(SamplingParams) if f.name in request_defaults]
+    assert {f.name for f in shared} >= {"temperature", "top_p", "top_k", "min_p", "repeat_penalty"}
+    for f in shared:
+        if f.name not in ("max_tokens", "stop", "seed"):  # request shapes differ from the frame's
+            assert request_defaults[f.name] == f.default, f.name
 
 
 def test_sampling_params_maps_everything() -> None:
