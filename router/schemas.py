@@ -8,12 +8,12 @@ rejected, as OpenAI does, rather than silently ignored.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from router import json_path
+from supervisor import msgspec_errors
 from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
 
@@ -101,10 +101,6 @@ class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
     add_special: bool = False
 
 
-_PATH = re.compile(r"`\$\.?(?P<path>[^`]*)`")
-_UNKNOWN = re.compile(r"unknown field `(?P<key>[^`]+)`")
-
-
 def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
     """Decode a JSON body into `kind`; InvalidRequest names the offending parameter."""
     if not body or body.isspace():  # strip() would copy a bytearray; isspace() stops early
@@ -112,20 +108,14 @@ def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        m = _PATH.search(text)
-        path = m.group("path") if m else ""
-        if u := _UNKNOWN.search(text):
-            key = f"{path}.{u.group('key')}" if path else u.group("key")
-            raise InvalidRequest(f"Unrecognized request argument supplied: {key}", key) from None
-        if "missing required field" in text:
-            field = text.split("`")[1]
-            key = f"{path}.{field}" if path else field
-            raise InvalidRequest(f"Missing required parameter: '{key}'.", key) from None
-        message = text.split(" - at ")[0]
-        if not path:
-            raise InvalidRequest(f"The request body must be a JSON object: {message}") from None
-        raise InvalidRequest(f"Invalid value for '{path}': {message}", path) from None
+        p = msgspec_errors.problem(exc)
+        if p.unknown is not None:
+            raise InvalidRequest(f"Unrecognized request argument supplied: {p.key}", p.key) from None
+        if p.missing is not None:
+            raise InvalidRequest(f"Missing required parameter: '{p.key}'.", p.key) from None
+        if not p.path:
+            raise InvalidRequest(f"The request body must be a JSON object: {p.message}") from None
+        raise InvalidRequest(f"Invalid value for '{p.path}': {p.message}", p.path) from None
     except RecursionError:
         # Free-form fields (tool_choice, an unknown key in a message) are decoded by
         # recursion; a hostile body nested thousands deep must be a 400, not a 500.

@@ -17,6 +17,7 @@ from typing import Iterator, Literal
 
 import msgspec
 
+from supervisor import msgspec_errors
 from supervisor.capacity import parse_size
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
 
@@ -143,30 +144,21 @@ class Config:
         return None
 
 
-_MSGSPEC_PATH = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`")
-_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
 
 
 def _format_msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> str:
     """Turn "Expected `int`, got `str` - at `$.n_ctx`" into "models.a.n_ctx: expected int,
     got str", where `prefix` names the table that was being converted."""
-    m = _MSGSPEC_PATH.match(str(exc))
-    assert m is not None  # the pattern matches any string
-    msg, raw_path = m.group("msg"), m.group("path") or ""
-    # `$.aliases[0]` -> `aliases[0]`
-    path = raw_path.lstrip(".")
-    if prefix:
-        path = f"{prefix}.{path}" if path else prefix
-    if u := _UNKNOWN.match(msg):
-        path = f"{path}.{u.group('key')}" if path else u.group("key")
+    p = msgspec_errors.problem(exc)
+    path = f"{prefix}.{p.key}" if prefix and p.key else prefix or p.key
+    if p.unknown is not None:
         return f"{path}: unknown key"
+    if p.missing is not None:
+        return f"{path}: required key is missing"
+    msg = p.message
     if e := _EXPECTED.match(msg):
         msg = f"expected {e.group('want')}, got {e.group('got')}"
-    elif msg.startswith("Object missing required field"):
-        field = msg.split("`")[1]
-        path = f"{path}.{field}" if path else field
-        msg = "required key is missing"
     return f"{path or '(top level)'}: {msg[0].lower() + msg[1:] if msg else msg}"
 
 
