@@ -13,6 +13,9 @@ A step:
      past n_batch;
   3. one llama_decode over the whole batch;
   4. each request whose prompt is complete samples at its own batch index.
+What goes into the batch, and what to free when the KV cache is full (purge idle caches,
+then halve the batch, then preempt the newest request), are decided in worker/step_plan.py;
+this module performs them.
 
 Nothing a request carries may abort the process: the batch never exceeds n_batch, sampling
 only happens where logits were requested, and sampler chains always end in dist or greedy.
@@ -48,6 +51,7 @@ from worker.protocol import (
 from worker.request import EmbedJob, Request
 from worker.sampling import SamplerChain
 from worker.slots import Slot, choose_slot, reusable_prefix
+from worker.step_plan import Halve, Preempt, Purge, Remedy, make_room, plan_batch
 
 log = logging.getLogger("worker.engine")
 
@@ -57,6 +61,12 @@ MAX_THREADS = 1024  # the config's bound; a frame asking for more is clamped, no
 
 # What the engine's inbox carries: prepared work, and commands applied between steps.
 Inbound = Union[Request, EmbedJob, Cancel, SetThreads]
+
+
+def _pending(slot: Slot[Request]) -> int:
+    """The tokens of a slot's request that its cache does not hold yet."""
+    assert slot.request is not None
+    return len(slot.request.tokens) - len(slot.cache)
 
 
 class Engine:
@@ -202,23 +212,17 @@ class Engine:
     # ---- one step -----------------------------------------------------------------------------
 
     def _build(self, budget: int) -> list[tuple[Request, int, int, bool]]:
-        """Fill the batch. Returns (request, tokens fed, batch index of last, wants logits)."""
+        """Fill the batch as plan_batch says. Returns (request, tokens fed, batch index of
+        its last token, wants logits)."""
         self.batch.clear()
         plan: list[tuple[Request, int, int, bool]] = []
-        active = [s.request for s in self.slots if s.request is not None]
-        # Generating requests first (one token each), then prompt chunks in admission order.
-        active.sort(key=lambda r: (len(r.tokens) - len(r.slot.cache) > 1, r.slot.last_used))  # type: ignore[union-attr]
-        for req in active:
-            slot = req.slot
-            assert slot is not None
-            todo = req.tokens[len(slot.cache) :]
-            room = min(budget - self.batch.n, self.batch.free)
-            if room <= 0:
-                break
-            chunk = todo[:room]
-            complete = len(chunk) == len(todo)
-            first = self.batch.add(chunk, len(slot.cache), slot.seq_id, "last" if complete else "none")
-            plan.append((req, len(chunk), first + len(chunk) - 1, complete))
+        for chunk in plan_batch(self.slots, _pending, min(budget, self.batch.capacity)):
+            slot, req = chunk.slot, chunk.slot.request
+            assert req is not None
+            start = len(slot.cache)
+            tokens = req.tokens[start : start + chunk.n]
+            first = self.batch.add(tokens, start, slot.seq_id, "last" if chunk.complete else "none")
+            plan.append((req, chunk.n, first + chunk.n - 1, chunk.complete))
         return plan
 
     def _step(self) -> None:
@@ -234,7 +238,7 @@ class Engine:
             if remedy is None:
                 self._fail_plan(plan, rc)
                 return
-            if remedy == "halve":
+            if isinstance(remedy, Halve):
                 budget = max(1, budget // 2)
         events: list[TokenEvent] = []
         for req, n_fed, last_idx, wants in plan:
@@ -247,23 +251,15 @@ class Engine:
         if events:
             self.emit(Step(events=events))
 
-    def _make_room(self) -> str | None:
-        """After llama_decode returned 1 (no KV space; the cache is unchanged): free
-        something so that a retry can succeed. In order: idle slots' caches, a smaller batch
-        (only helps while prompt chunks are in it), preemption. None: nothing left to try."""
-        idle = [s for s in self.slots if s.idle and s.cache]
-        if idle:
-            for s in idle:
+    def _make_room(self) -> Remedy[Request]:
+        """After llama_decode returned 1 (no KV space): perform what make_room decides."""
+        remedy = make_room(self.slots, self.batch.n)
+        if isinstance(remedy, Purge):
+            for s in remedy.slots:
                 llama_cpp.llama_memory_seq_rm(self.m.memory, s.seq_id, -1, -1)
                 s.cache.clear()
-            return "purged"
-        running = [s for s in self.slots if s.request is not None]
-        if self.batch.n > len(running):
-            return "halve"
-        if len(running) > 1:
-            # Recompute preemption: the most recently admitted request gives back its cells
-            # and waits at the head of the queue; its output so far is kept and replayed.
-            victim = max(running, key=lambda s: s.last_used)
+        elif isinstance(remedy, Preempt):
+            victim = remedy.slot
             req = victim.request
             assert req is not None
             llama_cpp.llama_memory_seq_rm(self.m.memory, victim.seq_id, -1, -1)
@@ -274,8 +270,7 @@ class Engine:
             self._kv_full = True
             self.waiting.appendleft(req)
             log.info("KV cache full: preempted request %d (%d tokens, resumes later)", req.id, len(req.tokens))
-            return "preempted"
-        return None
+        return remedy
 
     def _fail_plan(self, plan: list[tuple[Request, int, int, bool]], rc: int) -> None:
         for req, *_ in plan:
