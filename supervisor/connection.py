@@ -34,6 +34,7 @@ from supervisor.errors import (
     InvalidRequest,
     Unsupported,
     WorkerCrashed,
+    WorkerUnavailable,
 )
 from worker.protocol import (
     Cancel,
@@ -73,10 +74,17 @@ class Gone:
 
 Reply = Union[TokenEvent, Error, EmbedResult, TokenizeResult, Gone]
 
-_ERROR_CODES: dict[str, type[CorralError]] = {
+def _unavailable(message: str, param: str | None) -> CorralError:
+    # A Generate that crossed the worker's Shutdown: a new worker will take it (503, retry).
+    return WorkerUnavailable(message, retry=True, retry_after=1.0)
+
+
+# The worker's error codes, as the errors that router/errors.py maps to HTTP.
+WORKER_ERRORS: dict[str, Callable[[str, str | None], CorralError]] = {
     "context_length_exceeded": ContextOverflow,
     "invalid_request": InvalidRequest,
     "unsupported": Unsupported,
+    "unavailable": _unavailable,
     "internal": InternalError,
 }
 
@@ -106,7 +114,7 @@ class RequestStream:
             raise WorkerCrashed(f"the model's worker failed mid-request: {reply.reason}")
         if isinstance(reply, Error):
             self.finished = True
-            raise _ERROR_CODES.get(reply.code, InternalError)(reply.message, reply.param)
+            raise WORKER_ERRORS.get(reply.code, InternalError)(reply.message, reply.param)
         if not isinstance(reply, TokenEvent) or reply.finish_reason is not None:
             self.finished = True
         return reply

@@ -37,7 +37,7 @@ What it does
   prompt_tokens counts as above. Embed on a non-embeddings model -> Error("unsupported");
   an empty input -> Error("invalid_request", param="input").
 * Tokenize: [1 if add_special] + one id per word (crc32 of the word mod n_vocab).
-* Shutdown(grace): new Generates get Error("internal", "worker is shutting down"); running
+* Shutdown(grace): new Generates get Error("unavailable", "the model's worker is shutting down"); running
   requests may finish for up to `grace` seconds, then the rest are cancelled; exit code 0.
   Before Ready, Shutdown exits 0 at once.
 * EOF on the socket: exit 0 at once (orphan protection, like the real worker). A write to a
@@ -241,7 +241,7 @@ class Engine:
 
     def generate(self, g: Generate) -> None:
         if self.draining:
-            self.out.send(Error(id=g.id, code="internal", message="worker is shutting down"))
+            self.out.send(Error(id=g.id, code="unavailable", message="the model's worker is shutting down"))
             return
         if self.spec.embeddings:
             self.out.send(

@@ -100,7 +100,7 @@ class Link:
         else:
             if self.draining and isinstance(frame, Generate):
                 # The supervisor stops routing before it sends Shutdown; this is a race.
-                self.emit(Error(id=frame.id, code="internal", message="worker is shutting down"))
+                self.emit(Error(id=frame.id, code="unavailable", message="the model's worker is shutting down"))
                 return
             self.engine.submit(frame)
 

@@ -201,6 +201,7 @@ ErrorCode = Literal[
     "context_length_exceeded",
     "invalid_request",
     "unsupported",
+    "unavailable",  # the worker is shutting down: the same request may be sent again
     "internal",
 ]
 

@@ -285,7 +285,7 @@ def test_fake_worker_cancel_and_shutdown(client_factory) -> None:
     steps = [f for f in frames if isinstance(f, Step)]
     finals = {ev.id: ev.finish_reason for f in steps for ev in f.events if ev.finish_reason}
     assert finals == {3: "length"}
-    assert any(isinstance(f, Error) and f.id == 4 for f in frames)
+    assert [f.code for f in frames if isinstance(f, Error) and f.id == 4] == ["unavailable"]
     assert c.proc.wait(5) == 0
 
 

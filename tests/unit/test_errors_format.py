@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from router import errors as re_
 from router.openai_format import DONE, Completion, usage_json
 from supervisor import errors as e
-from worker.protocol import Usage
+from supervisor.connection import WORKER_ERRORS
+from worker.protocol import ErrorCode, Usage
 
 # ---- errors -------------------------------------------------------------------------------------
 
@@ -291,3 +292,32 @@ def test_chunk_text_with_newlines_stays_on_one_sse_line() -> None:
 
 def test_done_sentinel() -> None:
     assert DONE == b"data: [DONE]\n\n"
+
+
+# ---- the worker's error codes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "retry"),
+    [
+        ("context_length_exceeded", 400, None),
+        ("invalid_request", 400, None),
+        ("unsupported", 400, None),
+        # A Generate that crossed the worker's Shutdown (the race llama-swap #946 shows for a
+        # request during a stop): a new worker takes it, so the client may send it again.
+        ("unavailable", 503, "true"),
+        ("internal", 500, None),
+    ],
+)
+def test_every_worker_error_code_has_its_http_answer(code: str, status: int, retry: str | None) -> None:
+    exc = WORKER_ERRORS[code]("the message", "prompt" if status == 400 else None)
+    body, got_status, headers = re_.render(exc)
+    assert got_status == status
+    assert headers.get("x-should-retry") == retry
+    if retry:
+        assert headers["retry-after"] == "1"
+    assert json.loads(body)["error"]["message"] == "the message"
+
+
+def test_every_error_code_of_the_protocol_is_mapped() -> None:
+    assert set(WORKER_ERRORS) == set(get_args(ErrorCode))
