@@ -1,9 +1,7 @@
-"""One worker process and the frame connection to it.
+"""The frame connection to one worker (supervisor/launcher.py starts and stops the process).
 
-`open_worker` spawns `python -m worker` with one end of a socketpair passed through
-`pass_fds`, starts a reader and a writer task in the caller's nursery, and returns once the
-worker has sent Ready. Many requests share the connection: each gets an unbounded channel
-keyed by request id, so a slow client never stalls the reader for everyone else.
+Many requests share the connection: each gets an unbounded channel keyed by request id, so
+a slow client never stalls the reader for everyone else.
 
 When the worker dies or breaks the protocol, every request in flight gets WorkerCrashed at
 once, and `closed` is set.
@@ -15,18 +13,11 @@ import contextlib
 import itertools
 import logging
 import math
-import signal
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, Union
+from typing import Callable, Union
 
-import msgspec
 import trio
 
-from supervisor.config import ModelSpec
-from supervisor.systemd import child_environment
 from supervisor.errors import (
     ContextOverflow,
     CorralError,
@@ -52,12 +43,10 @@ from worker.protocol import (
     ProtocolError,
     Ready,
     SamplingParams,
-    Shutdown,
     Step,
     Tokenize,
     TokenizeResult,
     TokenEvent,
-    WorkerSpec,
     decode_from_worker,
     encode,
 )
@@ -87,10 +76,6 @@ WORKER_ERRORS: dict[str, Callable[[str, str | None], CorralError]] = {
     "unavailable": _unavailable,
     "internal": InternalError,
 }
-
-
-class LoadFailed(Exception):
-    pass
 
 
 class RequestStream:
@@ -202,7 +187,7 @@ class WorkerConnection:
     def kill(self, reason: str) -> None:
         """Fail every request in flight with `reason`, then SIGKILL the worker (which works
         on a SIGSTOPped process too)."""
-        self._close(reason)
+        self.close(reason)
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
@@ -238,7 +223,7 @@ class WorkerConnection:
             async for data in self._out_recv:
                 await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._close(f"socket write failed: {exc}")
+            self.close(f"socket write failed: {exc}")
 
     async def reader(self) -> None:
         frames = FrameBuffer()
@@ -255,7 +240,7 @@ class WorkerConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             reason = f"socket error: {exc}"
         finally:
-            self._close(reason)
+            self.close(reason)
 
     def _dispatch(self, frame: Frame) -> None:
         if isinstance(frame, Step):
@@ -290,7 +275,9 @@ class WorkerConnection:
             del self._pending[rid]
             ch.close()
 
-    def _close(self, reason: str) -> None:
+    def close(self, reason: str) -> None:
+        """Mark the worker gone: every request in flight ends with WorkerCrashed(reason), and
+        nothing more is sent. The process is not touched (see `kill`)."""
         if self.closed.is_set():
             return
         self.close_reason = reason
@@ -307,176 +294,3 @@ def _tell_gone(ch: trio.MemorySendChannel[Reply], reason: str) -> None:
     """The request's last reply: its worker is gone. A consumer that already left is fine."""
     with contextlib.suppress(trio.BrokenResourceError):
         ch.send_nowait(Gone(reason))
-
-
-def worker_spec(spec: ModelSpec, threads: int | None = None) -> WorkerSpec:
-    """What the worker needs to know of a model's config; `threads` overrides the
-    config's (the supervisor's share of the cores when the config sets none)."""
-    return WorkerSpec(
-        name=spec.name,
-        path=str(spec.path),
-        slots=spec.slots,
-        n_ctx=spec.n_ctx,
-        n_batch=spec.n_batch,
-        threads=threads if threads is not None else spec.threads,
-        n_gpu_layers=spec.n_gpu_layers,
-        chat_template=spec.chat_template,
-        embeddings=spec.embeddings,
-        pooling=spec.pooling,
-        repack=spec.repack,
-        swa_full=spec.swa_full,
-    )
-
-
-async def open_worker(
-    nursery: trio.Nursery,
-    spec: WorkerSpec,
-    command: Sequence[str],
-    on_close: Callable[[], None],
-) -> WorkerConnection:
-    """Spawn a worker in `nursery` and wait until it is Ready.
-
-    Raises LoadFailed if the worker reports Failed or exits first. Cancellation (the caller's
-    start timeout) kills the process: the nursery owns it.
-    """
-    parent, child = socket.socketpair()
-    try:
-        argv = [*command, "--fd", str(child.fileno()), "--spec", msgspec.json.encode(spec).decode()]
-        process: trio.Process = await nursery.start(
-            _run_process, argv, child.fileno()
-        )
-    finally:
-        child.close()  # the worker holds its own copy; ours would hide its EOF
-    stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
-    conn = WorkerConnection(spec.name, stream, on_close)
-    conn.process = process
-    nursery.start_soon(conn.reader)
-    nursery.start_soon(conn.writer)
-    nursery.start_soon(_watch_exit, conn, process)
-    await wait_until_ready(conn)
-    if conn.ready is None:
-        code = await _exit_code(process)
-        raise LoadFailed(conn.failed_message or f"worker exited during load (exit code {code})")
-    return conn
-
-
-async def wait_until_ready(conn: WorkerConnection) -> None:
-    """Return when the worker has sent Ready or its connection has closed, whichever is
-    first; the caller tells them apart by `conn.ready`."""
-    async with trio.open_nursery() as wait:
-
-        async def until_ready() -> None:
-            await conn.ready_event.wait()
-            wait.cancel_scope.cancel()
-
-        async def until_closed() -> None:
-            await conn.closed.wait()
-            wait.cancel_scope.cancel()
-
-        wait.start_soon(until_ready)
-        wait.start_soon(until_closed)
-
-
-async def _run_process(
-    argv: list[str], fd: int, *, task_status: trio.TaskStatus[trio.Process]
-) -> None:
-    # check=False: a worker's exit status is information for the handle, not an exception
-    # that would tear down the nursery. stdin is closed so a worker never reads the terminal.
-    await trio.run_process(
-        argv,
-        pass_fds=(fd,),
-        stdin=subprocess.DEVNULL,
-        check=False,
-        env=child_environment(),  # only the main process may notify systemd
-        task_status=task_status,
-        deliver_cancel=_kill,
-    )
-
-
-async def _kill(process: trio.Process) -> None:
-    """Cancellation kills outright: graceful stops happen before the nursery is cancelled."""
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-
-
-async def _watch_exit(conn: WorkerConnection, process: trio.Process) -> None:
-    code = await process.wait()
-    # EOF on the socket usually arrives first; this catches a worker whose socket a
-    # grandchild still holds open.
-    conn._close(f"worker exited with code {_describe(code)}")
-
-
-async def _exit_code(process: trio.Process) -> str:
-    with trio.move_on_after(2.0):
-        return _describe(await process.wait())
-    return "unknown"
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return str(code)
-
-
-async def stop_worker(conn: WorkerConnection, grace: float) -> None:
-    """Ask the worker to finish and exit; SIGTERM, then SIGKILL if it will not.
-
-    Shielded by the caller when it runs during cancellation.
-    """
-    process = conn.process
-    if process is None or process.returncode is not None:
-        return
-    try:
-        conn.send(Shutdown(grace=grace))
-    except WorkerCrashed:
-        pass
-    with trio.move_on_after(grace + 1.0):
-        await process.wait()
-        return
-    log.warning("%s: worker did not exit after Shutdown; sending SIGTERM", conn.name)
-    with contextlib.suppress(ProcessLookupError):
-        process.terminate()
-    with trio.move_on_after(grace):
-        await process.wait()
-        return
-    log.warning("%s: worker ignored SIGTERM; sending SIGKILL", conn.name)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    await process.wait()
-
-
-def default_worker_command() -> list[str]:
-    return [sys.executable, "-m", "worker"]
-
-
-class Launcher(Protocol):
-    """How a handle gets a worker. The supervisor uses ProcessLauncher; the lifecycle tests
-    use an in-process one, so that timing logic runs under trio's virtual clock."""
-
-    async def start(
-        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
-    ) -> WorkerConnection:
-        """A Ready worker whose tasks live in `nursery`; raises LoadFailed."""
-        ...
-
-    async def stop(self, conn: WorkerConnection, grace: float) -> None:
-        """Stop it gracefully, escalating as needed; return once it is gone."""
-        ...
-
-
-class ProcessLauncher:
-    """Workers as child processes (`python -m worker`, or a test's fake worker)."""
-
-    def __init__(self, command: Sequence[str] | None = None) -> None:
-        self.command = list(command or default_worker_command())
-
-    async def start(
-        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
-    ) -> WorkerConnection:
-        return await open_worker(nursery, spec, self.command, on_close)
-
-    async def stop(self, conn: WorkerConnection, grace: float) -> None:
-        await stop_worker(conn, grace)

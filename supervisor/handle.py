@@ -23,7 +23,8 @@ import psutil
 from supervisor.admission import Admission
 from supervisor.capacity import Resident
 from supervisor.config import ModelSpec, SupervisorConfig
-from supervisor.connection import Launcher, LoadFailed, WorkerConnection, worker_spec
+from supervisor.connection import WorkerConnection
+from supervisor.launcher import Launcher, LoadFailed, worker_spec
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.gguf_meta import estimate_bytes
 from supervisor.lifecycle import State, check

@@ -22,7 +22,7 @@ from supervisor.admission import Admission
 from supervisor.capacity import Limits, parse_size
 from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes
 from supervisor.cores import divide_cores
-from supervisor.connection import Launcher, ProcessLauncher
+from supervisor.launcher import Launcher, ProcessLauncher
 from supervisor.errors import ModelNotFound
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State

@@ -6,7 +6,7 @@ health misses, capacity waits) is better tested here: the simulated worker is a 
 that speaks the real frame protocol over an in-memory stream, so with `autojump_clock` a
 test of a 60-second backoff runs in milliseconds and its timings are exact.
 
-`SimLauncher` implements supervisor.connection.Launcher. Each start consults the model's
+`SimLauncher` implements supervisor.launcher.Launcher. Each start consults the model's
 `Behaviour`, which a test may change between starts (for a crash loop that gets fixed).
 """
 
@@ -18,7 +18,8 @@ from typing import Awaitable, Callable
 import trio
 import trio.testing
 
-from supervisor.connection import LoadFailed, WorkerConnection, wait_until_ready
+from supervisor.connection import WorkerConnection
+from supervisor.launcher import LoadFailed, wait_until_ready
 from worker.protocol import (
     Cancel,
     Failed,

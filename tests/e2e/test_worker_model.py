@@ -70,7 +70,7 @@ async def test_a_real_worker_changes_threads_live_and_costs_about_its_estimate()
     import psutil
     import trio
 
-    from supervisor.connection import open_worker, default_worker_command, stop_worker
+    from supervisor.launcher import open_worker, default_worker_command, stop_worker
     from supervisor.gguf_meta import estimate_bytes
     from tests.process.support import generate
     from worker.protocol import Ping, SetThreads

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from router.app import create_app
-from supervisor.connection import default_worker_command
+from supervisor.launcher import default_worker_command
 from supervisor.supervisor import Supervisor
 from tests.harness import make_config, running
 

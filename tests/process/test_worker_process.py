@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import trio
 
-from supervisor.connection import open_worker
+from supervisor.launcher import open_worker
 from tests.process.support import FAKE_WORKER, WORKER_COMMAND, StartLog, alive, expected_text
 from worker.protocol import (
     Cancel,
