@@ -13,38 +13,31 @@ from quart_trio import QuartTrio
 from router.errors import http_status
 from supervisor.config import ConfigError
 from supervisor.errors import InvalidRequest
-from supervisor.handle import ModelHandle, process_rss
+from supervisor.stats import ModelStats
 from supervisor.supervisor import Supervisor
 
 _json = msgspec.json.Encoder()
 
 
-def model_info(h: ModelHandle) -> dict[str, object]:
+def model_info(m: ModelStats) -> dict[str, object]:
     """One model's entry in GET /admin/models."""
-    pid = h.pid
-    conn = h.conn
-    ready = conn.ready if conn is not None else None
-    stats = conn.stats if conn is not None else None
     return {
-        "name": h.name,
-        "aliases": list(h.spec.aliases),
-        "state": h.state.value,
-        "pid": pid,
-        "rss_bytes": process_rss(pid),
-        "slots": ready.slots if ready is not None else h.spec.slots,
-        "slots_busy": conn.active if conn is not None else 0,
-        "queued": conn.queued if conn is not None else 0,
-        "in_flight": h.in_flight,
-        "last_used": h.last_used_wall,
-        "load_seconds": h.load_seconds,
-        "restarts": max(h.starts - 1, 0),
-        "last_error": h.last_error,
-        "pinned": h.spec.pinned,
-        # What the model counts for against memory_budget: its worker's RSS once loaded,
-        # the GGUF size plus KV cache before.
-        "cost_bytes": h.cost(),
-        # CPU threads per decode: the config's `threads`, or its share of the cores.
-        "threads": (stats.threads or None) if stats is not None else h.worker_threads,
+        "name": m.name,
+        "aliases": list(m.aliases),
+        "state": m.state.value,
+        "pid": m.pid,
+        "rss_bytes": m.rss_bytes,
+        "slots": m.slots,
+        "slots_busy": m.slots_busy,
+        "queued": m.queued,
+        "in_flight": m.in_flight,
+        "last_used": m.last_used,
+        "load_seconds": m.load_seconds,
+        "restarts": m.restarts,
+        "last_error": m.last_error,
+        "pinned": m.pinned,
+        "cost_bytes": m.cost_bytes,
+        "threads": m.threads,
     }
 
 
@@ -68,7 +61,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
     async def admin_models() -> Response:
         return reply(
             {
-                "models": [model_info(h) for h in supervisor.handles.values()],
+                "models": [model_info(h.statistics()) for h in supervisor.handles.values()],
                 # Models waiting for room to load, first in line first, and why.
                 "load_queue": [
                     {"model": name, "reason": supervisor.admission.waiting_reason(supervisor.handles[name])}
@@ -83,7 +76,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
     @app.get("/admin/models/<path:name>")
     async def admin_model(name: str) -> Response:
         """One model's entry of GET /admin/models (aliases resolve to their model)."""
-        return reply({"model": model_info(supervisor.resolve(name))})
+        return reply({"model": model_info(supervisor.resolve(name).statistics())})
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response:
@@ -110,7 +103,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         """Load the model now (or return at once if loaded); answers when it is ready."""
         handle = supervisor.resolve(name)
         await handle.ensure_ready()
-        return reply({"model": model_info(handle)})
+        return reply({"model": model_info(handle.statistics())})
 
     @app.post("/admin/models/<path:name>/unload")
     async def admin_unload(name: str) -> Response:
@@ -118,11 +111,11 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         `?force=true`, which cancels them."""
         handle = supervisor.resolve(name)
         handle.request_unload(force=_flag(request.args.get("force"), "force"))
-        return reply({"model": model_info(handle)}, status=202)
+        return reply({"model": model_info(handle.statistics())}, status=202)
 
     @app.post("/admin/models/<path:name>/reset")
     async def admin_reset(name: str) -> Response:
         """failed -> stopped, so the next request tries to load it again."""
         handle = supervisor.resolve(name)
         was_failed = handle.reset()
-        return reply({"reset": was_failed, "model": model_info(handle)})
+        return reply({"reset": was_failed, "model": model_info(handle.statistics())})

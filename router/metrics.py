@@ -15,11 +15,10 @@ from prometheus_client.registry import Collector
 from quart import Response
 from quart_trio import QuartTrio
 
-from router.admin import model_info
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
 
-# (metric suffix, model_info key, help); all per-model gauges, absent values are skipped.
+# (metric suffix, ModelStats field, help); all per-model gauges, absent values are skipped.
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("slots", "slots", "Slots (concurrent sequences) of the model's worker."),
     ("slots_busy", "slots_busy", "Slots decoding a request right now."),
@@ -39,27 +38,26 @@ class SupervisorCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         sup = self._supervisor
-        infos = [model_info(h) for h in sup.handles.values()]
+        stats = [h.statistics() for h in sup.handles.values()]
         state = GaugeMetricFamily(
             "corral_model_state", "1 for the lifecycle state each model is in.", labels=["model", "state"]
         )
-        for info in infos:
+        for m in stats:
             for s in State:
-                state.add_metric([str(info["name"]), s.value], 1.0 if info["state"] == s.value else 0.0)
+                state.add_metric([m.name, s.value], 1.0 if m.state is s else 0.0)
         yield state
         for suffix, key, doc in _GAUGES:
             family = GaugeMetricFamily(f"corral_model_{suffix}", doc, labels=["model"])
-            for info in infos:
-                value = info[key]
+            for m in stats:
+                value = getattr(m, key)
                 if isinstance(value, (int, float)):
-                    family.add_metric([str(info["name"])], float(value))
+                    family.add_metric([m.name], float(value))
             yield family
         restarts = CounterMetricFamily(
             "corral_model_restarts", "Worker starts after the first one.", labels=["model"]
         )
-        for info in infos:
-            if isinstance(n := info["restarts"], int):
-                restarts.add_metric([str(info["name"])], float(n))
+        for m in stats:
+            restarts.add_metric([m.name], float(m.restarts))
         yield restarts
         yield GaugeMetricFamily(
             "corral_load_queue_length", "Requests waiting for room to load their model.",

@@ -26,9 +26,11 @@ from supervisor.config import ModelSpec, SupervisorConfig
 from supervisor.connection import WorkerConnection
 from supervisor.launcher import Launcher, LoadFailed, worker_spec
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
+from supervisor import health
 from supervisor.gguf_meta import estimate_bytes
 from supervisor.lifecycle import State, check
-from worker.protocol import Ping, SetThreads
+from supervisor.stats import ModelStats
+from worker.protocol import SetThreads
 
 log = logging.getLogger("corral.supervisor")
 
@@ -132,6 +134,30 @@ class ModelHandle:
     def pid(self) -> int | None:
         c = self.conn
         return c.process.pid if c is not None and c.process is not None else None
+
+    def statistics(self) -> ModelStats:
+        """This model's numbers now, as one frozen snapshot."""
+        pid, conn = self.pid, self.conn
+        ready = conn.ready if conn is not None else None
+        pong = conn.stats if conn is not None else None
+        return ModelStats(
+            name=self.name,
+            aliases=tuple(self.spec.aliases),
+            state=self.state,
+            pinned=self.spec.pinned,
+            pid=pid,
+            rss_bytes=process_rss(pid),
+            slots=ready.slots if ready is not None else self.spec.slots,
+            slots_busy=conn.active if conn is not None else 0,
+            queued=conn.queued if conn is not None else 0,
+            in_flight=self.in_flight,
+            last_used=self.last_used_wall,
+            load_seconds=self.load_seconds,
+            restarts=max(self.starts - 1, 0),
+            last_error=self.last_error,
+            cost_bytes=self.cost(),
+            threads=(pong.threads or None) if pong is not None else self.worker_threads,
+        )
 
     # ---- clients --------------------------------------------------------------------------
 
@@ -590,38 +616,13 @@ class ModelHandle:
                 await self._sleep_until_poked()
 
     async def _watch_health(self, conn: WorkerConnection) -> None:
-        """Ping every health_interval; kill a worker that leaves health_misses pings in a
-        row unanswered, each given half an interval to answer.
+        s = self.settings
+        await health.watch(
+            conn, self.name, s.health_interval, s.health_misses, on_ping=self._measure, on_hung=self._mark_hung
+        )
 
-        The worker answers pings from its event loop, not its decode thread, so a long
-        decode step does not count as a miss. The deadline runs from the last answer, which
-        came at or before the hang, so a hang is noticed within (health_misses + 1/2) *
-        health_interval. That leaves half an interval of the promised
-        (health_misses + 1) * health_interval for the replacement, which the run loop
-        starts at once after the kill.
-        """
-        interval = self.settings.health_interval
-        if interval <= 0:
-            return
-        allowed = interval * (self.settings.health_misses + 0.5)
-        next_ping = trio.current_time() + interval
-        seq = 0
-        while not conn.closed.is_set():
-            await trio.sleep_until(min(next_ping, conn.last_pong + allowed))
-            silent = trio.current_time() - conn.last_pong
-            if silent >= allowed:
-                log.warning("%s: no answer to pings for %.1fs; killing pid %s as hung", self.name, silent, self.pid)
-                self._hung = True
-                conn.kill(f"worker hung: no answer to pings for {silent:.1f}s")
-                return
-            if trio.current_time() >= next_ping:
-                next_ping += interval
-                seq += 1
-                self._measure()
-                try:
-                    conn.send(Ping(seq=seq))
-                except WorkerCrashed:
-                    return
+    def _mark_hung(self) -> None:
+        self._hung = True  # its replacement starts at once (see _lifetime)
 
     async def _stop(self, conn: WorkerConnection, reason: str) -> None:
         self._set(State.STOPPING, reason)

@@ -1,0 +1,58 @@
+"""Health watching: ping a worker, and kill it when it stops answering."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import trio
+
+from supervisor.connection import WorkerConnection
+from supervisor.errors import WorkerCrashed
+from worker.protocol import Ping
+
+log = logging.getLogger("corral.supervisor")
+
+
+async def watch(
+    conn: WorkerConnection,
+    name: str,
+    interval: float,
+    misses: int,
+    on_ping: Callable[[], None],
+    on_hung: Callable[[], None],
+) -> None:
+    """Ping every `interval` seconds; kill a worker that leaves `misses` pings in a row
+    unanswered, each given half an interval to answer. Returns once the connection has
+    closed (or at once with health checks off).
+
+    The worker answers pings from its event loop, not its decode thread, so a long decode
+    step does not count as a miss. The deadline runs from the last answer, which came at or
+    before the hang, so a hang is noticed within (misses + 1/2) * interval. That leaves half
+    an interval of the promised (misses + 1) * interval for the replacement, which the
+    handle's run loop starts at once after the kill. `on_ping` runs before each ping (the
+    handle measures the worker's memory then); `on_hung` runs just before the kill, so the
+    handle knows why its worker died before the death reaches it.
+    """
+    if interval <= 0:
+        return
+    allowed = interval * (misses + 0.5)
+    next_ping = trio.current_time() + interval
+    seq = 0
+    while not conn.closed.is_set():
+        await trio.sleep_until(min(next_ping, conn.last_pong + allowed))
+        silent = trio.current_time() - conn.last_pong
+        if silent >= allowed:
+            pid = conn.process.pid if conn.process is not None else None
+            log.warning("%s: no answer to pings for %.1fs; killing pid %s as hung", name, silent, pid)
+            on_hung()
+            conn.kill(f"worker hung: no answer to pings for {silent:.1f}s")
+            return
+        if trio.current_time() >= next_ping:
+            next_ping += interval
+            seq += 1
+            on_ping()
+            try:
+                conn.send(Ping(seq=seq))
+            except WorkerCrashed:
+                return
