@@ -12,23 +12,42 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import trio
 
 from supervisor.capacity import Admit, Evict, Limits, Resident, Wait, plan
 
-if TYPE_CHECKING:
-    from supervisor.handle import ModelHandle
-
 log = logging.getLogger("corral.supervisor")
 
 
+class Loadable(Protocol):
+    """What the gate needs of a model (supervisor.handle.Loadable in the server)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def holds_memory(self) -> bool:
+        """Loading, ready, draining or stopping: it counts against the limits."""
+        ...
+
+    def wanted(self) -> bool:
+        """Does a request, or a preload, still want its pending load?"""
+        ...
+
+    def estimated_cost(self) -> int: ...
+
+    def resident(self) -> Resident: ...
+
+    def request_unload(self, force: bool = False, reason: str = "") -> None: ...
+
+
 class Admission:
-    def __init__(self, handles: Callable[[], Iterable[ModelHandle]], limits: Callable[[], Limits]):
+    def __init__(self, handles: Callable[[], Iterable[Loadable]], limits: Callable[[], Limits]):
         self._handles = handles
         self._limits = limits
-        self._queue: deque[ModelHandle] = deque()
+        self._queue: deque[Loadable] = deque()
         self._reasons: dict[str, str] = {}  # why each queued model waits, once planned
         self._version = 0
         self._changed = trio.Event()
@@ -42,13 +61,13 @@ class Admission:
     def queued(self) -> list[str]:
         return [h.name for h in self._queue]
 
-    def waiting_reason(self, handle: ModelHandle) -> str | None:
+    def waiting_reason(self, handle: Loadable) -> str | None:
         """Why a queued model has not started yet (None if it is not queued)."""
         if handle not in self._queue:
             return None
         return self._reasons.get(handle.name, "waiting for its turn in the load queue")
 
-    async def admit(self, handle: ModelHandle) -> bool:
+    async def admit(self, handle: Loadable) -> bool:
         """Return True when `handle` may start loading (at once when there are no limits),
         or False once nobody wants it any more."""
         if self._limits().unlimited and not self._queue:
@@ -81,5 +100,5 @@ class Admission:
             self._reasons.pop(handle.name, None)
             self.poke()  # the next in line may go now
 
-    def _residents(self, newcomer: ModelHandle) -> list[Resident]:
+    def _residents(self, newcomer: Loadable) -> list[Resident]:
         return [h.resident() for h in self._handles() if h is not newcomer and h.holds_memory]
