@@ -13,32 +13,9 @@ from quart_trio import QuartTrio
 from router.errors import http_status
 from supervisor.config import ConfigError
 from supervisor.errors import InvalidRequest
-from supervisor.stats import ModelStats
 from supervisor.supervisor import Supervisor
 
 _json = msgspec.json.Encoder()
-
-
-def model_info(m: ModelStats) -> dict[str, object]:
-    """One model's entry in GET /admin/models."""
-    return {
-        "name": m.name,
-        "aliases": list(m.aliases),
-        "state": m.state.value,
-        "pid": m.pid,
-        "rss_bytes": m.rss_bytes,
-        "slots": m.slots,
-        "slots_busy": m.slots_busy,
-        "queued": m.queued,
-        "in_flight": m.in_flight,
-        "last_used": m.last_used,
-        "load_seconds": m.load_seconds,
-        "restarts": m.restarts,
-        "last_error": m.last_error,
-        "pinned": m.pinned,
-        "cost_bytes": m.cost_bytes,
-        "threads": m.threads,
-    }
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -61,7 +38,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
     async def admin_models() -> Response:
         return reply(
             {
-                "models": [model_info(h.statistics()) for h in supervisor.handles.values()],
+                "models": [h.statistics() for h in supervisor.handles.values()],
                 # Models waiting for room to load, first in line first, and why.
                 "load_queue": [
                     {"model": name, "reason": supervisor.admission.waiting_reason(supervisor.handles[name])}
@@ -76,7 +53,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
     @app.get("/admin/models/<path:name>")
     async def admin_model(name: str) -> Response:
         """One model's entry of GET /admin/models (aliases resolve to their model)."""
-        return reply({"model": model_info(supervisor.resolve(name).statistics())})
+        return reply({"model": supervisor.resolve(name).statistics()})
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response:
@@ -103,7 +80,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         """Load the model now (or return at once if loaded); answers when it is ready."""
         handle = supervisor.resolve(name)
         await handle.ensure_ready()
-        return reply({"model": model_info(handle.statistics())})
+        return reply({"model": handle.statistics()})
 
     @app.post("/admin/models/<path:name>/unload")
     async def admin_unload(name: str) -> Response:
@@ -111,11 +88,11 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         `?force=true`, which cancels them."""
         handle = supervisor.resolve(name)
         handle.request_unload(force=_flag(request.args.get("force"), "force"))
-        return reply({"model": model_info(handle.statistics())}, status=202)
+        return reply({"model": handle.statistics()}, status=202)
 
     @app.post("/admin/models/<path:name>/reset")
     async def admin_reset(name: str) -> Response:
         """failed -> stopped, so the next request tries to load it again."""
         handle = supervisor.resolve(name)
         was_failed = handle.reset()
-        return reply({"reset": was_failed, "model": model_info(handle.statistics())})
+        return reply({"reset": was_failed, "model": handle.statistics()})

@@ -144,7 +144,6 @@ class ModelHandle:
             name=self.name,
             aliases=tuple(self.spec.aliases),
             state=self.state,
-            pinned=self.spec.pinned,
             pid=pid,
             rss_bytes=process_rss(pid),
             slots=ready.slots if ready is not None else self.spec.slots,
@@ -155,6 +154,7 @@ class ModelHandle:
             load_seconds=self.load_seconds,
             restarts=max(self.starts - 1, 0),
             last_error=self.last_error,
+            pinned=self.spec.pinned,
             cost_bytes=self.cost(),
             threads=(pong.threads or None) if pong is not None else self.worker_threads,
         )

@@ -1,6 +1,6 @@
-"""One model's numbers at one moment: what `/admin/models`, `/metrics` and systemd's
-STATUS= show. Taken by `ModelHandle.statistics()`, so that readers never reach into a
-handle or its worker connection."""
+"""One model's numbers at one moment: what `/admin/models` and `/metrics` show. Taken by
+`ModelHandle.statistics()`, so that readers never reach into a handle or its worker
+connection. `/admin/models` encodes it as it is: the fields' order is the JSON's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ class ModelStats:
     name: str
     aliases: tuple[str, ...]
     state: State
-    pinned: bool
     pid: int | None
     rss_bytes: int | None  # measured now; None without a worker
     slots: int  # the worker's, once Ready; the config's before
@@ -25,6 +24,7 @@ class ModelStats:
     load_seconds: float | None
     restarts: int  # worker starts after the first
     last_error: str | None
+    pinned: bool
     # What the model counts for against memory_budget: its worker's RSS once loaded, the
     # GGUF size plus KV cache before.
     cost_bytes: int

@@ -111,8 +111,7 @@ class Supervisor:
         ConfigError, naming every problem, if the file is invalid (the old config runs on,
         and `config_error` says why). Cancelling the wait leaves the reload running.
         """
-        if self.config.source is None:
-            raise ConfigError(["(file): this config was not read from a file"])
+        self._source()  # raises at once for a config that has no file
         ticket = self.request_reload()
         while self._reloads_served < ticket:
             await self._reload_finished.wait()
@@ -163,7 +162,8 @@ class Supervisor:
         the file cannot be read, or if it keeps changing past RELOAD_GIVE_UP."""
         source = self._source()
         settle = self.config.supervisor.reload_settle
-        give_up = trio.current_time() + max(RELOAD_GIVE_UP, 3 * settle)
+        patience = max(RELOAD_GIVE_UP, 3 * settle)
+        give_up = trio.current_time() + patience
         before = _snapshot(source)
         while True:
             await trio.sleep(settle)
@@ -176,7 +176,7 @@ class Supervisor:
             if trio.current_time() >= give_up:
                 raise ConfigError(
                     [
-                        f"(file): still changing after {max(RELOAD_GIVE_UP, 3 * settle):g}s; "
+                        f"(file): still changing after {patience:g}s; "
                         "write the new config to a temporary file in the same folder and "
                         "rename it over the old one"
                     ],
