@@ -94,5 +94,5 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
     async def admin_reset(name: str) -> Response:
         """failed -> stopped, so the next request tries to load it again."""
         handle = supervisor.resolve(name)
-        was_failed = handle.reset()
+        was_failed = await handle.reset()
         return reply({"reset": was_failed, "model": handle.statistics()})

@@ -26,7 +26,7 @@ from router.openai_format import DONE, Completion
 from supervisor.config import Config
 from supervisor.connection import RequestStream
 from supervisor.errors import CorralError, InternalError, Unsupported
-from supervisor.handle import Lease
+from supervisor.lease import Lease
 from supervisor.supervisor import Supervisor
 from worker.protocol import ChatMessage, SamplingParams, TokenEvent
 

@@ -25,8 +25,10 @@ from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
 from supervisor.errors import ModelNotFound
 from supervisor.handle import ModelHandle
+from supervisor.model_loop import run_model
 from supervisor.lifecycle import State
 from supervisor.reload import ConfigDiff, diff
+from supervisor.replan import Replanner
 from supervisor.systemd import Notifier
 
 
@@ -52,6 +54,7 @@ class Supervisor:
         self.cores = cores or len(os.sched_getaffinity(0))
         self.notifier = notifier or Notifier({})
         self.admission = Admission(self._every_handle, self._limits)
+        self.planner = Replanner(self._replan)
         self.handles: dict[str, ModelHandle] = {
             name: self._handle(spec, config.supervisor) for name, spec in config.models.items()
         }
@@ -68,9 +71,10 @@ class Supervisor:
         self._reload_wanted = trio.Event()
         self._reload_finished = trio.Event()
         self._reloader_scope = trio.CancelScope()
+        self._planner_scope = trio.CancelScope()
 
     def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
-        return ModelHandle(spec, settings, self._launcher, self.admission, self._changed)
+        return ModelHandle(spec, settings, self._launcher, self.admission, self.planner)
 
     def _every_handle(self) -> list[ModelHandle]:
         """Configured models and removed ones that are still draining: both hold memory."""
@@ -80,9 +84,10 @@ class Supervisor:
         s = self.config.supervisor
         return Limits(s.max_loaded_models, parse_size(s.memory_budget))
 
-    def _changed(self) -> None:
+    def _replan(self) -> None:
         """A handle changed state or finished a request: re-plan the load queue and
-        re-divide the cores among the workers loaded together."""
+        re-divide the cores among the workers loaded together. Runs in the planner's task
+        (supervisor/replan.py); each handle's run loop applies its share."""
         self.admission.poke()
         together = {
             h.name: h.spec.threads
@@ -204,14 +209,13 @@ class Supervisor:
                 continue
             handle = self._handle(new.models[name], new.supervisor)
             self.handles[name] = handle
-            self._nursery.start_soon(handle.run)
+            self._nursery.start_soon(run_model, handle)
         self.config = new
         for handle in self.handles.values():
-            handle.settings = new.supervisor
-            handle.reset()
+            handle.adopt_settings(new.supervisor)
         self.config_error = None
         self.needs_restart = d.needs_restart
-        self._changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
+        self.planner.changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
         log.info("reloaded %s: %s", new.source, d.summary())
         return d
 
@@ -272,15 +276,22 @@ class Supervisor:
             handle.request_shutdown()
         for handle in every:
             await handle.finished.wait()
+        self._planner_scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every handle until `stop()` (graceful) or cancellation (workers killed)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._plan_until_stopped)
             for handle in self.handles.values():
-                await nursery.start(handle.run)
+                await nursery.start(run_model, handle)
             nursery.start_soon(self._reloader)
             task_status.started()
+
+
+    async def _plan_until_stopped(self) -> None:
+        with self._planner_scope:
+            await self.planner.run()
 
 
 def _snapshot(path: Path) -> bytes | ConfigError:

@@ -359,7 +359,7 @@ async def test_failed_loads_back_off_then_fail_every_waiter_without_retry(
 
             # A reset lets the next request try again; this time the load works.
             monkeypatch.delenv("FAKE_FAIL_LOAD")
-            assert h.reset() and h.state is State.STOPPED
+            assert await h.reset() and h.state is State.STOPPED
             async with h.lease() as conn:
                 text, _ = await generate(conn, 2)
             assert text == expected_text(2)
@@ -425,7 +425,7 @@ async def test_start_timeout_fails_a_slow_load_and_kills_it(
 
             # After a reset, a request with a worker that loads in time succeeds.
             monkeypatch.setenv("FAKE_LOAD_DELAY", "0")
-            assert h.reset()
+            assert await h.reset()
             async with h.lease() as conn:
                 text, _ = await generate(conn, 1)
             assert text == expected_text(1)

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 import pytest
 import trio
 
-import supervisor.handle
+import supervisor.model_loop
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.lifecycle import TRANSITIONS, State, check
 from supervisor.supervisor import Supervisor
@@ -69,7 +69,7 @@ async def failed_load_without_retries_then_reset(tmp_path: Path) -> None:
     sup, _ = sim_supervisor(tmp_path, {"a": {}}, {"a": Behaviour(fail_load="x")}, start_retries=0)
     async with running(sup):
         assert (await expect_503(sup)).retry is False
-        assert sup.resolve("a").reset()
+        assert await sup.resolve("a").reset()
 
 
 @scenario((S.STARTING, S.STOPPING))
@@ -166,7 +166,7 @@ async def test_edge_is_taken(
         check(old, new)
         taken.append((old, new))
 
-    monkeypatch.setattr(supervisor.handle, "check", recording_check)
+    monkeypatch.setattr(supervisor.model_loop, "check", recording_check)
     with trio.fail_after(10_000):  # virtual seconds
         await SCENARIOS[edge](tmp_path)
     assert edge in taken, f"scenario {SCENARIOS[edge].__name__} took {taken}"

@@ -1,0 +1,53 @@
+"""What a model costs in memory: its worker's measured RSS once it runs, before that an
+estimate from its GGUF file."""
+
+from __future__ import annotations
+
+import psutil
+
+from supervisor.config import ModelSpec
+from supervisor.gguf_meta import estimate_bytes
+
+
+def process_rss(pid: int | None) -> int | None:
+    """Resident memory of a process, or None when there is none (or it just exited)."""
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+class Footprint:
+    def __init__(self) -> None:
+        self.rss: int | None = None  # the running worker's, measured at load and every ping
+        self._estimate: tuple[ModelSpec, int] | None = None
+
+    def measure(self, pid: int | None) -> None:
+        rss = process_rss(pid)
+        if rss is not None:
+            self.rss = rss
+
+    def forget(self) -> None:
+        """A new worker starts: the last one's measurement says nothing about it."""
+        self.rss = None
+
+    def cost(self, spec: ModelSpec, running: bool) -> int:
+        """Bytes the model holds or will hold: the RSS of a running worker once measured,
+        otherwise the estimate."""
+        if running and self.rss is not None:
+            return max(self.rss, 1)
+        return self.estimate(spec)
+
+    def estimate(self, spec: ModelSpec) -> int:
+        """The GGUF file's size plus its KV cache for n_ctx cells, read once per spec.
+        Reading stops at the last key it needs, a few hundred bytes in, so it is done
+        inline."""
+        if self._estimate is None or self._estimate[0] is not spec:
+            try:
+                n = estimate_bytes(spec.path, spec.n_ctx)
+            except OSError:
+                n = 0
+            self._estimate = (spec, n)
+        return self._estimate[1]
