@@ -13,15 +13,15 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator
 
 import msgspec
+from msgspec.structs import replace
 
 from supervisor import msgspec_errors
 from supervisor.capacity import parse_size
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
-
-Pooling = Literal["mean", "cls", "last", "rank", "none"]
+from worker.protocol import ModelOptions, options_of
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -61,25 +61,14 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     reload_settle: float = 0.5
 
 
-class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
+    """A `[models.NAME]` table: the worker's options (inherited), and the supervisor's own."""
+
     path: str
     aliases: list[str] = []
-    slots: int = 4
-    n_ctx: int = 4096  # KV cells shared by all slots
-    n_batch: int = 512  # most tokens in one decode step; prompts are prefilled in chunks of it
-    threads: int | None = None  # None: all cores
-    n_gpu_layers: int = 0
-    chat_template: str | None = None  # built-in name ("gemma") or a Jinja file
-    embeddings: bool = False
-    pooling: Pooling | None = None  # embeddings only; None: the model's own, else mean
     idle_timeout: float | None = None  # overrides [supervisor] idle_timeout
     preload: bool = False  # load at start instead of on the first request
     pinned: bool = False  # never unloaded for idleness
-    # Weight repacking (llama-server's --repack). Off by default: on AMX CPUs a repacked
-    # model segfaults on the first multi-token decode (ggml-org/llama.cpp#20824).
-    repack: bool = False
-    # Keep the full KV history of sliding-window layers so prefix reuse stays exact.
-    swa_full: bool = True
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -104,24 +93,17 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model as the supervisor runs it: config with paths resolved and defaults applied."""
+class ModelSpec(ModelOptions, frozen=True):
+    """A model as the supervisor runs it: config with paths resolved and defaults applied.
+
+    A Struct like the config it comes from, so that it inherits the worker's options
+    rather than repeating them; a reload compares two of them whole.
+    """
 
     name: str
     path: Path
     aliases: tuple[str, ...]
-    slots: int
-    n_ctx: int
-    n_batch: int
-    threads: int | None
-    n_gpu_layers: int
-    chat_template: str | None  # built-in name, or absolute path of a Jinja file
-    embeddings: bool
-    pooling: str | None
     idle_timeout: float
-    repack: bool
-    swa_full: bool
     preload: bool = False
     pinned: bool = False
 
@@ -180,19 +162,12 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
             name=name,
             path=_resolve(m.path, base_dir),
             aliases=tuple(m.aliases),
-            slots=m.slots,
-            n_ctx=m.n_ctx,
-            n_batch=m.n_batch,
-            threads=m.threads,
-            n_gpu_layers=m.n_gpu_layers,
-            chat_template=_template(m.chat_template, base_dir),
-            embeddings=m.embeddings,
-            pooling=m.pooling,
             idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
-            repack=m.repack,
-            swa_full=m.swa_full,
             preload=m.preload,
             pinned=m.pinned,
+            # The worker's options pass as written, except a template file's path: it is
+            # relative to the config file, which the worker knows nothing of.
+            **options_of(replace(m, chat_template=_template(m.chat_template, base_dir))),
         )
         for name, m in file.models.items()
     }

@@ -24,7 +24,7 @@ from supervisor.config import ModelSpec
 from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerCrashed
 from supervisor.systemd import child_environment
-from worker.protocol import Shutdown, WorkerSpec
+from worker.protocol import Shutdown, WorkerSpec, options_of
 
 log = logging.getLogger("corral.worker")
 
@@ -36,20 +36,10 @@ class LoadFailed(Exception):
 def worker_spec(spec: ModelSpec, threads: int | None = None) -> WorkerSpec:
     """What the worker needs to know of a model's config; `threads` overrides the
     config's (the supervisor's share of the cores when the config sets none)."""
-    return WorkerSpec(
-        name=spec.name,
-        path=str(spec.path),
-        slots=spec.slots,
-        n_ctx=spec.n_ctx,
-        n_batch=spec.n_batch,
-        threads=threads if threads is not None else spec.threads,
-        n_gpu_layers=spec.n_gpu_layers,
-        chat_template=spec.chat_template,
-        embeddings=spec.embeddings,
-        pooling=spec.pooling,
-        repack=spec.repack,
-        swa_full=spec.swa_full,
-    )
+    options = options_of(spec)
+    if threads is not None:
+        options["threads"] = threads
+    return WorkerSpec(name=spec.name, path=str(spec.path), **options)
 
 
 async def open_worker(

@@ -11,7 +11,7 @@ import it, and they must never pull in llama_cpp.
 from __future__ import annotations
 
 import struct
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -61,22 +61,50 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     content: str = ""
 
 
-class WorkerSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+Pooling = Literal["mean", "cls", "last", "rank", "none"]
+
+
+class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A model's options that the worker applies, and their defaults; listed nowhere else.
+
+    The config's `[models.NAME]` table, the supervisor's resolved spec and `WorkerSpec`
+    all inherit these fields, and `options_of` copies them from one to the next, so a new
+    option is declared here once and nothing names it on the way to the worker.
+    Keyword-only, so that a subclass's own required fields (a name, a path) come first:
+    in `WorkerSpec`'s JSON that keeps the model's name at the start of a `ps` line.
+    """
+
+    slots: int = 4
+    n_ctx: int = 4096  # KV cells shared by all slots
+    n_batch: int = 512  # most tokens in one decode step; prompts are prefilled in chunks of it
+    # None: the supervisor gives the worker a share of the cores; a worker that is still
+    # told None (started by hand, a test) uses all of them.
+    threads: int | None = None
+    n_gpu_layers: int = 0
+    # A built-in name ("gemma") or a Jinja file; the supervisor makes the path absolute
+    # before it reaches the worker.
+    chat_template: str | None = None
+    embeddings: bool = False
+    pooling: Pooling | None = None  # embeddings only; None: the model's own, else mean
+    # Weight repacking (llama-server's --repack). Off by default: on AMX CPUs a repacked
+    # model segfaults on the first multi-token decode (ggml-org/llama.cpp#20824).
+    repack: bool = False
+    # Keep the full KV history of sliding-window layers so prefix reuse stays exact.
+    swa_full: bool = True
+
+
+def options_of(source: ModelOptions) -> dict[str, Any]:
+    """`source`'s model options alone, without the fields its own class adds, as keyword
+    arguments for building another kind of ModelOptions."""
+    return {name: getattr(source, name) for name in ModelOptions.__struct_fields__}
+
+
+class WorkerSpec(ModelOptions, forbid_unknown_fields=True, frozen=True):
     """What a worker loads. The supervisor passes it as JSON on the command line, so `ps`
     shows which model a worker process serves."""
 
     name: str
     path: str
-    slots: int = 4
-    n_ctx: int = 4096
-    n_batch: int = 512
-    threads: int | None = None
-    n_gpu_layers: int = 0
-    chat_template: str | None = None  # built-in name or absolute path of a Jinja file
-    embeddings: bool = False
-    pooling: str | None = None
-    repack: bool = False
-    swa_full: bool = True
 
 
 # ---- supervisor -> worker ---------------------------------------------------------------------
