@@ -12,7 +12,7 @@ from router.app import create_app
 from supervisor.lifecycle import State
 from tests.harness import running
 from tests.sim.support import sim_supervisor
-from tests.sim_worker import Behaviour
+from tests.behaviour import Behaviour
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -20,7 +20,8 @@ from supervisor.lifecycle import State
 from supervisor.supervisor import RELOAD_GIVE_UP, Supervisor
 from tests.harness import config_text, running, write_config
 from tests.sim.support import complete, until_state
-from tests.sim_worker import Behaviour, SimLauncher
+from tests.behaviour import Behaviour
+from tests.sim_worker import SimLauncher
 from supervisor.systemd import Notifier
 
 MODELS: dict[str, dict[str, object]] = {"a": {}, "b": {}, "c": {"slots": 2}}

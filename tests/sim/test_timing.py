@@ -12,7 +12,7 @@ from supervisor.errors import WorkerUnavailable
 from supervisor.lifecycle import State
 from tests.harness import running
 from tests.sim.support import complete, sim_supervisor, until_state
-from tests.sim_worker import Behaviour
+from tests.behaviour import Behaviour
 
 
 async def test_idle_unload_fires_exactly_after_idle_timeout(tmp_path: Path, autojump_clock: object) -> None:
