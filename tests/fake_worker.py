@@ -4,8 +4,9 @@ Run as the supervisor runs a worker:
 
     python tests/fake_worker.py --fd N --spec JSON      (or: python -m tests.fake_worker ...)
 
-It imports only the standard library, msgspec and worker.protocol, and uses plain blocking
-sockets and threads, so it starts in a fraction of a second and costs no CPU while idle.
+It imports only the standard library, msgspec, worker.protocol and tests.behaviour, and uses
+plain blocking sockets and threads, so it starts in a fraction of a second and costs no CPU
+while idle.
 
 What it does
 ------------
@@ -45,11 +46,11 @@ What it does
 
 Behaviour flags (environment variables)
 ---------------------------------------
-Every flag is read as FAKE_<FLAG>. A per-model value FAKE_<FLAG>__<name>, where <name> is
-the model's name with every character outside [A-Za-z0-9] replaced by "_" (case kept),
-takes precedence over it; an empty value means "unset", so FAKE_CRASH_AFTER__other= turns a
-global FAKE_CRASH_AFTER off for the model "other". Booleans are true unless empty, "0",
-"false", "no" or "off".
+tests/behaviour.py defines them once, for this worker and the in-process sim
+(Behaviour.from_env reads them here). In short: FAKE_<FLAG>, overridden per model by
+FAKE_<FLAG>__<name> (<name> with every character outside [A-Za-z0-9] replaced by "_");
+an empty value means "unset", so FAKE_CRASH_AFTER__other= turns a global FAKE_CRASH_AFTER
+off for the model "other"; booleans are true unless empty, "0", "false", "no" or "off".
 
   FAKE_START_LOG=<path>     append "<model name> <pid>\\n" to <path> on every start (before
                             any other flag acts, so FAKE_EXIT_AT_START starts are counted)
@@ -67,6 +68,9 @@ global FAKE_CRASH_AFTER off for the model "other". Booleans are true unless empt
   FAKE_IGNORE_SHUTDOWN=1    ignore Shutdown frames (to exercise SIGTERM/SIGKILL escalation)
   FAKE_IGNORE_SIGTERM=1     ignore SIGTERM (only SIGKILL stops it)
 
+The flags are read once, at start; a malformed number stops the worker there (a traceback
+and exit code 1).
+
 SIGINT is always ignored, like the real worker.
 """
 
@@ -77,7 +81,6 @@ import hashlib
 import math
 import os
 import queue
-import re
 import signal
 import socket
 import struct
@@ -96,6 +99,7 @@ if _ROOT not in sys.path:
 
 import msgspec  # noqa: E402
 
+from tests.behaviour import Behaviour  # noqa: E402
 from worker.protocol import (  # noqa: E402
     Cancel,
     Embed,
@@ -127,34 +131,6 @@ N_VOCAB = 32000
 N_EMBD = 16
 N_CTX_TRAIN = 32768
 HANG_LIMIT_S = 60.0
-_FALSE = {"", "0", "false", "no", "off"}
-
-
-# ---- flags ----------------------------------------------------------------------------------
-
-
-def env_key(model: str) -> str:
-    """The suffix of a per-model flag: FAKE_<FLAG>__<env_key(model)>."""
-    return re.sub(r"[^A-Za-z0-9]", "_", model)
-
-
-class Flags:
-    def __init__(self, model: str) -> None:
-        self.model = model
-
-    def raw(self, name: str) -> str | None:
-        base = f"FAKE_{name}"
-        per = f"{base}__{env_key(self.model)}"
-        value = os.environ[per] if per in os.environ else os.environ.get(base)
-        return None if value is None or value == "" else value
-
-    def boolean(self, name: str) -> bool:
-        v = self.raw(name)
-        return v is not None and v.strip().lower() not in _FALSE
-
-    def number(self, name: str, default: float) -> float:
-        v = self.raw(name)
-        return default if v is None else float(v)
 
 
 # ---- the socket -----------------------------------------------------------------------------
@@ -208,15 +184,14 @@ class Request:
 
 
 class Engine:
-    def __init__(self, spec: WorkerSpec, flags: Flags, out: Out) -> None:
+    def __init__(self, spec: WorkerSpec, behaviour: Behaviour, out: Out) -> None:
         self.spec = spec
         self.out = out
         self.inbox: queue.Queue[Frame] = queue.Queue()
         self.active: list[Request] = []
         self.waiting: list[Request] = []
-        self.interval = 1.0 / max(flags.number("TOKENS_PER_SEC", 200.0), 1e-6)
-        crash = flags.raw("CRASH_AFTER")
-        self.crash_after = int(crash) if crash is not None else None
+        self.interval = 1.0 / max(behaviour.tokens_per_sec, 1e-6)
+        self.crash_after = behaviour.crash_after
         self.total_tokens = 0
         self.draining = False
         self.drain_deadline = math.inf
@@ -388,10 +363,9 @@ class Engine:
 
 
 def reader(
-    sock: socket.socket, out: Out, engine: Engine, flags: Flags, state: dict[str, bool]
+    sock: socket.socket, out: Out, engine: Engine, ignore_shutdown: bool, state: dict[str, bool]
 ) -> None:
     frames = FrameBuffer()
-    ignore_shutdown = flags.boolean("IGNORE_SHUTDOWN")
     while True:
         try:
             data = sock.recv(1 << 16)
@@ -430,37 +404,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True)
     args = ap.parse_args(argv)
     spec = msgspec.json.decode(args.spec, type=WorkerSpec)
-    flags = Flags(spec.name)
+    behaviour = Behaviour.from_env(spec.name)
 
-    log = flags.raw("START_LOG")
-    if log is not None:
-        with open(log, "a", encoding="utf-8") as f:
+    if behaviour.start_log is not None:
+        with open(behaviour.start_log, "a", encoding="utf-8") as f:
             f.write(f"{spec.name} {os.getpid()}\n")
-    if flags.boolean("EXIT_AT_START"):
+    if behaviour.exit_at_start:
         os._exit(3)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if flags.boolean("IGNORE_SIGTERM"):
+    if behaviour.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)
     out = Out(sock)
-    engine = Engine(spec, flags, out)
+    engine = Engine(spec, behaviour, out)
     state = {"ready": False, "hung": False}
-    threading.Thread(target=reader, args=(sock, out, engine, flags, state), daemon=True).start()
+    reader_args = (sock, out, engine, behaviour.ignore_shutdown, state)
+    threading.Thread(target=reader, args=reader_args, daemon=True).start()
 
     out.send(Loading(progress=0.0))
     # Resident memory, as a model's weights would be: written, so every page is counted.
-    ballast = b"\x01" * int(flags.number("ALLOC_MB", 0.0) * 1024 * 1024)  # noqa: F841
-    time.sleep(flags.number("LOAD_DELAY", 0.0))
-    fail = flags.raw("FAIL_LOAD")
-    if fail is not None:
-        message = "fake load failure" if fail.strip().lower() in {"1", "true", "yes"} else fail
-        out.send(Failed(message=message))
+    ballast = b"\x01" * int(behaviour.alloc_mb * 1024 * 1024)  # noqa: F841
+    time.sleep(behaviour.load_delay)
+    if behaviour.fail_load is not None:
+        out.send(Failed(message=behaviour.fail_load))
         os._exit(1)
     out.send(Loading(progress=1.0))
-    hang = flags.boolean("HANG")
-    state["hung"] = hang
+    state["hung"] = behaviour.hang
     state["ready"] = True
     out.send(
         Ready(
@@ -475,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             description=f"fake worker for {spec.name}",
         )
     )
-    if hang:
+    if behaviour.hang:
         time.sleep(HANG_LIMIT_S)
         os._exit(0)
     engine.run()

@@ -7,7 +7,11 @@ that speaks the real frame protocol over an in-memory stream, so with `autojump_
 test of a 60-second backoff runs in milliseconds and its timings are exact.
 
 `SimLauncher` implements supervisor.launcher.Launcher. Each start consults the model's
-`Behaviour`, which a test may change between starts (for a crash loop that gets fixed).
+`Behaviour` (tests/behaviour.py, shared with the process fake), which a test may change
+between starts (for a crash loop that gets fixed). Of its fields the sim acts on load_delay,
+fail_load, exit_at_start, tokens_per_sec, hang, ignore_shutdown and die_after; the others
+(start_log, alloc_mb, crash_after, ignore_sigterm) are the process fake's alone and are
+ignored here.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import trio.testing
 
 from supervisor.connection import WorkerConnection
 from supervisor.launcher import LoadFailed, wait_until_ready
+from tests.behaviour import Behaviour
 from worker.protocol import (
     Cancel,
     Failed,
@@ -39,17 +44,6 @@ from worker.protocol import (
     decode_to_worker,
     encode,
 )
-
-
-@dataclass
-class Behaviour:
-    load_delay: float = 0.0  # seconds from spawn to Ready
-    fail_load: str | None = None  # send Failed(message) instead of Ready
-    exit_at_start: bool = False  # close the socket before any frame
-    tokens_per_sec: float = 10.0  # decode steps per second
-    die_after: float | None = None  # close the socket this long after Ready (a crash)
-    hang: bool = False  # after Ready, answer nothing (a SIGSTOPped worker)
-    ignore_shutdown: bool = False  # only the launcher's kill stops it
 
 
 @dataclass

@@ -30,14 +30,13 @@ from typing import Callable, Union
 
 import llama_cpp
 import msgspec
-import numpy as np
 
 from worker.batch import BatchBuffer
+from worker.embeddings import embed
 from worker.model import LoadedModel
 from worker.preparer import Preparer, Work
 from worker.protocol import (
     Cancel,
-    EmbedResult,
     Error,
     FinishReason,
     Frame,
@@ -347,33 +346,9 @@ class Engine:
     # ---- embeddings ---------------------------------------------------------------------------
 
     def _embed(self, job: EmbedJob) -> None:
-        """One embedding request, decoded at once between steps (an embedding model has no
-        generation to interleave with). Its inputs are tokenized and each fits a batch."""
-        tokenized = job.inputs
-        out: list[list[float]] = [[] for _ in tokenized]
-        i = 0
-        while i < len(tokenized):
-            # Pack inputs into one batch, each in its own sequence, up to n_batch tokens.
-            self.batch.clear()
-            group: list[int] = []
-            while i < len(tokenized) and len(group) < len(self.slots) and len(tokenized[i]) <= self.batch.free:
-                self.batch.add(tokenized[i], 0, len(group), "all")
-                group.append(i)
-                i += 1
-            llama_cpp.llama_memory_clear(self.m.memory, True)
-            rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())
-            if rc != 0:
-                self.emit(Error(id=job.id, code="internal", message=f"llama_decode failed with {rc}"))
-                return
-            for seq, idx in enumerate(group):
-                ptr = llama_cpp.llama_get_embeddings_seq(self.m.ctx, seq)
-                if not ptr:
-                    self.emit(Error(id=job.id, code="internal", message="no pooled embedding"))
-                    return
-                vec = np.ctypeslib.as_array(ptr, shape=(self.m.n_embd,)).astype(np.float64)
-                norm = float(np.linalg.norm(vec))
-                out[idx] = (vec / norm if norm > 0 else vec).tolist()
-        llama_cpp.llama_memory_clear(self.m.memory, True)
+        """One embedding request, decoded at once between steps (worker/embeddings.py)."""
+        answer = embed(self.m, self.batch, len(self.slots), job)
+        # It cleared the whole KV cache before decoding: no slot holds its prefix any more.
         for s in self.slots:
             s.cache.clear()
-        self.emit(EmbedResult(id=job.id, data=out, prompt_tokens=sum(map(len, tokenized))))
+        self.emit(answer)

@@ -162,6 +162,10 @@ def check(outcome: Outcome, body: dict[str, object]) -> None:
 
 
 def test_random_requests_never_crash_or_hang(fuzz_server: Server) -> None:
+    """Found two bugs when it was written (a9744b2): a llama_sampler_init_penalties call that
+    did not match the vendored signature (n_vocab first), and its TypeError escaping
+    admission, which ran outside the engine loop's try and so killed the worker. Hence the
+    check that one worker pid served everything."""
     rng = random.Random(int(os.environ.get("CORRAL_FUZZ_SEED", "20261122")))
     jobs = [random_request(rng) for _ in range(N_REQUESTS)]
     seeds = [rng.random() for _ in jobs]

@@ -28,6 +28,8 @@ n_batch = 64
 
 
 def test_preemption_under_kv_pressure_keeps_results_exact(tmp_path: Path) -> None:
+    """Added with 70f2c99: a preempted request re-admitted on the next step only refilled the
+    cache and was preempted again; it now waits until some request finishes."""
     srv = start_server(tmp_path, CONFIG)
     try:
         url = srv.url + "/v1/completions"

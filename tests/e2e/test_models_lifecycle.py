@@ -40,7 +40,8 @@ def test_three_models_start_lazily_one_worker_each(tmp_path: Path) -> None:
 
         pids = list(workers.values())
         # With no connection left open, hypercorn finishes its shutdown at once; the workers
-        # must still be stopped gracefully after it (they were SIGKILLed in a race before).
+        # must still be stopped gracefully after it (they were SIGKILLed in a race before
+        # db7be2a: the HTTP task cancelled everything as soon as hypercorn returned).
         client.close()
     finally:
         code = stop_server(srv)

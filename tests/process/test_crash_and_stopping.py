@@ -68,6 +68,9 @@ async def test_http_crash_is_502_or_a_final_sse_error_event(tmp_path, monkeypatc
 
 
 async def test_request_while_stopping_waits_then_starts_again(tmp_path, monkeypatch, start_log: StartLog) -> None:
+    """Pins the race of llama-swap #946, which deadlocked there: a request that arrives while
+    an idle (TTL) stop is under way must wait for that stop and then start a fresh worker,
+    not wait for a ready signal the stopping worker never sends (added in 60123f4)."""
     # The worker ignores Shutdown, so its idle stop takes stop_grace + 1 s before SIGTERM.
     monkeypatch.setenv("FAKE_IGNORE_SHUTDOWN", "1")
     sup = make_supervisor(tmp_path, {"m": {}}, idle_timeout=0.2, stop_grace=0.5)

@@ -96,6 +96,8 @@ def _port(base: str) -> int:
 
 
 async def test_100_connection_close_requests_are_all_closed_by_the_server(tmp_path: Path) -> None:
+    """Finding 1: the socket close was cancelled halfway through the app's last send(), so
+    the server never sent FIN and kept one descriptor per connection."""
     sup = make_supervisor(tmp_path, {"a": {}})
     async with serving_http(sup) as base:
         baseline = _open_fds()
@@ -211,7 +213,8 @@ async def test_an_idle_keep_alive_connection_times_out(tmp_path: Path) -> None:
 
 
 async def test_doubled_slashes_are_answered_in_json_never_redirected(tmp_path: Path) -> None:
-    """Werkzeug redirected `/admin//models` with an HTML 308, past every error handler.
+    """Finding 5b (e067773): Werkzeug redirected `/admin//models` with an HTML 308, past
+    every error handler.
     Leading slashes are collapsed by Werkzeug's own request path, which routing and any
     check on the path both read; doubled slashes inside a path are a 404."""
     sup = make_supervisor(tmp_path, {"a": {}})

@@ -91,7 +91,8 @@ async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog
             await sup.reload_settled()
         assert sup.config_error == "models.a.n_ctx: expected int, got str"
         assert sup.resolve("a").pid == pid and sup.resolve("a").state is State.READY
-        # systemd's STATUS= keeps saying so, however often the counts change meanwhile.
+        # systemd's STATUS= keeps saying so, however often the counts change meanwhile
+        # (a544836: the next count change overwrote it).
         assert sup.status_line().endswith(
             "; reload failed, running the old config: models.a.n_ctx: expected int, got str"
         )

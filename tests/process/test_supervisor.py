@@ -512,6 +512,7 @@ async def test_shutdown_stops_every_worker(tmp_path, monkeypatch, start_log: Sta
             assert emb_proc.returncode is not None
             for _, pid in start_log.entries():
                 await wait_for(lambda: not alive(pid), 3, f"worker {pid} to exit")
+            # ade1d61: a cancelled load stayed STARTING (its Cancelled came in an exception group).
             for h in sup.handles.values():
                 assert h.state is State.STOPPED, h.name
                 assert h.pid is None
@@ -520,6 +521,8 @@ async def test_shutdown_stops_every_worker(tmp_path, monkeypatch, start_log: Sta
 
 
 async def test_shutdown_stops_ready_workers_gracefully(tmp_path, start_log: StartLog) -> None:
+    """Pins ade1d61: cancelling Supervisor.run cancelled each worker's reader and writer, so
+    the Shutdown frame never went out and every worker was SIGKILLed."""
     sup = make_supervisor(tmp_path, {"chat": {}})
     with trio.fail_after(15):
         async with running(sup):

@@ -11,7 +11,8 @@ from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
 from tests.harness import make_config
-from tests.sim_worker import Behaviour, SimLauncher
+from tests.behaviour import Behaviour
+from tests.sim_worker import SimLauncher
 from worker.protocol import SamplingParams
 
 

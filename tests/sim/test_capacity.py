@@ -15,7 +15,8 @@ from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
 from tests.harness import make_config, running
 from tests.sim.support import complete, sim_supervisor, until_state
-from tests.sim_worker import Behaviour, SimLauncher
+from tests.behaviour import Behaviour
+from tests.sim_worker import SimLauncher
 
 GiB = 1024**3
 SLOW = Behaviour(tokens_per_sec=0.1)  # a 3-token request takes 30 s

@@ -12,7 +12,7 @@ from router.app import create_app
 from supervisor.lifecycle import State
 from tests.harness import running
 from tests.sim.support import sim_supervisor
-from tests.sim_worker import Behaviour
+from tests.behaviour import Behaviour
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -114,6 +114,7 @@ async def test_metrics_report_each_model_in_prometheus_text(tmp_path: Path, auto
 
 
 async def test_admin_routes_name_a_bad_flag_and_show_one_model(tmp_path: Path, autojump_clock: object) -> None:
+    """Pins aa4628e: force=maybe was read as a silent no instead of a 400 naming 'force'."""
     sup, _ = sim_supervisor(tmp_path, {"a": {"aliases": ["alpha"]}})
     client = create_app(sup, sup.config).test_client()
     async with running(sup):
@@ -135,6 +136,7 @@ async def test_admin_routes_name_a_bad_flag_and_show_one_model(tmp_path: Path, a
 
 
 async def test_admin_routes_take_model_names_with_slashes(tmp_path: Path, autojump_clock: object) -> None:
+    """Pins 983ad72: the admin routes answered 404 for a model named org/model."""
     sup, launcher = sim_supervisor(tmp_path, {"org/model-7b": {}})
     client = create_app(sup, sup.config).test_client()
     async with running(sup):

@@ -20,7 +20,8 @@ from supervisor.lifecycle import State
 from supervisor.supervisor import RELOAD_GIVE_UP, Supervisor
 from tests.harness import config_text, running, write_config
 from tests.sim.support import complete, until_state
-from tests.sim_worker import Behaviour, SimLauncher
+from tests.behaviour import Behaviour
+from tests.sim_worker import SimLauncher
 from supervisor.systemd import Notifier
 
 MODELS: dict[str, dict[str, object]] = {"a": {}, "b": {}, "c": {"slots": 2}}
@@ -72,6 +73,7 @@ async def write_slowly(path: Path, parts: list[str], gap: float) -> None:
 async def test_a_storm_of_sighups_during_a_slow_rewrite_applies_only_the_whole_file(
     tmp_path: Path, autojump_clock: object
 ) -> None:
+    """Issue 8, finding 4: a half-written file was applied. Fails with reload_settle = 0."""
     sup, launcher, path, _ = file_supervisor(tmp_path, reload_settle=0.5)
     applied = record_applied(sup)
     new = config_text({"a": {}, "b": {"slots": 3}, "c": {"slots": 2}}, reload_settle=0.5)
@@ -103,8 +105,8 @@ def load_text(tmp_path: Path, text: str) -> Config:
 async def test_a_reload_that_restores_a_models_settings_cancels_its_restart(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    """The second half of the storm: c was marked changed by a half-written file, and kept
-    draining after the final reload restored it."""
+    """The second half of the storm (issue 8, finding 4): c was marked changed by a
+    half-written file, and kept draining after the final reload restored it."""
     behaviours = {"c": Behaviour(tokens_per_sec=1.0)}
     sup, launcher, path, _ = file_supervisor(tmp_path, behaviours, reload_settle=0.5)
     async with running(sup):

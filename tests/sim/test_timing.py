@@ -12,7 +12,7 @@ from supervisor.errors import WorkerUnavailable
 from supervisor.lifecycle import State
 from tests.harness import running
 from tests.sim.support import complete, sim_supervisor, until_state
-from tests.sim_worker import Behaviour
+from tests.behaviour import Behaviour
 
 
 async def test_idle_unload_fires_exactly_after_idle_timeout(tmp_path: Path, autojump_clock: object) -> None:
@@ -101,6 +101,8 @@ async def test_min_uptime_separates_failed_starts_from_crashes(
 async def test_hung_worker_is_replaced_within_interval_times_misses_plus_one(
     tmp_path: Path, autojump_clock: object
 ) -> None:
+    """Pins d991dff: detection could overrun health_interval * (health_misses + 1), and a
+    killed worker was replaced only when the next request asked for one."""
     behaviours = {"a": Behaviour(hang=True)}
     sup, launcher = sim_supervisor(
         tmp_path, {"a": {}}, behaviours, health_interval=10, health_misses=3
@@ -125,6 +127,7 @@ async def test_hung_worker_is_replaced_within_interval_times_misses_plus_one(
 async def test_a_pinned_model_whose_worker_crashes_is_loaded_again_at_once(
     tmp_path: Path, autojump_clock: object
 ) -> None:
+    """Pins d991dff: a pinned model stayed unloaded after a crash until a request came."""
     # Both workers die 10 s after Ready, past min_uptime: a crash, not a failed start.
     behaviours = {"a": Behaviour(die_after=10), "b": Behaviour(die_after=10)}
     sup, launcher = sim_supervisor(tmp_path, {"a": {"pinned": True}, "b": {}}, behaviours, min_uptime=1)
@@ -166,6 +169,8 @@ async def test_ten_concurrent_first_requests_share_one_load(tmp_path: Path, auto
 async def test_a_request_during_a_stop_waits_for_it_then_starts_a_new_worker(
     tmp_path: Path, autojump_clock: object
 ) -> None:
+    """llama-swap #946 on the virtual clock, with an admin unload instead of an idle one: the
+    request that arrives mid-stop is served by a new worker once the old one is gone."""
     # The worker ignores Shutdown, so its stop takes stop_grace + 1 s before the kill.
     behaviours = {"a": Behaviour(ignore_shutdown=True)}
     sup, launcher = sim_supervisor(tmp_path, {"a": {}}, behaviours, stop_grace=10)

@@ -17,7 +17,7 @@ from supervisor.lifecycle import TRANSITIONS, State, check
 from supervisor.supervisor import Supervisor
 from tests.harness import make_config, running
 from tests.sim.support import complete, sim_supervisor, until_state
-from tests.sim_worker import Behaviour
+from tests.behaviour import Behaviour
 
 S = State
 Scenario = Callable[[Path], Awaitable[None]]

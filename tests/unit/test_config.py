@@ -57,7 +57,7 @@ def test_defaults(base: Path) -> None:
     assert spec.embeddings is False
     assert spec.pooling is None
     assert spec.aliases == ()
-    assert spec.repack is False
+    assert spec.repack is False  # repacking segfaults on AMX CPUs (ggml-org/llama.cpp#20824)
     assert spec.swa_full is True
     assert spec.idle_timeout == cfg.supervisor.idle_timeout == 600.0
     assert cfg.server.host == "127.0.0.1"
@@ -149,6 +149,7 @@ def test_load_resolves_relative_to_file(tmp_path: Path) -> None:
 
 
 def test_load_non_utf8_file_is_a_config_error(tmp_path: Path) -> None:
+    """Pins 3fcb3d8: the UnicodeDecodeError escaped the loader, past the SIGHUP handler."""
     conf = tmp_path / "latin1.toml"
     conf.write_bytes('[models.caf\xe9]\n'.encode("latin-1"))
     with pytest.raises(ConfigError) as info:
@@ -226,6 +227,8 @@ def test_unknown_key_in_model(base: Path) -> None:
 
 
 def test_wrong_type_in_model(base: Path) -> None:
+    """Pins fa77ad6: msgspec writes dict keys as `[...]` in its error paths, so a problem in
+    a model's table did not name the model; each table is now converted on its own."""
     assert one_problem(MINIMAL + 'n_ctx = "big"\n', base) == "models.a.n_ctx: expected int, got str"
 
 
@@ -479,6 +482,7 @@ def test_health_settings_are_validated(tmp_path: Path) -> None:
 
 
 def test_durations_reject_nan_and_inf(tmp_path: Path) -> None:
+    """Pins 3fcb3d8: nan and inf passed the `< 0` checks."""
     # TOML spells them nan and inf; a NaN deadline would break a timer at run time.
     (tmp_path / "m.gguf").write_bytes(b"")
     text = (
@@ -496,12 +500,15 @@ def test_durations_reject_nan_and_inf(tmp_path: Path) -> None:
 
 
 def test_deep_nesting_is_a_syntax_error_not_a_crash(tmp_path: Path) -> None:
+    """Pins 3fcb3d8: tomllib's RecursionError escaped the loader, past the SIGHUP handler."""
     with pytest.raises(ConfigError) as err:
         parse("a = " + "[" * 5000 + "]" * 5000, tmp_path)
     assert err.value.problems == ["(syntax): arrays or tables nested too deeply"]
 
 
 def test_model_names_and_aliases_must_be_printable(tmp_path: Path) -> None:
+    """Pins 983ad72: control characters were accepted, and [models."a\\nb"] split its problem
+    over two lines in the log and in systemd's STATUS=."""
     (tmp_path / "m.gguf").write_bytes(b"")
     text = '[models."a\\nb"]\npath = "m.gguf"\n[models.c]\npath = "m.gguf"\naliases = ["ok/alias:1", "t\\tab"]\n'
     with pytest.raises(ConfigError) as err:

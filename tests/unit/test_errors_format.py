@@ -310,6 +310,7 @@ def test_done_sentinel() -> None:
     ],
 )
 def test_every_worker_error_code_has_its_http_answer(code: str, status: int, retry: str | None) -> None:
+    """Issue 9, item 6 (5eaed59): a request that crossed a worker's Shutdown was a 500."""
     exc = WORKER_ERRORS[code]("the message", "prompt" if status == 400 else None)
     body, got_status, headers = re_.render(exc)
     assert got_status == status

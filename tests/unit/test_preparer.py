@@ -139,6 +139,7 @@ def test_tokenize_frames_are_answered_here() -> None:
 
 @pytest.mark.parametrize("pooling", ["none", "rank"])
 def test_embeddings_with_unusable_pooling_are_refused_before_tokenizing(pooling: str) -> None:
+    """Issue 8, finding 7: unpooled embeddings answered 500 "no pooled embedding"."""
     h = Harness(GatedModel(pooling=pooling), embeddings=True)
     h.prep.submit(Embed(id=5, inputs=["hello"]))
     err = h.emitted.get(timeout=WAIT)

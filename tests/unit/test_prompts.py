@@ -202,5 +202,7 @@ def test_pooled_embeddings_are_servable(pooling: str) -> None:
 
 @pytest.mark.parametrize("pooling, words", [("none", "per token"), ("rank", "reranker")])
 def test_unpooled_or_rank_embeddings_say_why_they_are_refused(pooling: str, words: str) -> None:
+    """Issue 8, finding 7 (request side): unpooled embeddings answered 500 "no pooled
+    embedding"; now the refusal says why."""
     problem = pooling_problem(pooling)
     assert problem is not None and words in problem and "mean, cls or last" in problem

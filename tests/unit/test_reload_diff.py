@@ -37,6 +37,8 @@ def test_alias_change_is_a_change_and_server_changes_need_a_restart(tmp_path: Pa
 
 
 def test_a_server_change_is_reported_until_the_process_restarts(tmp_path: Path) -> None:
+    """Pins a544836: the diff compared with the previous config, not with what the socket
+    was opened with, so a second reload forgot that a port change still needed a restart."""
     started = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n')
     moved = _cfg(tmp_path, '[server]\nport=9000\n[models.a]\npath="m.gguf"\n')
     assert diff(started, moved, started.server).needs_restart == ("server.port",)

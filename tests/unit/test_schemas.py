@@ -134,6 +134,8 @@ def test_decode_non_object_body_is_invalid_request() -> None:
 
 
 def test_sampling_params_defaults_are_llama_servers() -> None:
+    """Pins 840e918: unset parameters sampled untruncated at temperature 1.0, which on the demo
+    model's 262k vocabulary produced stray scripts."""
     r = chat()
     sp = s.sampling_params(r, r.max_tokens)
     llama_server = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
@@ -148,7 +150,8 @@ def test_sampling_params_defaults_are_llama_servers() -> None:
 
 @pytest.mark.parametrize("kind", [s.ChatRequest, s.CompletionRequest])
 def test_request_sampling_defaults_are_the_protocols(kind: type[msgspec.Struct]) -> None:
-    """Issue 9: the router had 0.8/40/0.95/0.05 and SamplingParams 1.0/0/1.0/0."""
+    """Issue 9, item 2 (20b2548): the router had 0.8/40/0.95/0.05 and SamplingParams
+    1.0/0/1.0/0, so a frame built directly sampled differently from an HTTP request."""
     request_defaults = {f.name: f.default for f in msgspec.structs.fields(kind)}
     shared = [f for f in msgspec.structs.fields(SamplingParams) if f.name in request_defaults]
     assert {f.name for f in shared} >= {"temperature", "top_p", "top_k", "min_p", "repeat_penalty"}

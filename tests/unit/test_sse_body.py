@@ -29,6 +29,8 @@ async def _chunks() -> AsyncIterator[bytes]:
 
 
 async def test_aclose_before_iteration_still_releases() -> None:
+    """Pins cb0a435: the body was an async generator, whose finally never runs if iteration
+    never began, so a client gone before the first chunk leaked its lease."""
     stream, lease = FakeStream(), FakeLease()
     body = _SSEBody(_chunks(), stream, lease)  # type: ignore[arg-type]
     await body.aclose()  # what Quart does when the client vanished before the first chunk

@@ -1,0 +1,112 @@
+"""worker/embeddings.py without a model: llama.cpp's three calls are replaced by a recorder,
+so the packing (n_batch tokens, n_seq sequences), the normalisation and the KV clears are
+checked exactly. The e2e tests check the same path against the demo model's real vectors."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from worker.batch import BatchBuffer
+from worker.embeddings import embed
+from worker.protocol import EmbedResult, Error
+from worker.request import EmbedJob
+
+N_EMBD = 3
+
+
+@dataclass
+class FakeLlama:
+    """Records every call; a sequence's pooled vector is given by `vector(tokens)`."""
+
+    batch: BatchBuffer
+    calls: list[Any] = field(default_factory=list)
+    rc: int = 0
+    pooled: bool = True
+    _seqs: dict[int, list[int]] = field(default_factory=dict)
+    _keep: list[Any] = field(default_factory=list)  # the pointers' arrays stay alive
+
+    def llama_memory_clear(self, memory: object, data: bool) -> None:
+        self.calls.append("clear")
+
+    def llama_decode(self, ctx: object, batch: object) -> int:
+        n = self.batch.n
+        seqs: dict[int, list[int]] = {}
+        for tok, seq, pos, logits in zip(
+            self.batch.token[:n], self.batch.seq[:n], self.batch.pos[:n], self.batch.logits[:n]
+        ):
+            assert logits == 1  # pooling reads every token's output
+            assert pos == len(seqs.get(int(seq), []))  # each input from position 0
+            seqs.setdefault(int(seq), []).append(int(tok))
+        self._seqs = seqs
+        self.calls.append(("decode", list(seqs.values())))
+        return self.rc
+
+    def llama_get_embeddings_seq(self, ctx: object, seq: int) -> Any:
+        if not self.pooled:
+            return None
+        tokens = self._seqs[seq]
+        arr = (ctypes.c_float * N_EMBD)(*vector(tokens))
+        self._keep.append(arr)
+        return ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+
+
+def vector(tokens: list[int]) -> list[float]:
+    # Token 0 stands for a zero vector; otherwise a 3-4-0 triangle scaled by the first token.
+    return [0.0, 0.0, 0.0] if tokens[0] == 0 else [3.0 * tokens[0], 4.0 * tokens[0], 0.0]
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def go(
+        inputs: list[list[int]], n_batch: int = 8, n_seq: int = 4, **fake: Any
+    ) -> tuple[EmbedResult | Error, FakeLlama]:
+        batch = BatchBuffer(n_batch)
+        llama = FakeLlama(batch, **fake)
+        for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
+            monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
+        model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+        return embed(model, batch, n_seq, EmbedJob(id=7, inputs=inputs)), llama
+
+    return go
+
+
+def test_inputs_are_packed_up_to_n_batch_tokens(run: Any) -> None:
+    inputs = [[1, 1, 1], [2, 2, 2], [3], [4, 4, 4]]
+    answer, llama = run(inputs, n_batch=8, n_seq=4)
+    assert llama.calls == [
+        "clear", ("decode", [[1, 1, 1], [2, 2, 2], [3]]),  # 7 tokens; the next 3 do not fit
+        "clear", ("decode", [[4, 4, 4]]),
+        "clear",  # the KV cache is left empty
+    ]
+    assert isinstance(answer, EmbedResult) and answer.id == 7
+    assert answer.prompt_tokens == 10
+
+
+def test_inputs_are_packed_up_to_the_sequence_count(run: Any) -> None:
+    _, llama = run([[1], [2], [3], [4], [5]], n_batch=8, n_seq=2)
+    decodes = [c[1] for c in llama.calls if c != "clear"]
+    assert decodes == [[[1], [2]], [[3], [4]], [[5]]]
+
+
+def test_vectors_are_unit_length_in_input_order_and_zero_stays_zero(run: Any) -> None:
+    answer, _ = run([[2, 9], [0], [1]], n_batch=2, n_seq=4)
+    assert isinstance(answer, EmbedResult)
+    unit = pytest.approx([0.6, 0.8, 0.0])
+    assert answer.data == [unit, [0.0, 0.0, 0.0], unit]
+
+
+def test_a_failed_decode_is_an_internal_error_and_stops_the_job(run: Any) -> None:
+    answer, llama = run([[1], [2]], n_seq=1, rc=1)
+    assert answer == Error(id=7, code="internal", message="llama_decode failed with 1")
+    assert llama.calls == ["clear", ("decode", [[1]])]
+
+
+def test_a_missing_pooled_vector_is_an_internal_error(run: Any) -> None:
+    answer, _ = run([[1]], pooled=False)
+    assert answer == Error(id=7, code="internal", message="no pooled embedding")
