@@ -10,8 +10,6 @@ import msgspec
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router.errors import http_status
-from supervisor.config import ConfigError
 from supervisor.errors import InvalidRequest
 from supervisor.supervisor import Supervisor
 
@@ -60,11 +58,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         """Re-read the config file, as SIGHUP does, once it has stopped changing (at least
         reload_settle seconds). 400 with every problem if it is invalid (the old config
         keeps running)."""
-        try:
-            d = await supervisor.reload_settled()
-        except ConfigError as exc:
-            body, status, headers = http_status(400, "; ".join(exc.problems), "invalid_config")
-            return Response(body, status=status, headers=headers)
+        d = await supervisor.reload_settled()  # a ConfigError is a 400 (router/errors.py)
         return reply(
             {
                 "added": list(d.added),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import msgspec
 
 from supervisor import errors as e
+from supervisor.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,30 @@ def render(exc: e.CorralError) -> tuple[bytes, int, dict[str, str]]:
     return body, h.status, headers
 
 
-def sse_event(exc: e.CorralError) -> bytes:
-    """The final event of a stream that failed after its headers were sent."""
-    h = classify(exc)
-    return b"data: " + msgspec.json.encode(envelope(exc.message, h.type, exc.param, h.code)) + b"\n\n"
-
-
 def http_status(status: int, message: str, code: str | None = None) -> tuple[bytes, int, dict[str, str]]:
     """A plain HTTP-level error (404 route, 405, 413) in the same envelope."""
     type_ = "invalid_request_error" if status < 500 else "server_error"
     body = msgspec.json.encode(envelope(message, type_, None, code))
     return body, status, {"content-type": "application/json"}
+
+
+def render_config_error(exc: ConfigError) -> tuple[bytes, int, dict[str, str]]:
+    """A config that a reload refused: 400 with every problem (the old config runs on)."""
+    return http_status(400, "; ".join(exc.problems), "invalid_config")
+
+
+def render_http(
+    status: int, method: str, path: str, description: str | None, max_body_bytes: int
+) -> tuple[bytes, int, dict[str, str]]:
+    """What Werkzeug raises before a route runs (no such route, wrong method, body too
+    large), in the same envelope as everything else rather than Werkzeug's HTML."""
+    if status == 404:
+        msg, code = f"Unknown request URL: {method} {path}", "unknown_url"
+    elif status == 405:
+        msg, code = f"Method {method} is not allowed on {path}", "method_not_allowed"
+    elif status == 413:
+        msg, code = f"The request body exceeds {max_body_bytes} bytes", "request_too_large"
+    else:
+        msg, code = description or "HTTP error", None
+    return http_status(status, msg, code)
+

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from router import sse
 from worker.protocol import Usage
 
 _json = msgspec.json.Encoder()
@@ -113,7 +114,4 @@ class Completion:
 
     @staticmethod
     def _event(obj: dict[str, object]) -> bytes:
-        return b"data: " + _json.encode(obj) + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
+        return sse.event(_json.encode(obj))

@@ -78,8 +78,21 @@ WORKER_ERRORS: dict[str, Callable[[str, str | None], CorralError]] = {
 }
 
 
+async def _answer(recv: trio.MemoryReceiveChannel[Reply]) -> Reply:
+    """The worker's next answer to one request; its errors raise as CorralErrors."""
+    try:
+        reply = await recv.receive()
+    except trio.EndOfChannel:
+        raise WorkerCrashed("the worker closed the request without an answer") from None
+    if isinstance(reply, Gone):
+        raise WorkerCrashed(f"the model's worker failed mid-request: {reply.reason}")
+    if isinstance(reply, Error):
+        raise WORKER_ERRORS.get(reply.code, InternalError)(reply.message, reply.param)
+    return reply
+
+
 class RequestStream:
-    """What the worker says about one request. Iterate for TokenEvents; errors raise.
+    """One generation's tokens, as the worker sends them; errors raise.
 
     Leaving the stream before its final event (client gone, cancellation) must call
     `close()`, which tells the worker to stop generating; it never blocks.
@@ -89,18 +102,17 @@ class RequestStream:
         self.conn, self.id, self._recv = conn, rid, recv
         self.finished = False
 
-    async def receive(self) -> Reply:
+    async def receive(self) -> TokenEvent:
+        """The next event; the one with a finish_reason is the last."""
         try:
-            reply = await self._recv.receive()
-        except trio.EndOfChannel:
-            raise WorkerCrashed("the worker closed the request without an answer") from None
-        if isinstance(reply, Gone):
+            reply = await _answer(self._recv)
+        except CorralError:
             self.finished = True
-            raise WorkerCrashed(f"the model's worker failed mid-request: {reply.reason}")
-        if isinstance(reply, Error):
+            raise
+        if not isinstance(reply, TokenEvent):
             self.finished = True
-            raise WORKER_ERRORS.get(reply.code, InternalError)(reply.message, reply.param)
-        if not isinstance(reply, TokenEvent) or reply.finish_reason is not None:
+            raise InternalError(f"the worker answered a generation with {type(reply).__name__}")
+        if reply.finish_reason is not None:
             self.finished = True
         return reply
 
@@ -110,9 +122,7 @@ class RequestStream:
     async def __anext__(self) -> TokenEvent:
         if self.finished:
             raise StopAsyncIteration
-        reply = await self.receive()
-        assert isinstance(reply, TokenEvent)
-        return reply
+        return await self.receive()
 
     def close(self) -> None:
         if not self.finished:
@@ -163,26 +173,23 @@ class WorkerConnection:
         return RequestStream(self, rid, recv)
 
     async def embed(self, inputs: list[str]) -> EmbedResult:
-        rid, recv = self._open()
-        stream = RequestStream(self, rid, recv)
-        self.send(Embed(id=rid, inputs=inputs))
-        try:
-            reply = await stream.receive()
-        finally:
-            stream.close()
+        reply = await self._call(lambda rid: Embed(id=rid, inputs=inputs))
         assert isinstance(reply, EmbedResult)
         return reply
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        rid, recv = self._open()
-        stream = RequestStream(self, rid, recv)
-        self.send(Tokenize(id=rid, text=text, add_special=add_special))
-        try:
-            reply = await stream.receive()
-        finally:
-            stream.close()
+        reply = await self._call(lambda rid: Tokenize(id=rid, text=text, add_special=add_special))
         assert isinstance(reply, TokenizeResult)
         return reply.tokens
+
+    async def _call(self, frame: Callable[[int], Frame]) -> Reply:
+        """Send one request that has a single answer, and wait for it."""
+        rid, recv = self._open()
+        self.send(frame(rid))
+        try:
+            return await _answer(recv)
+        finally:
+            self.forget(rid, cancel=True)
 
     def kill(self, reason: str) -> None:
         """Fail every request in flight with `reason`, then SIGKILL the worker (which works

@@ -1,4 +1,4 @@
-"""router/errors.py and router/openai_format.py: error mapping and OpenAI response shapes."""
+"""router/errors.py, router/sse.py and router/openai_format.py: error mapping and OpenAI response shapes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any, get_args
 import pytest
 
 from router import errors as re_
-from router.openai_format import DONE, Completion, usage_json
+from router import sse
+from router.openai_format import Completion, usage_json
 from supervisor import errors as e
 from supervisor.connection import WORKER_ERRORS
 from worker.protocol import ErrorCode, Usage
@@ -113,7 +114,7 @@ def test_envelope_always_has_all_four_keys() -> None:
 
 
 def test_sse_error_event() -> None:
-    raw = re_.sse_event(e.WorkerCrashed("worker died mid-stream"))
+    raw = sse.error_event(e.WorkerCrashed("worker died mid-stream"))
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
     assert raw.count(b"\n") == 2
     err = json.loads(raw[len(b"data: ") : -2])["error"]
@@ -291,7 +292,7 @@ def test_chunk_text_with_newlines_stays_on_one_sse_line() -> None:
 
 
 def test_done_sentinel() -> None:
-    assert DONE == b"data: [DONE]\n\n"
+    assert sse.DONE == b"data: [DONE]\n\n"
 
 
 # ---- the worker's error codes -------------------------------------------------------------------
@@ -322,3 +323,29 @@ def test_every_worker_error_code_has_its_http_answer(code: str, status: int, ret
 
 def test_every_error_code_of_the_protocol_is_mapped() -> None:
     assert set(WORKER_ERRORS) == set(get_args(ErrorCode))
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "needle"),
+    [
+        (404, "unknown_url", "Unknown request URL: GET /v1/nope"),
+        (405, "method_not_allowed", "Method GET is not allowed on /v1/nope"),
+        (413, "request_too_large", "exceeds 1024 bytes"),
+        (400, None, "bad things"),
+    ],
+)
+def test_http_level_errors_use_the_openai_envelope(status: int, code: str | None, needle: str) -> None:
+    raw, got, headers = re_.render_http(status, "GET", "/v1/nope", "bad things", 1024)
+    err = json.loads(raw)["error"]
+    assert got == status and headers["content-type"] == "application/json"
+    assert needle in err["message"] and err["code"] == code
+    assert err["type"] == "invalid_request_error"
+
+
+def test_a_refused_config_is_a_400_listing_every_problem() -> None:
+    from supervisor.config import ConfigError
+
+    raw, status, _ = re_.render_config_error(ConfigError(["a: bad", "b: worse"], "x.toml"))
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["code"] == "invalid_config"
+    assert err["message"] == "a: bad; b: worse"

@@ -1,0 +1,62 @@
+"""Server-sent events: the framing, the headers, and a body that always cleans up.
+
+Everything that writes `data: ...` lives here; router/openai_format.py builds the objects.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Callable
+
+import msgspec
+
+from router.errors import classify, envelope
+from supervisor.errors import CorralError
+
+HEADERS = {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",  # nginx: pass events through as they come
+}
+
+# What OpenAI's clients wait for before they treat a stream as complete.
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: bytes) -> bytes:
+    """One event whose data is `payload` (JSON, which never holds a raw newline)."""
+    return b"data: " + payload + b"\n\n"
+
+
+def error_event(exc: CorralError) -> bytes:
+    """The final event of a stream that failed after its headers were sent: the same
+    error object a 4xx/5xx body would hold, since the status line is already gone."""
+    h = classify(exc)
+    return event(msgspec.json.encode(envelope(exc.message, h.type, exc.param, h.code)))
+
+
+class Body:
+    """A streamed body whose `on_close` runs however the body ends, iterated or not.
+
+    An async generator that never started never runs its `finally`: a client that vanishes
+    between the headers and the first event would leak what the stream holds (a lease, so
+    the model could never unload, and a generation the worker keeps running). Quart calls
+    `aclose()` on a body iterator whether or not it was iterated, so cleanup lives there.
+    `on_close` must be idempotent and must not block.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        self._events, self._on_close = events, on_close
+
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            self._on_close()
