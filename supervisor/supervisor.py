@@ -141,6 +141,10 @@ class Supervisor:
                 try:
                     data, served = await self._settled_bytes()
                     result = self.reload(from_bytes(data, self._source()))
+                    # Whoever asked sees the failed models reset when the answer comes. A
+                    # failed model's loop sleeps until poked, so this wait is a tick long.
+                    for handle in list(self.handles.values()):
+                        await handle.reset()
                 except ConfigError as exc:
                     served = self._reloads_asked
                     self.config_error = "; ".join(exc.problems)
