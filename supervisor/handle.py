@@ -29,7 +29,7 @@ from supervisor.lease import Lease, LoadAttempt
 from supervisor.errors import WorkerUnavailable
 from supervisor.lifecycle import State
 from supervisor.replan import Immediate, Planner
-from supervisor.stats import ModelStats
+from supervisor.stats import LoadedFacts, ModelStats
 
 # The states in which a model holds memory and CPU: from spawn until its process is gone.
 HOLDING = (State.STARTING, State.READY, State.DRAINING, State.STOPPING)
@@ -134,6 +134,7 @@ class ModelHandle:
             pinned=self.spec.pinned,
             cost_bytes=self.cost(),
             threads=(pong.threads or None) if pong is not None else self.worker_threads,
+            loaded=LoadedFacts.of(ready) if ready is not None else None,
         )
 
     # ---- clients --------------------------------------------------------------------------

@@ -7,6 +7,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.lifecycle import State
+from worker.protocol import Ready
+
+
+@dataclass(frozen=True)
+class LoadedFacts:
+    """What the running worker found in the model file and built: its answer in `Ready`.
+    It shows an operator what the config alone cannot, such as the context the model
+    was trained for next to the one configured."""
+
+    description: str  # llama.cpp's one-line description (architecture, size, quantization)
+    n_ctx: int  # KV cells shared by every slot
+    n_ctx_slot: int  # the most tokens (prompt + output) one request may hold
+    n_ctx_train: int
+    n_vocab: int
+    n_embd: int
+    has_template: bool  # a chat template, from the file or the config
+    embeddings: bool
+    max_token_bytes: int  # the longest token's bytes (0: no bound); the router's length bound
+
+    @classmethod
+    def of(cls, ready: Ready) -> LoadedFacts:
+        return cls(
+            description=ready.description,
+            n_ctx=ready.n_ctx,
+            n_ctx_slot=ready.n_ctx_slot,
+            n_ctx_train=ready.n_ctx_train,
+            n_vocab=ready.n_vocab,
+            n_embd=ready.n_embd,
+            has_template=ready.has_template,
+            embeddings=ready.embeddings,
+            max_token_bytes=ready.max_token_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -30,3 +62,4 @@ class ModelStats:
     cost_bytes: int
     # CPU threads per decode: the config's `threads`, or its share of the cores.
     threads: int | None
+    loaded: LoadedFacts | None  # None without a ready worker

@@ -22,7 +22,7 @@ from worker.protocol import SamplingParams
 FIELDS = {
     "name", "aliases", "state", "pid", "rss_bytes", "slots", "slots_busy", "queued",
     "in_flight", "last_used", "load_seconds", "restarts", "last_error", "pinned",
-    "cost_bytes", "threads",
+    "cost_bytes", "threads", "loaded",
 }
 
 
@@ -52,6 +52,12 @@ async def test_admin_models_load_and_fields(tmp_path, start_log: StartLog) -> No
             assert after["state"] == "ready"
             assert isinstance(after["pid"], int) and after["rss_bytes"] > 1_000_000
             assert after["load_seconds"] >= 0 and after["restarts"] == 0
+            # What the worker said in Ready, for the operator (the fake's own figures).
+            assert before["loaded"] is None
+            loaded = after["loaded"]
+            assert loaded["n_ctx_train"] == 32768 and loaded["n_vocab"] == 32000
+            assert loaded["n_embd"] == 16 and loaded["has_template"] is True
+            assert loaded["n_ctx_slot"] > 0 and loaded["description"] == "fake worker for chat"
             assert len(start_log.entries()) == 1
 
             r = await client.post("/admin/models/nope/load")
