@@ -4,7 +4,7 @@ connection. `/admin/models` encodes it as it is: the fields' order is the JSON's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from supervisor.lifecycle import State
 from worker.protocol import Ready
@@ -28,17 +28,8 @@ class LoadedFacts:
 
     @classmethod
     def of(cls, ready: Ready) -> LoadedFacts:
-        return cls(
-            description=ready.description,
-            n_ctx=ready.n_ctx,
-            n_ctx_slot=ready.n_ctx_slot,
-            n_ctx_train=ready.n_ctx_train,
-            n_vocab=ready.n_vocab,
-            n_embd=ready.n_embd,
-            has_template=ready.has_template,
-            embeddings=ready.embeddings,
-            max_token_bytes=ready.max_token_bytes,
-        )
+        # Ready's fields of the same names: one declared here is shown, with no copy to edit.
+        return cls(**{f.name: getattr(ready, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
