@@ -32,7 +32,9 @@ from worker.protocol import SetThreads
 log = logging.getLogger("corral.supervisor")
 
 
-async def run_model(h: ModelHandle, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def run_model(
+    h: ModelHandle, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Own this model until `request_shutdown()` (graceful: the worker gets a Shutdown
     frame) or cancellation (hard: the worker is killed with its nursery)."""
     task_status.started()
@@ -214,7 +216,8 @@ async def _stop(h: ModelHandle, conn: WorkerConnection, reason: str) -> None:
 async def _watch_health(h: ModelHandle, conn: WorkerConnection) -> None:
     s = h.settings
     await health.watch(
-        conn, h.name, s.health_interval, s.health_misses, on_ping=partial(_measure, h), on_hung=partial(_mark_hung, h)
+        conn, h.name, s.health_interval, s.health_misses,
+        on_ping=partial(_measure, h), on_hung=partial(_mark_hung, h),
     )
 
 
