@@ -168,4 +168,5 @@ async def _generate(handle: ModelHandle, job: GenerationJob) -> Response:
         finally:
             gen.close()
         return Response(body, content_type="application/json")
-    return Response(sse.Body(events(gen, fmt, job.include_usage), gen.close), status=200, headers=sse.HEADERS)
+    stream = sse.Body(events(gen, fmt, job.include_usage), gen.close)
+    return Response(stream, status=200, headers=sse.HEADERS)

@@ -88,8 +88,8 @@ class Generation:
     async def _begin(self, job: GenerationJob) -> None:
         conn = self._lease.conn
         ready = conn.ready
+        messages = list(job.messages) if job.messages is not None else None
         if ready is not None:
-            messages = list(job.messages) if job.messages is not None else None
             schemas.refuse_if_too_long(
                 ready,
                 schemas.bounded_text(job.prompt, messages),
@@ -98,9 +98,7 @@ class Generation:
                 f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",
                 "messages" if job.chat else "prompt",
             )
-        self._stream = conn.generate(
-            job.params, prompt=job.prompt, messages=list(job.messages) if job.messages is not None else None
-        )
+        self._stream = conn.generate(job.params, prompt=job.prompt, messages=messages)
         self._first = await self._stream.receive()
 
     def __aiter__(self) -> Generation:
