@@ -129,6 +129,12 @@ class LoadedModel:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
+    def close(self) -> None:
+        """Free the model in a process that lives on (a test that loads it in-process);
+        a worker never needs this, since it frees the model by exiting."""
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
 
 def _meta(model: llama_cpp.llama_model_p, key: str) -> str | None:
     buf = ctypes.create_string_buffer(256)
