@@ -15,6 +15,7 @@ import math
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from enum import Enum
 from typing import AsyncIterator
 
 import trio
@@ -35,7 +36,15 @@ from supervisor.stats import LoadedFacts, ModelStats
 HOLDING = (State.STARTING, State.READY, State.DRAINING, State.STOPPING)
 # How long a client that gave up waiting for room is told to wait before trying again.
 QUEUE_RETRY_AFTER = 5.0
-UNSET = object()
+
+
+class Unset(Enum):
+    """'Not asked', where None is a value that can be asked for (threads: None)."""
+
+    UNSET = 0
+
+
+UNSET = Unset.UNSET
 
 
 @dataclass
@@ -45,7 +54,7 @@ class Asks:
     spec: ModelSpec | None = None
     settings: SupervisorConfig | None = None
     reset: bool = False
-    threads: object = UNSET  # int | None once asked
+    threads: int | None | Unset = UNSET
 
 
 class ModelHandle:

@@ -23,7 +23,7 @@ import trio
 from supervisor import health
 from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
-from supervisor.handle import Asks, ModelHandle, UNSET
+from supervisor.handle import Asks, ModelHandle, Unset
 from supervisor.launcher import LoadFailed, worker_spec
 from supervisor.lease import LoadAttempt
 from supervisor.lifecycle import State, check
@@ -294,8 +294,7 @@ def _apply_asks(h: ModelHandle) -> None:
         _set(h, State.STOPPED, "reset")
     if h._next_spec is not None and h.state is State.STOPPED:
         h.spec, h._next_spec = h._next_spec, None  # the old worker is gone
-    if asks.threads is not UNSET:
-        assert asks.threads is None or isinstance(asks.threads, int)
+    if not isinstance(asks.threads, Unset):
         h.threads = asks.threads
         _tell_threads(h)
     if asks.reset:
