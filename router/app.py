@@ -77,28 +77,40 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def health() -> Response:
         return json_response({"status": "ok"})
 
+    # Every OpenAI route also answers without its /v1 prefix, as llama-server's do: clients
+    # configured with a bare base URL (http://host:8080) then work unchanged.
+    def model_entry(h: ModelHandle) -> dict[str, object]:
+        return {
+            "id": h.name,
+            "object": "model",
+            "created": started,
+            "owned_by": "corral",
+            "aliases": list(h.spec.aliases),
+            "state": h.state.value,
+        }
+
     @app.get("/v1/models")
+    @app.get("/models")
     async def list_models() -> Response:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": started,
-                "owned_by": "corral",
-                "aliases": list(h.spec.aliases),
-                "state": h.state.value,
-            }
-            for name, h in supervisor.handles.items()
-        ]
+        data = [model_entry(h) for h in supervisor.handles.values()]
         return json_response({"object": "list", "data": data})
 
+    @app.get("/v1/models/<path:model>")
+    @app.get("/models/<path:model>")
+    async def retrieve_model(model: str) -> Response:
+        """The openai client's `models.retrieve`: a name or an alias, answered with the
+        model it names. Loads nothing."""
+        return json_response(model_entry(supervisor.resolve(model)))
+
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = schemas.decode(await bodies.read_body(), schemas.ChatRequest)
         handle = _generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
         return await _generate(handle, chat_job(r))
 
     @app.post("/v1/completions")
+    @app.post("/completions")
     async def completions() -> Response:
         r: schemas.CompletionRequest = schemas.decode(await bodies.read_body(), schemas.CompletionRequest)
         handle = _generating_model(r.model)
@@ -111,6 +123,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return handle
 
     @app.post("/v1/embeddings")
+    @app.post("/embeddings")
     async def embeddings() -> Response:
         r: schemas.EmbeddingRequest = schemas.decode(await bodies.read_body(), schemas.EmbeddingRequest)
         handle = supervisor.resolve(r.model)

@@ -148,3 +148,40 @@ async def test_admin_routes_take_model_names_with_slashes(tmp_path: Path, autoju
         r = await client.post("/admin/models/org/other/load")
         assert r.status_code == 404 and "org/other" in (await r.get_json())["error"]["message"]
         assert [spec.name for spec in launcher.starts] == ["org/model-7b"]
+
+
+async def test_models_retrieve_names_the_model_of_a_name_or_an_alias_and_loads_nothing(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """The openai client's `models.retrieve(id)` is GET /v1/models/{id} (issue 10, item 5)."""
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"aliases": ["org/alias"]}, "b": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        for path in ("/v1/models/a", "/v1/models/org/alias", "/models/a"):
+            r = await client.get(path)
+            assert r.status_code == 200, path
+            body = await r.get_json()
+            assert body["id"] == "a" and body["object"] == "model" and body["aliases"] == ["org/alias"]
+            assert isinstance(body["created"], int) and body["owned_by"] == "corral"
+        r = await client.get("/v1/models/nope")
+        assert r.status_code == 404
+        err = (await r.get_json())["error"]
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+        assert launcher.starts == []
+
+
+async def test_the_openai_routes_answer_without_their_v1_prefix(tmp_path: Path, autojump_clock: object) -> None:
+    """A client whose base URL has no /v1 (llama-server's routes have both forms)."""
+    sup, _ = sim_supervisor(tmp_path, {"a": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.get("/models")
+        assert [m["id"] for m in (await r.get_json())["data"]] == ["a"]
+        r = await client.post("/chat/completions", json={**CHAT, "model": "a"})
+        assert r.status_code == 200
+        assert (await r.get_json())["object"] == "chat.completion"
+        r = await client.post("/completions", json={"model": "a", "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200 and (await r.get_json())["object"] == "text_completion"
+        r = await client.post("/embeddings", json={"model": "a", "input": "x"})
+        assert r.status_code == 400  # reaches the route: "a" is not an embedding model
+        assert (await r.get_json())["error"]["param"] == "model"
