@@ -49,36 +49,31 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     def json_response(obj: object, status: int = 200) -> Response:
         return Response(_json.encode(obj), status=status, content_type="application/json")
 
+    # Every error becomes a response in router/errors.py; these only pick which mapping.
     @app.errorhandler(CorralError)
     async def on_corral_error(exc: CorralError) -> Response:
-        body, status, headers = render(exc)
-        return Response(body, status=status, headers=headers)
+        return _error_response(render(exc))
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
-        body, status, headers = render_http(
+        return _error_response(render_http(
             exc.code or 500, request.method, request.path, exc.description or exc.name,
             config.server.max_body_bytes,
-        )
-        return Response(body, status=status, headers=headers)
+        ))
 
     @app.errorhandler(ConfigError)
     async def on_config_error(exc: ConfigError) -> Response:
-        body, status, headers = render_config_error(exc)
-        return Response(body, status=status, headers=headers)
+        return _error_response(render_config_error(exc))
 
     @app.errorhandler(Exception)
     async def on_unexpected(exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        body, status, headers = render(InternalError(f"internal error: {type(exc).__name__}"))
-        return Response(body, status=status, headers=headers)
+        return _error_response(render(InternalError(f"internal error: {type(exc).__name__}")))
 
     @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok"})
 
-    # Every OpenAI route also answers without its /v1 prefix, as llama-server's do: clients
-    # configured with a bare base URL (http://host:8080) then work unchanged.
     def model_entry(h: ModelHandle) -> dict[str, object]:
         return {
             "id": h.name,
@@ -89,6 +84,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
             "state": h.state.value,
         }
 
+    # Every OpenAI route also answers without its /v1 prefix, as llama-server's do: clients
+    # configured with a bare base URL (http://host:8080) then work unchanged.
     @app.get("/v1/models")
     @app.get("/models")
     async def list_models() -> Response:
@@ -162,6 +159,11 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return json_response({"tokens": tokens})
 
     return app
+
+
+def _error_response(rendered: tuple[bytes, int, dict[str, str]]) -> Response:
+    body, status, headers = rendered
+    return Response(body, status=status, headers=headers)
 
 
 def _encode_vector(v: list[float], fmt: str) -> list[float] | str:

@@ -292,7 +292,6 @@ class Supervisor:
             nursery.start_soon(self._reloader)
             task_status.started()
 
-
     async def _plan_until_stopped(self) -> None:
         with self._planner_scope:
             await self.planner.run()
