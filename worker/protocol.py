@@ -30,6 +30,20 @@ class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=
 # ---- parameters -------------------------------------------------------------------------------
 
 
+class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A grammar the output must match, enforced token by token while sampling.
+
+    `kind` says how to read `source`: a JSON schema (as JSON text), a Lark grammar in
+    llguidance's dialect (which can embed a JSON schema with `%json { ... }`), or a GBNF
+    grammar as llama.cpp writes them. `param` is the request parameter it came from, named
+    in the 400 when it does not compile.
+    """
+
+    kind: Literal["json_schema", "lark", "gbnf"]
+    source: str
+    param: str
+
+
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything a worker needs to build one request's sampler chain and stop rules.
 
@@ -54,6 +68,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     frequency_penalty: float = 0.0
     stop: list[str] = []
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
