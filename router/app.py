@@ -104,19 +104,21 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = schemas.decode(await bodies.read_body(), schemas.ChatRequest)
         handle = _generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
-        return await _generate(handle, chat_job(r))
+        return await _generate(handle, chat_job(r, r.model or handle.name))
 
     @app.post("/v1/completions")
     @app.post("/completions")
     async def completions() -> Response:
         r: schemas.CompletionRequest = schemas.decode(await bodies.read_body(), schemas.CompletionRequest)
         handle = _generating_model(r.model)
-        return await _generate(handle, completion_job(r))
+        return await _generate(handle, completion_job(r, r.model or handle.name))
 
-    def _generating_model(model: str) -> ModelHandle:
+    def _generating_model(model: str | None) -> ModelHandle:
         handle = supervisor.resolve(model)
         if handle.spec.embeddings:
-            raise Unsupported(f"The model `{model}` serves embeddings only; use /v1/embeddings.", "model")
+            raise Unsupported(
+                f"The model `{model or handle.name}` serves embeddings only; use /v1/embeddings.", "model"
+            )
         return handle
 
     @app.post("/v1/embeddings")
@@ -126,7 +128,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         handle = supervisor.resolve(r.model)
         if not handle.spec.embeddings:
             raise Unsupported(
-                f"The model `{r.model}` does not serve embeddings (set embeddings = true).", "model"
+                f"The model `{r.model or handle.name}` does not serve embeddings "
+                "(set embeddings = true).",
+                "model",
             )
         inputs = schemas.embedding_inputs(r)
         async with handle.lease() as conn:
@@ -136,7 +140,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
             for i, v in enumerate(result.data)
         ]
         usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
-        return json_response({"object": "list", "data": data, "model": r.model, "usage": usage})
+        return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
 
     admin.register(app, supervisor)
     metrics.register(app, supervisor)

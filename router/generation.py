@@ -34,10 +34,11 @@ class GenerationJob:
         return self.messages is not None
 
 
-def chat_job(r: schemas.ChatRequest) -> GenerationJob:
+def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
+    """`model` is the name the response gives: the request's, or the default model's."""
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     return GenerationJob(
-        model=r.model,
+        model=model,
         params=schemas.sampling_params(r, max_tokens),
         messages=tuple(schemas.chat_messages(r)),
         stream=r.stream,
@@ -45,9 +46,9 @@ def chat_job(r: schemas.ChatRequest) -> GenerationJob:
     )
 
 
-def completion_job(r: schemas.CompletionRequest) -> GenerationJob:
+def completion_job(r: schemas.CompletionRequest, model: str) -> GenerationJob:
     return GenerationJob(
-        model=r.model,
+        model=model,
         # OpenAI's default for the legacy completions endpoint.
         params=schemas.sampling_params(r, r.max_tokens if r.max_tokens is not None else 16),
         prompt=schemas.completion_prompt(r),

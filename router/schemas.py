@@ -39,7 +39,7 @@ _DEFAULT = SamplingParams()
 class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     """Parameters shared by chat and completions (OpenAI's, then llama.cpp's extensions)."""
 
-    model: str
+    model: str | None = None  # None: the server's default_model
     max_tokens: Int32 | None = None
     # What a request leaves unset takes the worker protocol's defaults (llama-server's).
     temperature: float = _DEFAULT.temperature
@@ -52,7 +52,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     presence_penalty: float = _DEFAULT.presence_penalty
     frequency_penalty: float = _DEFAULT.frequency_penalty
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = None  # accepted and ignored (see IGNORED)
     # llama.cpp extensions, as llama-server names them.
     top_k: Int32 = _DEFAULT.top_k
     min_p: float = _DEFAULT.min_p
@@ -70,9 +70,38 @@ class ChatRequest(_Sampling, forbid_unknown_fields=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # Accepted and ignored (IGNORED says why): typed as OpenAI types them, so a wrong type
+    # is still a 400 naming the field.
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
+# Fields of OpenAI's request schemas that Corral accepts and does not act on, and why. Any
+# other unknown field is a 400 naming it, as OpenAI answers.
+IGNORED: dict[str, str] = {
+    "user": "an end-user id for OpenAI's abuse monitoring; nothing to monitor here",
+    "safety_identifier": "the same, under its newer name",
+    "metadata": "tags for OpenAI's stored completions; Corral stores nothing",
+    "store": "Corral stores no completions",
+    "service_tier": "there is one tier: the local machine",
+    "prediction": "predicted outputs (speculative decoding) are not implemented",
+    "modalities": "text is the only modality the workers produce",
+    "audio": "no audio output",
+    "reasoning_effort": "a reasoning model's template decides how it thinks "
+    "(see chat_template_kwargs)",
+    "verbosity": "an OpenAI model setting with no llama.cpp equivalent",
+    "web_search_options": "no web search",
+    "prompt_cache_key": "prefix caching is automatic in every worker",
+}
 
 
 class CompletionRequest(_Sampling, forbid_unknown_fields=True):
@@ -86,8 +115,8 @@ class CompletionRequest(_Sampling, forbid_unknown_fields=True):
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
-    model: str
     input: str | list[Any]
+    model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Int32 | None = None
     user: str | None = None
@@ -96,8 +125,8 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
     """llama-server's /tokenize, plus `model` to route by."""
 
-    model: str
     content: str
+    model: str | None = None
     add_special: bool = False
 
 

@@ -31,6 +31,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_body_bytes: int = 16 * 1024 * 1024
     # On SIGTERM/SIGINT, how long requests in flight may take to finish before being cut.
     drain_timeout: float = 30.0
+    # Where a request that names no model goes (a name or an alias). Without it, a request
+    # must name its model. Applies on reload, unlike the keys above.
+    default_model: str | None = None
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -276,6 +279,11 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
             yield f"supervisor.{key}: must be a finite number >= 0, got {value}"
     if not file.models:
         yield "models: at least one [models.NAME] table is required"
+    default = srv.default_model
+    if default is not None and default not in file.models and not any(
+        default in m.aliases for m in file.models.values()
+    ):
+        yield f"server.default_model: {default!r} is neither a model nor an alias in [models]"
     seen: dict[str, str] = {name: f"models.{name}" for name in file.models}
     for name, m in file.models.items():
         at = f"models.{name}"

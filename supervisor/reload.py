@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from supervisor.config import Config, ServerConfig
 
 
+# [server] keys that a reload applies at once; every other one is read when the socket opens.
+LIVE_SERVER_KEYS = frozenset({"default_model"})
+
+
 @dataclass(frozen=True)
 class ConfigDiff:
     added: tuple[str, ...]
@@ -51,6 +55,6 @@ def diff(old: Config, new: Config, listening: ServerConfig | None = None) -> Con
         needs_restart=tuple(
             f"server.{name}"
             for name in live.__struct_fields__
-            if getattr(live, name) != getattr(new.server, name)
+            if name not in LIVE_SERVER_KEYS and getattr(live, name) != getattr(new.server, name)
         ),
     )

@@ -23,7 +23,7 @@ from supervisor.capacity import Limits, parse_size
 from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes
 from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
-from supervisor.errors import ModelNotFound
+from supervisor.errors import InvalidRequest, ModelNotFound
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import run_model
 from supervisor.lifecycle import State
@@ -231,8 +231,17 @@ class Supervisor:
                 return h
         return None
 
-    def resolve(self, model: str) -> ModelHandle:
-        """The handle for a model name or alias. Raises ModelNotFound (param "model")."""
+    def resolve(self, model: str | None) -> ModelHandle:
+        """The handle for a model name or alias, or for `[server] default_model` when a
+        request names none. Raises ModelNotFound, or InvalidRequest for a missing name
+        without a default (both name the parameter "model")."""
+        if model is None:
+            model = self.config.server.default_model
+            if model is None:
+                raise InvalidRequest(
+                    "Missing required parameter: 'model' (this server has no default_model).",
+                    "model",
+                )
         spec = self.config.resolve(model)
         if spec is None:
             raise ModelNotFound(f"The model `{model}` does not exist.", "model")

@@ -3,7 +3,10 @@ simulated workers, the virtual clock."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import msgspec
 
 import pytest
 import trio
@@ -185,3 +188,31 @@ async def test_the_openai_routes_answer_without_their_v1_prefix(tmp_path: Path, 
         r = await client.post("/embeddings", json={"model": "a", "input": "x"})
         assert r.status_code == 400  # reaches the route: "a" is not an embedding model
         assert (await r.get_json())["error"]["param"] == "model"
+
+
+async def test_a_request_without_a_model_goes_to_default_model(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """Issue 10: `[server] default_model` takes requests that name no model (or null).
+    Without it they get a 400 naming `model`; an unknown name stays a 404."""
+    sup, _ = sim_supervisor(tmp_path, {"a": {}, "b": {"aliases": ["gpt-4o"]}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 400
+        err = (await r.get_json())["error"]
+        assert err["param"] == "model" and "default_model" in err["message"]
+
+        sup.config = dataclasses.replace(
+            sup.config, server=msgspec.structs.replace(sup.config.server, default_model="gpt-4o")
+        )
+        for body in (CHAT, {**CHAT, "model": None}):
+            r = await client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, await r.get_data()
+            assert (await r.get_json())["model"] == "b"  # the model it went to
+        assert sup.resolve("b").state is State.READY and sup.resolve("a").state is not State.READY
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+        assert r.status_code == 404
+        assert (await r.get_json())["error"]["code"] == "model_not_found"

@@ -517,3 +517,12 @@ def test_model_names_and_aliases_must_be_printable(tmp_path: Path) -> None:
         "models.a\\nb: model name 'a\\nb' has control characters",  # one line
         "models.c.aliases[1]: 't\\tab' has control characters",
     ]
+
+
+def test_default_model_names_a_model_or_an_alias(base: Path) -> None:
+    text = '[server]\ndefault_model = "{}"\n[models.a]\npath = "m.gguf"\naliases = ["gpt-4o"]\n'
+    assert parse(text.format("a"), base).server.default_model == "a"
+    assert parse(text.format("gpt-4o"), base).server.default_model == "gpt-4o"
+    assert one_problem(text.format("nope"), base) == (
+        "server.default_model: 'nope' is neither a model nor an alias in [models]"
+    )

@@ -36,6 +36,13 @@ def test_alias_change_is_a_change_and_server_changes_need_a_restart(tmp_path: Pa
     assert diff(old, old).summary() == "no changes"
 
 
+def test_default_model_applies_on_reload_without_a_restart(tmp_path: Path) -> None:
+    old = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n[models.b]\npath="m.gguf"\n')
+    new = _cfg(tmp_path, '[server]\ndefault_model="b"\n[models.a]\npath="m.gguf"\n[models.b]\npath="m.gguf"\n')
+    assert diff(old, new).needs_restart == ()
+    assert new.server.default_model == "b"
+
+
 def test_a_server_change_is_reported_until_the_process_restarts(tmp_path: Path) -> None:
     """Pins a544836: the diff compared with the previous config, not with what the socket
     was opened with, so a second reload forgot that a port change still needed a restart."""

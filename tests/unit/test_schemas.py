@@ -111,11 +111,30 @@ def test_decode_wrong_type_names_param(fields: dict[str, Any], param: str) -> No
     assert f"'{param}'" in info.value.message
 
 
-def test_decode_missing_model() -> None:
+def test_a_missing_model_decodes_as_none_for_the_default_model() -> None:
+    """`model` may be left out (or null): the supervisor then routes to [server]
+    default_model, or answers 400 naming `model` (tests/sim/test_http.py)."""
+    for extra in ({}, {"model": None}):
+        r = s.decode(body(messages=[{"role": "user", "content": "x"}], **extra), s.ChatRequest)
+        assert r.model is None
+    assert s.decode(body(input="x"), s.EmbeddingRequest).model is None
+
+
+@pytest.mark.parametrize("field", sorted(s.IGNORED))
+def test_openai_fields_corral_does_not_act_on_are_accepted(field: str) -> None:
+    values: dict[str, Any] = {
+        "metadata": {"k": "v"}, "store": True, "prediction": {"type": "content", "content": "x"},
+        "modalities": ["text"], "audio": {"voice": "alloy", "format": "mp3"},
+        "web_search_options": {}, "service_tier": "auto",
+    }
+    raw = body(model="m", messages=[{"role": "user", "content": "x"}], **{field: values.get(field, "x")})
+    s.decode(raw, s.ChatRequest)  # no InvalidRequest
+
+
+def test_an_ignored_field_of_the_wrong_type_is_still_a_400() -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(body(messages=[{"role": "user", "content": "x"}]), s.ChatRequest)
-    assert info.value.param == "model"
-    assert "model" in info.value.message
+        s.decode(body(model="m", messages=[], store="yes"), s.ChatRequest)
+    assert info.value.param == "store"
 
 
 def test_decode_missing_embedding_input() -> None:
