@@ -19,7 +19,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, bodies, connections, metrics, schemas, sse
+from router import admin, bodies, connections, metrics, openapi, schemas, sse
 from router.errors import render, render_config_error, render_http
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
 from router.openai_format import Completion
@@ -73,6 +73,12 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok"})
+
+    spec = _json.encode(openapi.document())  # built from the request types, once
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        return Response(spec, content_type="application/json")
 
     def model_entry(h: ModelHandle) -> dict[str, object]:
         return {

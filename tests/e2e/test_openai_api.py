@@ -18,7 +18,11 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0)
+    # Strict validation: every response and chunk must match the openai client's own types
+    # (issue 10, item 7), not merely parse.
+    return openai.OpenAI(
+        base_url=server.base, api_key="unused", max_retries=0, _strict_response_validation=True
+    )
 
 
 def test_chat_non_streaming(client: openai.OpenAI) -> None:
@@ -176,3 +180,11 @@ def test_errors_are_openai_json(server: Server, client: openai.OpenAI) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
     r = httpx.get(server.base + "/chat/completions", timeout=10)
     assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_models_list_and_retrieve_under_strict_validation(client: openai.OpenAI) -> None:
+    listed = client.models.list().data
+    assert {m.id for m in listed} >= {"chat-a", "chat-b", "embed"}
+    assert client.models.retrieve("a-alias").id == "chat-a"  # an alias names its model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")

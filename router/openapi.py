@@ -1,0 +1,96 @@
+"""The OpenAPI document that GET /openapi.json serves, generated from the request types.
+
+Request bodies are described by the same msgspec Structs that decode them (router/schemas.py),
+so the document cannot drift from what the server accepts: a new parameter, a bound or an
+enum shows up here by being declared there. Error answers share one generated schema too.
+Response bodies are built as plain objects (router/openai_format.py) and follow OpenAI's own
+published schema, so the document names their shape only loosely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from router import schemas
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    """Every 4xx and 5xx on the OpenAI routes (router/errors.py builds it)."""
+
+    error: ErrorDetail
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    body: type[msgspec.Struct] | None = None
+    streams: bool = False  # may answer text/event-stream (when the body asks to stream)
+    path_params: tuple[str, ...] = ()
+
+
+# Each route is listed once, with its /v1 prefix; the same route answers without it.
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("post", "/v1/chat/completions", "Chat completion", schemas.ChatRequest, streams=True),
+    Operation("post", "/v1/completions", "Text completion", schemas.CompletionRequest, streams=True),
+    Operation("post", "/v1/embeddings", "Embeddings", schemas.EmbeddingRequest),
+    Operation("get", "/v1/models", "List the configured models"),
+    Operation("get", "/v1/models/{model}", "One model, by name or alias", path_params=("model",)),
+    Operation("post", "/tokenize", "Tokenize a text (llama-server's route)", schemas.TokenizeRequest),
+)
+
+_REF = "#/components/schemas/{name}"
+
+
+def document(version: str = "0.1.0") -> dict[str, Any]:
+    bodies = [op.body for op in OPERATIONS if op.body is not None]
+    refs, components = msgspec.json.schema_components([*bodies, ErrorBody], ref_template=_REF)
+    by_type = dict(zip([*bodies, ErrorBody], refs))
+    error = {"application/json": {"schema": by_type[ErrorBody]}}
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+        if op.streams:
+            ok["text/event-stream"] = {"schema": {"type": "string"}}
+        entry: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+            "responses": {
+                "200": {"description": "Success", "content": ok},
+                "4XX": {"description": "A client error, in OpenAI's error JSON", "content": error},
+                "5XX": {"description": "A server or worker error, in the same JSON", "content": error},
+            },
+        }
+        if op.body is not None:
+            entry["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": by_type[op.body]}},
+            }
+        if op.path_params:
+            entry["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                for p in op.path_params
+            ]
+        paths.setdefault(op.path, {})[op.method] = entry
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Corral",
+            "version": version,
+            "description": "OpenAI-compatible API of a Corral server. Fields that Corral "
+            "accepts and ignores: " + ", ".join(sorted(schemas.IGNORED)) + ".",
+        },
+        "paths": paths,
+        "components": {"schemas": components},
+    }

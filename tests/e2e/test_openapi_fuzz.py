@@ -1,0 +1,135 @@
+"""Requests generated from the served OpenAPI document, against the real worker.
+
+schemathesis reads /openapi.json (generated from the request types, router/openapi.py) and
+draws bodies from it, valid and invalid alike: every answer must be a 2xx, or a 4xx in
+OpenAI's error JSON. No 5xx, no request past its deadline, no worker restart.
+
+Two narrowings keep the draws meaningful; both are made on a copy of the document, which
+the server serves unchanged:
+- `model` is mostly the one configured model (or left out, for default_model). A random
+  string only ever finds the 404, which one draw in five still tries.
+- A message is drawn with a role and content most of the time: the document types
+  `messages` as free-form objects, and free-form objects almost never have a role.
+
+CI runs CORRAL_API_FUZZ_REQUESTS (default 240) spread over the operations; the acceptance
+run used 5000.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from router.openapi import OPERATIONS, document
+from tests.e2e.conftest import Server, start_server, stop_server
+
+N_REQUESTS = int(os.environ.get("CORRAL_API_FUZZ_REQUESTS", "240"))
+DEADLINE = 120.0  # seconds for one request; a hang fails the test
+
+# A small context bounds every generation (whatever max_tokens a draw asks for) to well under
+# a second, so thousands of draws finish in minutes.
+CONFIG = """
+[server]
+port = {PORT}
+default_model = "fuzz"
+
+[supervisor]
+idle_timeout = 0
+
+[models.fuzz]
+path = "{MODEL}"
+slots = 4
+n_ctx = 128
+n_batch = 128
+"""
+
+_MESSAGE = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "role": {"enum": ["system", "user", "assistant", "developer", "tool", "bogus"]},
+                "content": {"anyOf": [{"type": "string", "maxLength": 200}, {"type": "array"}, {"type": "null"}]},
+            },
+            "required": ["role", "content"],
+        },
+        {"type": "object"},
+    ]
+}
+
+
+def fuzz_document() -> dict[str, Any]:
+    doc = copy.deepcopy(document())
+    for name, schema in doc["components"]["schemas"].items():
+        props = schema.get("properties", {})
+        if "model" in props:
+            props["model"] = {"anyOf": [{"enum": ["fuzz", None]}, {"enum": ["fuzz"]}, {"type": "string"}]}
+        if "messages" in props:
+            props["messages"] = {"type": "array", "items": _MESSAGE, "maxItems": 6}
+    return doc
+
+
+SCHEMA = schemathesis.openapi.from_dict(fuzz_document())
+PER_OPERATION = max(1, N_REQUESTS // len(OPERATIONS))
+
+
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("apifuzz"), CONFIG)
+    # Load the model first, so that the worker pid can be checked for restarts.
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=60)
+    assert r.status_code == 200, r.text
+    pid = srv.workers()["fuzz"]
+    yield srv
+    # The one worker served everything and still answers.
+    assert srv.workers() == {"fuzz": pid}
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+    assert "Traceback" not in srv.log_text()
+    assert stop_server(srv) == 0
+
+
+@SCHEMA.parametrize()
+@settings(
+    max_examples=PER_OPERATION,
+    deadline=None,
+    derandomize=True,  # the same draws every run, so a failure reproduces
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+def test_generated_requests_get_2xx_or_an_openai_4xx(case: schemathesis.Case, api_server: Server) -> None:
+    response = case.call(base_url=api_server.url, timeout=DEADLINE)
+    status = response.status_code
+    seen = f"{case.method} {case.path} -> {status} {response.headers}: {response.text[:500]!r}\nbody: {case.body!r}"
+    assert status < 500, seen[:3000]
+    if status >= 400:
+        assert status < 500
+        err = json.loads(response.text)["error"]
+        assert set(err) == {"message", "type", "param", "code"}, err
+        assert isinstance(err["message"], str) and err["message"]
+        assert err["type"] == "invalid_request_error"
+    elif case.method == "OPTIONS":  # schemathesis probes undocumented methods too
+        assert response.headers.get("allow"), seen
+    else:
+        assert 200 <= status < 300
+        content_type = response.headers.get("content-type") or [""]  # values are lists here
+        if content_type[0].startswith("text/event-stream"):
+            events = [line for line in response.text.split("\n") if line.startswith("data: ")]
+            # A stream ends with [DONE], or with an error event (never a cut stream).
+            assert events and (events[-1] == "data: [DONE]" or '"error"' in events[-1]), seen[:3000]
+        else:
+            assert response.text, seen[:3000]
+            json.loads(response.text)
+
+
+def test_the_served_document_is_the_generated_one(api_server: Server) -> None:
+    r = httpx.get(api_server.url + "/openapi.json", timeout=10)
+    assert r.status_code == 200
+    assert r.json() == json.loads(json.dumps(document()))

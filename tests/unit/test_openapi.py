@@ -1,0 +1,46 @@
+"""router/openapi.py: the served document is generated from the request types."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from router import openapi, schemas
+
+
+def _schema(doc: dict[str, object], name: str) -> dict[str, object]:
+    return doc["components"]["schemas"][name]  # type: ignore[index, no-any-return]
+
+
+@pytest.mark.parametrize("kind", [schemas.ChatRequest, schemas.CompletionRequest, schemas.EmbeddingRequest])
+def test_every_request_field_is_documented_with_its_bounds(kind: type[msgspec.Struct]) -> None:
+    doc = openapi.document()
+    props = _schema(doc, kind.__name__)["properties"]
+    assert set(props) == set(kind.__struct_fields__)  # type: ignore[arg-type]
+    if "max_tokens" in props:  # type: ignore[operator]
+        bounds = props["max_tokens"]["anyOf"][0]  # type: ignore[index]
+        assert bounds["maximum"] == 2**31 - 1 and bounds["minimum"] == -(2**31)
+
+
+def test_ignored_fields_are_in_the_chat_schema_and_the_description() -> None:
+    doc = openapi.document()
+    props = _schema(doc, "ChatRequest")["properties"]
+    for name in schemas.IGNORED:
+        assert name in props  # type: ignore[operator]
+        assert name in doc["info"]["description"]  # type: ignore[index]
+
+
+def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
+    doc = openapi.document()
+    assert _schema(doc, "ErrorDetail")["required"] == ["message", "type", "param", "code"]
+    for path, methods in doc["paths"].items():  # type: ignore[attr-defined]
+        for op in methods.values():
+            ref = op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == "#/components/schemas/ErrorBody", path
+
+
+def test_the_error_schema_matches_what_the_router_sends() -> None:
+    from router.errors import envelope
+
+    body = msgspec.json.encode(envelope("m", "invalid_request_error", None, None))
+    msgspec.json.decode(body, type=openapi.ErrorBody)  # raises if the shapes drift apart
