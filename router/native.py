@@ -75,6 +75,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
             n_ctx=ready.n_ctx_slot if ready is not None else 0,
             stream=r.stream,
             return_tokens=r.return_tokens,
+            response_fields=r.response_fields,
         )
         if not r.stream:
             try:

@@ -85,6 +85,7 @@ class NativeCompletion:
     n_ctx: int  # the most tokens one request holds (the slot's context)
     stream: bool = False
     return_tokens: bool = False
+    response_fields: list[str] | None = None  # the final answer's fields, when given
 
     def settings(self) -> dict[str, Any]:
         return {"n_ctx": self.n_ctx, "model": self.model, **params_json(self.params, self.stream)}
@@ -110,7 +111,7 @@ class NativeCompletion:
         and timings."""
         usage = last.usage or Usage(prompt_tokens=0, completion_tokens=0)
         stop_type: StopType = last.stop_type or ("limit" if last.finish_reason == "length" else "eos")
-        return {
+        out = {
             "index": 0,
             "content": content,
             "tokens": tokens if (self.return_tokens or self.stream) else [],
@@ -129,6 +130,22 @@ class NativeCompletion:
             "tokens_cached": usage.cached_tokens,
             "timings": timings_json(last.timings),
         }
+        return pick_fields(out, self.response_fields) if self.response_fields else out
+
+
+def pick_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: only the named fields; a path "a/b" takes the
+    nested field b of a and names it b. A field that is not there is left out."""
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = obj
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path.rsplit("/", 1)[-1]] = value
+    return out
 
 
 def props_json(name: str, alias: str, ready: Ready, slots: int) -> dict[str, Any]:

@@ -47,7 +47,7 @@ class NativeCompletionRequest(schemas._Sampling, forbid_unknown_fields=True):
     return_progress: bool = False
     post_sampling_probs: bool = False
     sse_ping_interval: float | None = None
-    response_fields: list[str] | None = None
+    response_fields: list[str] | None = None  # honoured: the final answer holds only these
     # Samplers Corral does not have: accepted at their disabled values only.
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0

@@ -30,6 +30,11 @@ async def test_completion_answers_and_streams_in_llama_servers_shape(tmp_path: P
         assert out["generation_settings"]["n_predict"] == 3 and out["generation_settings"]["n_ctx"] == 512
         assert out["timings"]["predicted_n"] == 3 and out["timings"]["predicted_per_second"] > 0
 
+        r = await client.post("/completion", json={
+            "model": "a", "prompt": "hi", "n_predict": 2, "response_fields": ["content", "generation_settings/n_predict"],
+        })
+        assert await r.get_json() == {"content": "tok0 tok1", "n_predict": 2}
+
         r = await client.post("/completion", json={"model": "a", "prompt": "hi", "n_predict": 3, "stream": True})
         text = await r.get_data(as_text=True)
         assert "[DONE]" not in text

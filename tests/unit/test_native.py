@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from router.errors import render_native, to_native, http_status
-from router.native_format import NativeCompletion, timings_json
+from router.native_format import NativeCompletion, pick_fields, timings_json
 from router.native_schemas import NativeCompletionRequest, native_params, native_prompt
 from supervisor import errors as e
 from tests.unit.test_prompts import FakeModel, prepare
@@ -204,3 +204,10 @@ def test_an_http_error_rendered_for_openai_converts() -> None:
     assert status == 405
     assert msgspec.json.decode(body) == {"error": {
         "code": 405, "message": "Method GET is not allowed on /completion", "type": "invalid_request_error"}}
+
+
+def test_response_fields_pick_and_unnest() -> None:
+    obj = {"content": "x", "generation_settings": {"n_predict": 3}, "stop": True}
+    assert pick_fields(obj, ["content", "generation_settings/n_predict", "missing", "content/x"]) == {
+        "content": "x", "n_predict": 3,
+    }
