@@ -263,3 +263,30 @@ def test_v1_errors_keep_openais_shape(http: httpx.Client) -> None:
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
     assert "n_ctx" not in err
+
+
+def test_random_token_prompts_never_crash_the_worker(server: Server, http: httpx.Client) -> None:
+    """Ids anywhere in and around the vocabulary, mixed with text, with random limits:
+    every answer is a 200 or a 400, and the worker is the same process afterwards."""
+    import random
+
+    rng = random.Random(10)
+    n_vocab = 262144
+    complete(http, prompt="warm up", n_predict=1)
+    pid = server.workers()["chat-a"]
+    for i in range(30):
+        ids: list[int | str] = [rng.choice([rng.randrange(n_vocab), rng.randrange(-3, 3), n_vocab + rng.randrange(3)])
+                                for _ in range(rng.randrange(1, 12))]
+        if rng.random() < 0.3:
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(["hi", " ünï 🦙", "<start_of_turn>"]))
+        body = {"model": "chat-a", "prompt": ids, "n_predict": rng.randrange(-3, 6), "stream": rng.random() < 0.5,
+                "temperature": rng.choice([0.0, 0.8, 2.0])}
+        r = http.post("/completion", json=body)
+        assert r.status_code in (200, 400), (body, r.text)
+        if r.status_code == 400:
+            assert r.json()["error"]["param"] in ("prompt", "n_predict"), r.text
+        only_ids = [t for t in ids if isinstance(t, int)]
+        d = http.post("/detokenize", json={"model": "chat-a", "tokens": only_ids})
+        assert d.status_code in (200, 400), d.text
+    assert server.workers()["chat-a"] == pid
+    assert "Traceback" not in server.log_text()
