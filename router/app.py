@@ -19,12 +19,12 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, bodies, connections, metrics, openapi, schemas, sse
-from router.errors import render, render_config_error, render_http
+from router import admin, bodies, connections, metrics, native, openapi, schemas, sse
+from router.errors import render, render_config_error, render_http, render_native, to_native
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
 from router.openai_format import Completion
 from supervisor.config import Config, ConfigError
-from supervisor.errors import CorralError, InternalError, Unsupported
+from supervisor.errors import CorralError, InternalError, InvalidRequest, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.supervisor import Supervisor
 
@@ -50,16 +50,19 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return Response(_json.encode(obj), status=status, content_type="application/json")
 
     # Every error becomes a response in router/errors.py; these only pick which mapping.
+    # llama-server's own routes answer errors in its shape (router/native.py); the rest in
+    # OpenAI's.
     @app.errorhandler(CorralError)
     async def on_corral_error(exc: CorralError) -> Response:
-        return _error_response(render(exc))
+        return _error_response(render_native(exc) if native.is_native(request.path) else render(exc))
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
-        return _error_response(render_http(
+        rendered = render_http(
             exc.code or 500, request.method, request.path, exc.description or exc.name,
             config.server.max_body_bytes,
-        ))
+        )
+        return _error_response(to_native(rendered) if native.is_native(request.path) else rendered)
 
     @app.errorhandler(ConfigError)
     async def on_config_error(exc: ConfigError) -> Response:
@@ -68,7 +71,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     @app.errorhandler(Exception)
     async def on_unexpected(exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error_response(render(InternalError(f"internal error: {type(exc).__name__}")))
+        return await on_corral_error(InternalError(f"internal error: {type(exc).__name__}"))
 
     @app.get("/health")
     async def health() -> Response:
@@ -150,23 +153,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     admin.register(app, supervisor)
     metrics.register(app, supervisor)
-
-    @app.post("/tokenize")
-    async def tokenize() -> Response:
-        r: schemas.TokenizeRequest = schemas.decode(await bodies.read_body(), schemas.TokenizeRequest)
-        handle = supervisor.resolve(r.model)
-        async with handle.lease() as conn:
-            if (ready := conn.ready) is not None:
-                schemas.refuse_if_too_long(
-                    ready,
-                    r.content,
-                    ready.n_ctx_slot,
-                    "the text",
-                    f"/tokenize takes at most {ready.n_ctx_slot} tokens with this model (its context)",
-                    "content",
-                )
-            tokens = await conn.tokenize(r.content, add_special=r.add_special)
-        return json_response({"tokens": tokens})
+    native.register(app, supervisor.resolve)  # None: the default model
 
     return app
 
@@ -189,9 +176,9 @@ async def _generate(handle: ModelHandle, job: GenerationJob) -> Response:
     fmt = Completion(model=job.model, chat=job.chat)
     if not job.stream:
         try:
-            body = await whole(gen, fmt)
+            body = await whole(gen, fmt, job.timings)
         finally:
             gen.close()
         return Response(body, content_type="application/json")
-    stream = sse.Body(events(gen, fmt, job.include_usage), gen.close)
+    stream = sse.Body(events(gen, fmt, job.include_usage, job.timings), gen.close)
     return Response(stream, status=200, headers=sse.HEADERS)

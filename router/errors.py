@@ -53,6 +53,53 @@ def render(exc: e.CorralError) -> tuple[bytes, int, dict[str, str]]:
     return body, h.status, headers
 
 
+# llama-server's error `type` for each status it uses (tools/server's error_type); a status
+# it never sends reads as its nearest.
+_NATIVE_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+def native_envelope(status: int, message: str, param: str | None) -> dict[str, object]:
+    """llama-server's error object: the status as `code`, its type, the message. `param`
+    is Corral's addition (the parameter to fix); clients of llama-server ignore it."""
+    type_ = _NATIVE_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    error: dict[str, object] = {"code": status, "message": message, "type": type_}
+    if param is not None:
+        error["param"] = param
+    return {"error": error}
+
+
+def render_native(exc: e.CorralError) -> tuple[bytes, int, dict[str, str]]:
+    """`render` for llama-server's own routes: the same status and headers, in its shape.
+    A context overflow is its exceed_context_size_error with the counts it reports."""
+    _, status, headers = render(exc)
+    obj = native_envelope(status, exc.message, exc.param)
+    if isinstance(exc, e.ContextOverflow):
+        error = obj["error"]
+        assert isinstance(error, dict)
+        error["type"] = "exceed_context_size_error"
+        if exc.n_prompt_tokens is not None:
+            error["n_prompt_tokens"] = exc.n_prompt_tokens
+        if exc.n_ctx is not None:
+            error["n_ctx"] = exc.n_ctx
+    return msgspec.json.encode(obj), status, headers
+
+
+def to_native(rendered: tuple[bytes, int, dict[str, str]]) -> tuple[bytes, int, dict[str, str]]:
+    """An error already rendered in OpenAI's envelope (a 404, 405, 413 before any route
+    ran), in llama-server's shape instead."""
+    body, status, headers = rendered
+    error = msgspec.json.decode(body).get("error", {})
+    obj = native_envelope(status, str(error.get("message", "")), error.get("param"))
+    return msgspec.json.encode(obj), status, headers
+
+
 def http_status(status: int, message: str, code: str | None = None) -> tuple[bytes, int, dict[str, str]]:
     """A plain HTTP-level error (404 route, 405, 413) in the same envelope."""
     type_ = "invalid_request_error" if status < 500 else "server_error"

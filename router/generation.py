@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 from router import schemas, sse
 from router.openai_format import Completion
-from supervisor.connection import RequestStream
+from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import CorralError
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
@@ -26,8 +26,15 @@ class GenerationJob:
     params: SamplingParams
     prompt: str | None = None  # a text completion's prompt
     messages: tuple[ChatMessage, ...] | None = None  # a chat's messages
+    # llama-server's mixed prompt (/completion): token ids, and strings tokenized in place
+    prompt_parts: tuple[int | str, ...] | None = None
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
+
+    @property
+    def timings(self) -> bool:
+        """llama-server's timings_per_token: chunks and the answer carry `timings`."""
+        return self.params.timings_per_token
 
     @property
     def chat(self) -> bool:
@@ -37,9 +44,12 @@ class GenerationJob:
 def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
     """`model` is the name the response gives: the request's, or the default model's."""
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+    param = "max_tokens"
+    if max_tokens is None and r.n_predict is not None:
+        max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
     return GenerationJob(
         model=model,
-        params=schemas.sampling_params(r, max_tokens),
+        params=schemas.sampling_params(r, max_tokens, param),
         messages=tuple(schemas.chat_messages(r)),
         stream=r.stream,
         include_usage=_include_usage(r),
@@ -49,12 +59,20 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
 def completion_job(r: schemas.CompletionRequest, model: str) -> GenerationJob:
     return GenerationJob(
         model=model,
-        # OpenAI's default for the legacy completions endpoint.
-        params=schemas.sampling_params(r, r.max_tokens if r.max_tokens is not None else 16),
+        params=schemas.sampling_params(r, *_completion_max_tokens(r)),
         prompt=schemas.completion_prompt(r),
         stream=r.stream,
         include_usage=_include_usage(r),
     )
+
+
+def _completion_max_tokens(r: schemas.CompletionRequest) -> tuple[int | None, str]:
+    """The token limit and the parameter it came from."""
+    if r.max_tokens is not None:
+        return r.max_tokens, "max_tokens"
+    if r.n_predict is not None:
+        return schemas.n_predict_tokens(r.n_predict), "n_predict"
+    return 16, "max_tokens"  # OpenAI's default for the legacy completions endpoint
 
 
 def _include_usage(r: schemas._Sampling) -> bool:
@@ -91,16 +109,27 @@ class Generation:
         ready = conn.ready
         messages = list(job.messages) if job.messages is not None else None
         if ready is not None:
+            text = job.prompt
+            if job.prompt_parts is not None:  # its strings alone bound it from below
+                text = "".join(p for p in job.prompt_parts if isinstance(p, str))
             schemas.refuse_if_too_long(
                 ready,
-                schemas.bounded_text(job.prompt, messages),
+                schemas.bounded_text(text, messages),
                 ready.n_ctx_slot - 1,
                 "the prompt",
                 f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",
                 "messages" if job.chat else "prompt",
             )
-        self._stream = conn.generate(job.params, prompt=job.prompt, messages=messages)
+        if job.prompt_parts is not None:
+            self._stream = conn.generate(job.params, prompt_parts=list(job.prompt_parts))
+        else:
+            self._stream = conn.generate(job.params, prompt=job.prompt, messages=messages)
         self._first = await self._stream.receive()
+
+    @property
+    def conn(self) -> WorkerConnection:
+        """The worker this generation runs on, leased until `close()`."""
+        return self._lease.conn
 
     def __aiter__(self) -> Generation:
         return self
@@ -121,17 +150,17 @@ class Generation:
         self._lease.release()
 
 
-async def whole(gen: Generation, fmt: Completion) -> bytes:
+async def whole(gen: Generation, fmt: Completion, timings: bool = False) -> bytes:
     """The response body of a non-streamed completion."""
     parts: list[str] = []
     last: TokenEvent | None = None
     async for last in gen:
         parts.append(last.text)
     assert last is not None and last.finish_reason is not None
-    return fmt.whole("".join(parts), last.finish_reason, last.usage)
+    return fmt.whole("".join(parts), last.finish_reason, last.usage, last.timings if timings else None)
 
 
-async def events(gen: Generation, fmt: Completion, include_usage: bool) -> AsyncIterator[bytes]:
+async def events(gen: Generation, fmt: Completion, include_usage: bool, timings: bool = False) -> AsyncIterator[bytes]:
     """The SSE events of a streamed completion. A failure after the headers is a final
     error event; the stream then ends without [DONE], so a client cannot take a cut
     answer for a whole one."""
@@ -141,9 +170,9 @@ async def events(gen: Generation, fmt: Completion, include_usage: bool) -> Async
         last: TokenEvent | None = None
         async for last in gen:
             if last.text:
-                yield fmt.chunk(last.text)
+                yield fmt.chunk(last.text, timings=last.timings if timings else None)
         assert last is not None
-        yield fmt.chunk(None, last.finish_reason)
+        yield fmt.chunk(None, last.finish_reason, timings=last.timings if timings else None)
         if include_usage:
             yield fmt.usage_chunk(last.usage)
         yield sse.DONE

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router import sse
-from worker.protocol import Usage
+from router.native_format import timings_json
+from worker.protocol import Timings, Usage
 
 _json = msgspec.json.Encoder()
 
@@ -47,7 +48,7 @@ class Completion:
         """The `object` field of a whole response."""
         return "chat.completion" if self.chat else "text_completion"
 
-    def whole(self, text: str, finish_reason: str, usage: Usage | None) -> bytes:
+    def whole(self, text: str, finish_reason: str, usage: Usage | None, timings: Timings | None = None) -> bytes:
         if self.chat:
             choice: dict[str, object] = {
                 "index": 0,
@@ -57,19 +58,22 @@ class Completion:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return _json.encode(
-            {
-                "id": self.id,
-                "object": self.kind,
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": None,
-                "choices": [choice],
-                "usage": usage_json(usage),
-            }
-        )
+        obj: dict[str, object] = {
+            "id": self.id,
+            "object": self.kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": usage_json(usage),
+        }
+        if timings is not None:  # llama-server's extension, asked for with timings_per_token
+            obj["timings"] = timings_json(timings)
+        return _json.encode(obj)
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> bytes:
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, first: bool = False, timings: Timings | None = None
+    ) -> bytes:
         """One SSE event. For chat, the first chunk carries the role."""
         if self.chat:
             delta: dict[str, object] = {}
@@ -87,16 +91,17 @@ class Completion:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
             obj = "text_completion"
-        return self._event(
-            {
-                "id": self.id,
-                "object": obj,
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": None,
-                "choices": [choice],
-            }
-        )
+        out: dict[str, object] = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [choice],
+        }
+        if timings is not None:
+            out["timings"] = timings_json(timings)
+        return self._event(out)
 
     def usage_chunk(self, usage: Usage | None) -> bytes:
         """The extra final chunk that `stream_options.include_usage` asks for."""

@@ -59,6 +59,12 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     repeat_penalty: float = _DEFAULT.repeat_penalty
     repeat_last_n: Int32 = _DEFAULT.repeat_last_n
     ignore_eos: bool = _DEFAULT.ignore_eos
+    # llama-server's own: n_predict stands for max_tokens when that is absent (-1: no
+    # limit); cache_prompt is accepted, as Corral always reuses a cached prefix; with
+    # timings_per_token, chunks and the answer carry llama-server's `timings`.
+    n_predict: Int32 | None = None
+    cache_prompt: bool = True
+    timings_per_token: bool = False
 
 
 class ChatRequest(_Sampling, forbid_unknown_fields=True):
@@ -126,8 +132,10 @@ class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
     """llama-server's /tokenize, plus `model` to route by."""
 
     content: str
-    model: str | None = None
+    model: str | None = None  # None: the server's default model
     add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
 
 
 def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
@@ -175,8 +183,12 @@ def _range(name: str, value: float, lo: float, hi: float) -> None:
         )
 
 
-def sampling_params(r: _Sampling, max_tokens: int | None) -> SamplingParams:
-    """Validate the shared parameters and build the worker's view of them."""
+def sampling_params(
+    r: _Sampling, max_tokens: int | None, max_tokens_param: str = "max_tokens", min_tokens: int = 1
+) -> SamplingParams:
+    """Validate the shared parameters and build the worker's view of them. The token limit
+    came from `max_tokens_param` (n_predict, for llama-server's clients), which names it in
+    a 400; llama-server's /completion allows 0 (prefill only)."""
     _range("temperature", r.temperature, 0.0, 2.0)
     _range("top_p", r.top_p, 0.0, 1.0)
     _range("presence_penalty", r.presence_penalty, -2.0, 2.0)
@@ -189,11 +201,11 @@ def sampling_params(r: _Sampling, max_tokens: int | None) -> SamplingParams:
         raise InvalidRequest("Invalid 'top_k': must be >= 0 (0 disables it).", "top_k")
     if r.repeat_last_n < -1:
         raise InvalidRequest("Invalid 'repeat_last_n': must be >= -1.", "repeat_last_n")
-    if max_tokens is not None and max_tokens < 1:
+    if max_tokens is not None and max_tokens < min_tokens:
         raise InvalidRequest(
-            f"Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, "
+            f"Invalid '{max_tokens_param}': integer below minimum value. Expected a value >= {min_tokens}, "
             f"but got {max_tokens} instead.",
-            "max_tokens",
+            max_tokens_param,
         )
     if r.n != 1:
         raise InvalidRequest("Only n = 1 is supported.", "n")
@@ -222,7 +234,18 @@ def sampling_params(r: _Sampling, max_tokens: int | None) -> SamplingParams:
         frequency_penalty=r.frequency_penalty,
         stop=stops,
         ignore_eos=r.ignore_eos,
+        timings_per_token=r.timings_per_token,
     )
+
+
+def n_predict_tokens(n_predict: int | None, param: str = "n_predict") -> int | None:
+    """llama-server's n_predict as a token limit: -1 (its default) is none; other values
+    below -1 are a 400."""
+    if n_predict is None or n_predict == -1:
+        return None
+    if n_predict < -1:
+        raise InvalidRequest(f"Invalid '{param}': expected -1 (no limit) or a value >= 0, got {n_predict}.", param)
+    return n_predict
 
 
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
@@ -336,4 +359,7 @@ def refuse_if_too_long(ready: Ready | None, text: str, most: int, what: str, why
     n_bytes = utf8_length(text)
     at_least = fewest_tokens(n_bytes, ready.max_token_bytes)
     if at_least > most:
-        raise ContextOverflow(f"{what} is at least {at_least} tokens ({n_bytes} bytes of text); {why}", param)
+        raise ContextOverflow(
+            f"{what} is at least {at_least} tokens ({n_bytes} bytes of text); {why}", param,
+            n_prompt_tokens=at_least, n_ctx=ready.n_ctx_slot,
+        )

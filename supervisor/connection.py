@@ -14,7 +14,7 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, TypeVar, Union
 
 import trio
 
@@ -30,6 +30,8 @@ from supervisor.errors import (
 from worker.protocol import (
     Cancel,
     ChatMessage,
+    Detokenize,
+    DetokenizeResult,
     Embed,
     EmbedResult,
     Error,
@@ -42,7 +44,12 @@ from worker.protocol import (
     Pong,
     ProtocolError,
     Ready,
+    Render,
+    Rendered,
     SamplingParams,
+    SlotsQuery,
+    SlotsResult,
+    SlotState,
     Step,
     Tokenize,
     TokenizeResult,
@@ -61,7 +68,8 @@ class Gone:
     reason: str
 
 
-Reply = Union[TokenEvent, Error, EmbedResult, TokenizeResult, Gone]
+Reply = Union[TokenEvent, Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult, Gone]
+
 
 def _unavailable(message: str, param: str | None) -> CorralError:
     # A Generate that crossed the worker's Shutdown: a new worker will take it (503, retry).
@@ -87,6 +95,8 @@ async def _answer(recv: trio.MemoryReceiveChannel[Reply]) -> Reply:
     if isinstance(reply, Gone):
         raise WorkerCrashed(f"the model's worker failed mid-request: {reply.reason}")
     if isinstance(reply, Error):
+        if reply.code == "context_length_exceeded":
+            raise ContextOverflow(reply.message, reply.param, reply.n_prompt_tokens, reply.n_ctx)
         raise WORKER_ERRORS.get(reply.code, InternalError)(reply.message, reply.param)
     return reply
 
@@ -166,10 +176,11 @@ class WorkerConnection:
         params: SamplingParams,
         prompt: str | None = None,
         messages: list[ChatMessage] | None = None,
+        prompt_parts: list[int | str] | None = None,
     ) -> RequestStream:
         """Queue a generation; never blocks. Iterate the stream for its events."""
         rid, recv = self._open()
-        self.send(Generate(id=rid, params=params, prompt=prompt, messages=messages))
+        self.send(Generate(id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts))
         return RequestStream(self, rid, recv)
 
     async def embed(self, inputs: list[str]) -> EmbedResult:
@@ -181,6 +192,30 @@ class WorkerConnection:
         reply = await self._call(lambda rid: Tokenize(id=rid, text=text, add_special=add_special))
         assert isinstance(reply, TokenizeResult)
         return reply.tokens
+
+    async def tokenize_pieces(
+        self, text: str, add_special: bool, parse_special: bool, with_pieces: bool
+    ) -> TokenizeResult:
+        """llama-server's /tokenize: the tokens, and each one's text when asked."""
+        reply = await self._call(
+            lambda rid: Tokenize(
+                id=rid, text=text, add_special=add_special, parse_special=parse_special, with_pieces=with_pieces
+            )
+        )
+        return _expect(reply, TokenizeResult)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        reply = await self._call(lambda rid: Detokenize(id=rid, tokens=tokens))
+        return _expect(reply, DetokenizeResult).content
+
+    async def render(self, messages: list[ChatMessage]) -> str:
+        """The messages rendered by the model's chat template, generation prompt included."""
+        reply = await self._call(lambda rid: Render(id=rid, messages=messages))
+        return _expect(reply, Rendered).prompt
+
+    async def slots(self) -> list[SlotState]:
+        reply = await self._call(lambda rid: SlotsQuery(id=rid))
+        return _expect(reply, SlotsResult).slots
 
     async def _call(self, frame: Callable[[int], Frame]) -> Reply:
         """Send one request that has a single answer, and wait for it."""
@@ -253,7 +288,7 @@ class WorkerConnection:
         if isinstance(frame, Step):
             for ev in frame.events:
                 self._deliver(ev.id, ev, final=ev.finish_reason is not None)
-        elif isinstance(frame, (Error, EmbedResult, TokenizeResult)):
+        elif isinstance(frame, (Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult)):
             self._deliver(frame.id, frame, final=True)
         elif isinstance(frame, Loading):
             pass  # progress is for the log of a slow load; nothing here shows it yet
@@ -295,6 +330,16 @@ class WorkerConnection:
             ch.close()
         self._pending.clear()
         self._on_close()
+
+
+_T = TypeVar("_T")
+
+
+def _expect(reply: Reply, kind: type[_T]) -> _T:
+    """`reply` as the answer its request expects; another frame is a worker's bug."""
+    if not isinstance(reply, kind):
+        raise InternalError(f"the worker answered with {type(reply).__name__}, expected {kind.__name__}")
+    return reply
 
 
 def _tell_gone(ch: trio.MemorySendChannel[Reply], reason: str) -> None:

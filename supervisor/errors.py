@@ -22,7 +22,18 @@ class Unsupported(CorralError):
 
 
 class ContextOverflow(CorralError):
-    """The prompt does not fit the model's context (400 context_length_exceeded)."""
+    """The prompt does not fit the model's context (400 context_length_exceeded).
+
+    `n_prompt_tokens` and `n_ctx`, where known, are what llama-server's error shape reports:
+    the prompt's tokens (a lower bound when it was refused by its length alone) and the
+    context it had to fit."""
+
+    def __init__(
+        self, message: str, param: str | None = None, n_prompt_tokens: int | None = None, n_ctx: int | None = None
+    ) -> None:
+        super().__init__(message, param)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
 
 
 class ModelNotFound(CorralError):

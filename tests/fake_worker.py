@@ -37,7 +37,11 @@ What it does
 * Embed: one deterministic unit vector of 16 floats per input (from sha256 of the text);
   prompt_tokens counts as above. Embed on a non-embeddings model -> Error("unsupported");
   an empty input -> Error("invalid_request", param="input").
-* Tokenize: [1 if add_special] + one id per word (crc32 of the word mod n_vocab).
+* Tokenize: [1 if add_special] + one id per word (crc32 of the word mod n_vocab); with
+  with_pieces, each word is its piece. Detokenize, Render and SlotsQuery are answered as
+  tests/fake_answers.py says; a Generate with prompt_parts counts an id as one token, and
+  an id outside the vocabulary is Error(invalid_request, param="prompt"). A final event
+  carries stop_type ("limit", or "word" with the stop string), timings and id_slot 0.
 * Shutdown(grace): new Generates get Error("unavailable", "the model's worker is shutting down"); running
   requests may finish for up to `grace` seconds, then the rest are cancelled; exit code 0.
   Before Ready, Shutdown exits 0 at once.
@@ -99,9 +103,11 @@ if _ROOT not in sys.path:
 
 import msgspec  # noqa: E402
 
+from tests import fake_answers  # noqa: E402
 from tests.behaviour import Behaviour  # noqa: E402
 from worker.protocol import (  # noqa: E402
     Cancel,
+    Detokenize,
     Embed,
     EmbedResult,
     Error,
@@ -115,12 +121,15 @@ from worker.protocol import (  # noqa: E402
     Pong,
     ProtocolError,
     Ready,
+    Render,
     SetThreads,
     Shutdown,
+    SlotsQuery,
+    SlotsResult,
+    SlotState,
     Step,
     TokenEvent,
     Tokenize,
-    TokenizeResult,
     Usage,
     WorkerSpec,
     decode_to_worker,
@@ -177,6 +186,7 @@ class Request:
     prompt_tokens: int
     max_tokens: int
     stop: list[str]
+    timings_per_token: bool = False
     n_gen: int = 0
     text: str = ""  # everything generated
     sent: int = 0  # how much of `text` has been sent
@@ -208,8 +218,11 @@ class Engine:
         elif isinstance(frame, Embed):
             self.embed(frame)
         elif isinstance(frame, Tokenize):
-            tokens = tokenize(frame.text, frame.add_special)
-            self.out.send(TokenizeResult(id=frame.id, tokens=tokens))
+            self.out.send(fake_answers.tokenize_result(frame.id, frame.text, frame.add_special, frame.with_pieces))
+        elif isinstance(frame, Detokenize):
+            self.out.send(fake_answers.detokenize(frame.id, frame.tokens))
+        elif isinstance(frame, Render):
+            self.out.send(fake_answers.render(frame.id, frame.messages))
         elif isinstance(frame, Shutdown):
             self.draining = True
             self.drain_deadline = time.monotonic() + max(frame.grace, 0.0)
@@ -228,11 +241,11 @@ class Engine:
                 )
             )
             return
-        if g.messages is not None:
-            text, param = "\n".join(m.content for m in g.messages), "messages"
-        else:
-            text, param = g.prompt or "", "prompt"
-        n_prompt = len(tokenize(text))
+        param = "messages" if g.messages is not None else "prompt"
+        if g.prompt_parts is not None and (err := fake_answers.bad_id(g.id, g.prompt_parts, "prompt")):
+            self.out.send(err)
+            return
+        n_prompt = fake_answers.prompt_tokens(g)
         if n_prompt >= self.spec.n_ctx:
             self.out.send(
                 Error(
@@ -241,11 +254,13 @@ class Engine:
                     message=f"the prompt has {n_prompt} tokens; the context holds "
                     f"{self.spec.n_ctx}",
                     param=param,
+                    n_prompt_tokens=n_prompt,
+                    n_ctx=self.spec.n_ctx,
                 )
             )
             return
         max_tokens = 8 if g.params.max_tokens is None else g.params.max_tokens
-        req = Request(g.id, n_prompt, max_tokens, list(g.params.stop))
+        req = Request(g.id, n_prompt, max_tokens, list(g.params.stop), g.params.timings_per_token)
         if max_tokens <= 0:
             self.out.send(Step(events=[self.final(req, "length")]))
             return
@@ -287,7 +302,7 @@ class Engine:
     # ---- decoding -------------------------------------------------------------------------
 
     def final(
-        self, req: Request, reason: str, text: str = "", tokens: list[int] | None = None
+        self, req: Request, reason: str, text: str = "", tokens: list[int] | None = None, word: str = ""
     ) -> TokenEvent:
         req.finished = True
         return TokenEvent(
@@ -296,6 +311,10 @@ class Engine:
             tokens=tokens or [],
             finish_reason=reason,  # type: ignore[arg-type]
             usage=Usage(prompt_tokens=req.prompt_tokens, completion_tokens=req.n_gen),
+            stop_type="word" if word else ("limit" if reason == "length" else None),
+            stopping_word=word,
+            timings=fake_answers.timings(req.prompt_tokens, req.n_gen, self.interval),
+            id_slot=0,
         )
 
     def step(self) -> None:
@@ -309,19 +328,19 @@ class Engine:
             req.n_gen += 1
             self.total_tokens += 1
             req.text += word
-            hit = min(
-                (i for i in (req.text.find(s) for s in req.stop if s) if i >= 0), default=-1
-            )
-            if hit >= 0:
+            hits = [(i, s) for s in req.stop if s and (i := req.text.find(s)) >= 0]
+            if hits:
+                hit, word = min(hits)
                 piece = req.text[req.sent : max(hit, req.sent)]
                 req.sent = len(req.text)
-                events.append(self.final(req, "stop", piece, tokens))
+                events.append(self.final(req, "stop", piece, tokens, word))
             elif req.n_gen >= req.max_tokens:
                 piece, req.sent = req.text[req.sent :], len(req.text)
                 events.append(self.final(req, "length", piece, tokens))
             else:
                 piece, req.sent = req.text[req.sent :], len(req.text)
-                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens))
+                t = fake_answers.timings(req.prompt_tokens, req.n_gen, self.interval) if req.timings_per_token else None
+                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens, timings=t))
             if req.finished:
                 self.active.remove(req)
         if events:
@@ -385,6 +404,18 @@ def reader(
                     out.send(Pong(seq=frame.seq, active=active, queued=queued, threads=threads))
                 elif isinstance(frame, SetThreads):
                     engine.threads = frame.n_threads
+                elif isinstance(frame, SlotsQuery):
+                    # Answered here, as the real worker's reader does; a racy read is fine.
+                    busy = {i: r for i, r in enumerate(list(engine.active))}
+                    slots = [
+                        SlotState(
+                            id=i, n_ctx=engine.spec.n_ctx, is_processing=i in busy,
+                            id_task=busy[i].id if i in busy else -1,
+                            n_decoded=busy[i].n_gen if i in busy else 0,
+                        )
+                        for i in range(engine.spec.slots)
+                    ]
+                    out.send(SlotsResult(id=frame.id, slots=slots))
                 elif isinstance(frame, Shutdown):
                     if ignore_shutdown:
                         continue

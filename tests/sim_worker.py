@@ -11,7 +11,9 @@ test of a 60-second backoff runs in milliseconds and its timings are exact.
 between starts (for a crash loop that gets fixed). Of its fields the sim acts on load_delay,
 fail_load, exit_at_start, tokens_per_sec, hang, ignore_shutdown and die_after; the others
 (start_log, alloc_mb, crash_after, ignore_sigterm) are the process fake's alone and are
-ignored here.
+ignored here. Tokenize, Detokenize, Render and SlotsQuery are answered as
+tests/fake_answers.py says, and a Generate's prompt_parts are checked against its
+vocabulary, so llama-server's routes can be tested here too.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import trio.testing
 
 from supervisor.connection import WorkerConnection
 from supervisor.launcher import LoadFailed, wait_until_ready
+from tests import fake_answers
 from tests.behaviour import Behaviour
 from worker.protocol import (
     Cancel,
+    Detokenize,
     Failed,
     Frame,
     FrameBuffer,
@@ -35,9 +39,14 @@ from worker.protocol import (
     Ping,
     Pong,
     Ready,
+    Render,
     SetThreads,
     Shutdown,
+    SlotsQuery,
+    SlotsResult,
+    SlotState,
     Step,
+    Tokenize,
     TokenEvent,
     Usage,
     WorkerSpec,
@@ -138,7 +147,27 @@ async def _simulate(
                     if isinstance(frame, Ping):
                         await send(Pong(seq=frame.seq, active=len(running)))
                     elif isinstance(frame, Generate):
-                        nursery.start_soon(_generate, send, frame, b.tokens_per_sec, running)
+                        err = fake_answers.bad_id(frame.id, frame.prompt_parts or [], "prompt")
+                        if err is not None:
+                            await send(err)
+                        else:
+                            nursery.start_soon(_generate, send, frame, b.tokens_per_sec, running)
+                    elif isinstance(frame, Tokenize):
+                        await send(fake_answers.tokenize_result(frame.id, frame.text, frame.add_special, frame.with_pieces))
+                    elif isinstance(frame, Detokenize):
+                        await send(fake_answers.detokenize(frame.id, frame.tokens))
+                    elif isinstance(frame, Render):
+                        await send(fake_answers.render(frame.id, frame.messages))
+                    elif isinstance(frame, SlotsQuery):
+                        busy = sorted(running)
+                        slots = [
+                            SlotState(
+                                id=i, n_ctx=spec.n_ctx, is_processing=i < len(busy),
+                                id_task=busy[i] if i < len(busy) else -1,
+                            )
+                            for i in range(spec.slots)
+                        ]
+                        await send(SlotsResult(id=frame.id, slots=slots))
                     elif isinstance(frame, Cancel):
                         scope = running.pop(frame.id, None)
                         if scope is not None:
@@ -171,7 +200,10 @@ async def _generate(
                         id=g.id,
                         text=_word(n - 1) if n else "",
                         finish_reason="length",
-                        usage=Usage(prompt_tokens=1, completion_tokens=n),
+                        usage=Usage(prompt_tokens=fake_answers.prompt_tokens(g), completion_tokens=n),
+                        stop_type="limit",
+                        timings=fake_answers.timings(fake_answers.prompt_tokens(g), n, 1.0 / tokens_per_sec),
+                        id_slot=0,
                     )
                 ]
             )

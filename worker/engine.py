@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import time
 from typing import Callable, Union
 
 import llama_cpp
@@ -43,7 +44,10 @@ from worker.protocol import (
     Occupancy,
     SamplingParams,
     SetThreads,
+    SlotState,
     Step,
+    StopType,
+    Timings,
     TokenEvent,
     Usage,
 )
@@ -111,6 +115,19 @@ class Engine:
     def queued(self) -> int:
         """Requests waiting for a slot, or still being prepared."""
         return len(self.waiting) + self.prep.pending
+
+    def slot_states(self) -> list[SlotState]:
+        """What each slot is doing (GET /slots). Called from the link's thread, not this
+        one: it only reads, and a reading a step old is as good as a fresh one."""
+        out = []
+        for s in self.slots:
+            req = s.request
+            state = SlotState(id=s.seq_id, n_ctx=self.n_ctx_slot, is_processing=req is not None, n_cached=len(s.cache))
+            if req is not None:
+                state.id_task, state.n_decoded, state.params = req.id, req.n_gen, req.params
+                state.n_remain = req.max_new - req.n_gen
+            out.append(state)
+        return out
 
     # ---- the thread ---------------------------------------------------------------------------
 
@@ -201,6 +218,8 @@ class Engine:
             slot.last_used = self._clock
             slot.request = req
             req.slot = slot
+            if not req.t_admitted:  # a preempted request keeps its first start
+                req.t_admitted = time.perf_counter()
 
     def _resolved(self, p: SamplingParams) -> SamplingParams:
         # llama-server's convention: repeat_last_n = -1 means the whole context.
@@ -245,6 +264,13 @@ class Engine:
             assert slot is not None and req.sampler is not None
             slot.cache.extend(req.tokens[len(slot.cache) : len(slot.cache) + n_fed])
             if wants:
+                if not req.t_prompt_done:
+                    req.t_prompt_done = time.perf_counter()
+                if req.max_new <= 0:
+                    # llama-server's n_predict = 0: the prompt is now in the cache, and
+                    # nothing is generated.
+                    self._finish(req, "length", events, stop_type="limit")
+                    continue
                 tok = req.sampler.sample(self.m.ctx, last_idx)
                 self._accept(req, tok, events)
         if events:
@@ -275,7 +301,7 @@ class Engine:
         for req, *_ in plan:
             if rc == 1:
                 # A single request filled the whole pool: that is its context limit.
-                self._finish(req, "length", events=None, flush=True)
+                self._finish(req, "length", events=None, flush=True, stop_type="limit")
             else:
                 self._error(req, "internal", f"llama_decode failed with {rc}")
 
@@ -283,16 +309,17 @@ class Engine:
         req.n_gen += 1
         p = req.params
         if self.m.is_eog(tok) and not p.ignore_eos:
-            self._finish(req, "stop", events, tokens=[tok], flush=True)
+            self._finish(req, "stop", events, tokens=[tok], flush=True, stop_type="eos")
             return
         req.tokens.append(tok)
         text, matched = req.stops.feed(req.decoder.decode(self.m.piece(tok)))
         if matched:
-            self._finish(req, "stop", events, text=text, tokens=[tok])
+            self._finish(req, "stop", events, text=text, tokens=[tok], stop_type="word")
         elif req.n_gen >= req.max_new or len(req.tokens) >= self.n_ctx_slot:
-            self._finish(req, "length", events, text=text, tokens=[tok], flush=True)
+            self._finish(req, "length", events, text=text, tokens=[tok], flush=True, stop_type="limit")
         else:
-            events.append(TokenEvent(id=req.id, text=text, tokens=[tok]))
+            timings = _timings(req) if p.timings_per_token else None
+            events.append(TokenEvent(id=req.id, text=text, tokens=[tok], timings=timings))
 
     def _finish(
         self,
@@ -302,12 +329,14 @@ class Engine:
         text: str = "",
         tokens: list[int] | None = None,
         flush: bool = False,
+        stop_type: StopType | None = None,
     ) -> None:
         if flush:
             # Generation ended for a reason other than a stop string: what was held back (an
             # incomplete UTF-8 tail, a possible stop-string start) is real output.
             tail, matched = req.stops.feed(req.decoder.decode(b"", final=True))
             text += tail if matched else tail + req.stops.flush()
+        id_slot = req.slot.seq_id if req.slot is not None else None
         self._release(req)
         ev = TokenEvent(
             id=req.id,
@@ -315,6 +344,10 @@ class Engine:
             tokens=tokens or [],
             finish_reason=reason,
             usage=Usage(prompt_tokens=len(req.prompt), completion_tokens=req.n_gen, cached_tokens=req.cached),
+            stop_type=stop_type,
+            stopping_word=req.stops.matched if stop_type == "word" else "",
+            timings=_timings(req),
+            id_slot=id_slot,
         )
         if events is None:
             self.emit(Step(events=[ev]))
@@ -352,3 +385,17 @@ class Engine:
         for s in self.slots:
             s.cache.clear()
         self.emit(answer)
+
+
+def _timings(req: Request) -> Timings:
+    """llama-server's timings for `req` so far: its prompt from taking a slot to its first
+    sample, then generation from there to now."""
+    now = time.perf_counter()
+    prompt_end = req.t_prompt_done or now
+    return Timings(
+        prompt_n=len(req.prompt) - req.cached,
+        prompt_ms=(prompt_end - req.t_admitted) * 1000.0 if req.t_admitted else 0.0,
+        predicted_n=req.n_gen,
+        predicted_ms=(now - req.t_prompt_done) * 1000.0 if req.t_prompt_done else 0.0,
+        cache_n=req.cached,
+    )

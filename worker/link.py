@@ -35,6 +35,8 @@ from worker.protocol import (
     Ready,
     SetThreads,
     Shutdown,
+    SlotsQuery,
+    SlotsResult,
     ToWorker,
     WorkerSpec,
     decode_to_worker,
@@ -92,6 +94,9 @@ class Link:
                     threads=e.threads if e else 0,
                 )
             )
+        elif isinstance(frame, SlotsQuery):
+            # Answered here, like Ping: a read of the slots, which the engine never waits on.
+            self.emit(SlotsResult(id=frame.id, slots=self.engine.slot_states() if self.engine else []))
         elif isinstance(frame, Shutdown):
             self.draining = True
             trio.lowlevel.spawn_system_task(self._shutdown, frame.grace)
@@ -173,7 +178,17 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 n_embd=model.n_embd,
                 description=model.description,
                 max_token_bytes=model.max_token_bytes() or 0,
+                chat_template=model.template_source,
+                bos_token=model.bos_text,
+                eos_token=model.eos_text,
+                build_info=f"llama-cpp-python {llama_cpp_version()}",
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)
         await trio.to_thread.run_sync(engine.run, abandon_on_cancel=True)
+
+
+def llama_cpp_version() -> str:
+    import llama_cpp  # the worker has it loaded already; imported here to keep startup lean
+
+    return str(getattr(llama_cpp, "__version__", "unknown"))

@@ -77,6 +77,11 @@ class LoadedModel:
     description: str
     pooling: str | None = None  # embedding models: the pooling in effect
     token_bytes: int | None = None  # the length bound's unit; None: no bound holds
+    # What GET /props shows: the template's source (Jinja text or a built-in's name) and
+    # the BOS/EOS texts.
+    template_source: str = ""
+    bos_text: str = ""
+    eos_text: str = ""
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -121,6 +126,33 @@ class LoadedModel:
                 return out
             cap = -n
         raise RuntimeError("llama_token_to_piece kept asking for a larger buffer")
+
+    def token_text(self, token: int) -> bytes:
+        """One token's bytes with special tokens written out (/tokenize's pieces). The
+        caller has checked the id against n_vocab."""
+        cap = 64
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, cap, 0, True)
+            if n >= 0:
+                return buf.raw[:n]
+            cap = -n
+        raise RuntimeError("llama_token_to_piece kept asking for a larger buffer")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens`, special tokens written out and none removed, as
+        llama-server's /detokenize. The caller has checked every id against n_vocab."""
+        if not tokens:
+            return ""
+        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
+        cap = len(tokens) * 8 + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = llama_cpp.llama_detokenize(self.vocab, arr, len(tokens), buf, cap, False, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            cap = -n
+        raise RuntimeError("llama_detokenize kept asking for a larger buffer")
 
     def max_token_bytes(self) -> int | None:
         """The most bytes of input text one token can cover (see `_longest_token`)."""
@@ -199,7 +231,8 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         llama_cpp.llama_model_free(model)
         raise LoadError("llama.cpp could not create a context (n_ctx too large for memory?)")
 
-    template = _template(spec, model, vocab)
+    template, template_source = _template(spec, model, vocab)
+    bos_text, eos_text = _bos_eos(vocab)
     desc = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, desc, 256)
     return LoadedModel(
@@ -217,6 +250,9 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         description=desc.value.decode("utf-8", errors="replace"),
         pooling=pooling,
         token_bytes=_longest_token(vocab),
+        template_source=template_source,
+        bos_text=bos_text,
+        eos_text=eos_text,
     )
 
 
@@ -248,10 +284,12 @@ def _model_pooling(model: llama_cpp.llama_model_p) -> str:
 
 def _template(
     spec: WorkerSpec, model: llama_cpp.llama_model_p, vocab: llama_cpp.llama_vocab_p
-) -> ChatTemplate | None:
+) -> tuple[ChatTemplate | None, str]:
+    """The chat template, and its source as GET /props shows it: the Jinja text, or a
+    built-in's name (never the path of a template file)."""
     if spec.chat_template is not None:
         if spec.chat_template in builtin_names():
-            return BuiltinTemplate(spec.chat_template)
+            return BuiltinTemplate(spec.chat_template), spec.chat_template
         try:
             source = Path(spec.chat_template).read_text(encoding="utf-8")
         except OSError as exc:
@@ -259,12 +297,13 @@ def _template(
                 f"the chat template file cannot be read ({exc.strerror or type(exc).__name__})",
                 f"cannot read chat template {spec.chat_template}: {exc}",
             ) from exc
-        return JinjaTemplate(source, *_bos_eos(vocab))
+        return JinjaTemplate(source, *_bos_eos(vocab)), source
     raw = llama_cpp.llama_model_chat_template(model, None)
     if not raw:
-        return None
+        return None, ""
+    text = raw.decode("utf-8", errors="replace")
     try:
-        return JinjaTemplate(raw.decode("utf-8", errors="replace"), *_bos_eos(vocab))
+        return JinjaTemplate(text, *_bos_eos(vocab)), text
     except ValueError as exc:
         raise LoadError(str(exc)) from exc
 

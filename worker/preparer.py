@@ -1,6 +1,6 @@
 """Preparing requests off the step loop: the engine thread never renders or tokenizes.
 
-Generate, Embed and Tokenize frames come here first, and pass two threads in turn
+Generate, Embed, Tokenize, Detokenize and Render frames come here first, and pass two threads in turn
 (worker/prompts.py says what each stage does):
 
 - **render** (normal priority) renders the chat template and refuses a text that is
@@ -33,20 +33,20 @@ import queue
 import threading
 from typing import Callable, Protocol, Union
 
-from worker.prompts import Prepared, TextModel, Texts, pooling_problem, texts_for
-from worker.protocol import Embed, Error, Frame, Generate, Tokenize
+from worker.prompts import Prepared, Texts, VocabModel, pooling_problem, texts_for
+from worker.protocol import Detokenize, Embed, Error, Frame, Generate, Render, Tokenize
 from worker.request import EmbedJob, Request, RequestRejected
 
 log = logging.getLogger("worker.prepare")
 
-Work = Union[Generate, Embed, Tokenize]
+Work = Union[Generate, Embed, Tokenize, Detokenize, Render]
 Ready = Union[Request, EmbedJob]
 
 # How much lower than the decode threads the tokenizing thread runs (nice is -20..19).
 NICE = 10
 
 
-class PreparedModel(TextModel, Protocol):
+class PreparedModel(VocabModel, Protocol):
     """What preparing needs of a loaded model (worker.model.LoadedModel in the worker)."""
 
     @property
@@ -171,6 +171,9 @@ def _error(rid: int, exc: Exception) -> Error:
     """The Error frame for a request that could not be prepared: a rejection says why; a
     bug costs this request, never the worker."""
     if isinstance(exc, RequestRejected):
-        return Error(id=rid, code=exc.code, message=exc.message, param=exc.param)
+        return Error(
+            id=rid, code=exc.code, message=exc.message, param=exc.param,
+            n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx,
+        )
     log.exception("preparing request %d failed", rid, exc_info=exc)
     return Error(id=rid, code="internal", message=f"could not prepare the request: {exc}")

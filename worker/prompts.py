@@ -20,10 +20,22 @@ Pure logic over the `TextModel` protocol, so it is tested with a fake tokenizer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Union
+from typing import Callable, Protocol, Sequence, Union
 
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
-from worker.protocol import Embed, Frame, Generate, Tokenize, TokenizeResult, fewest_tokens, utf8_length
+from worker.protocol import (
+    Detokenize,
+    DetokenizeResult,
+    Embed,
+    Frame,
+    Generate,
+    Render,
+    Rendered,
+    Tokenize,
+    TokenizeResult,
+    fewest_tokens,
+    utf8_length,
+)
 from worker.request import EmbedJob, Request, RequestRejected
 from worker.stops import StopMatcher
 
@@ -47,6 +59,22 @@ class TextModel(Protocol):
         ...
 
 
+class VocabModel(TextModel, Protocol):
+    """What the requests that name token ids need besides: the vocabulary's size (every id
+    a client sends is checked against it) and the text of tokens."""
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens`, special tokens written out."""
+        ...
+
+    def token_text(self, token: int) -> bytes:
+        """One token's bytes, a special token's text included."""
+        ...
+
+
 @dataclass(frozen=True)
 class Limit:
     """At most `most` tokens; an error reads "{what} is N tokens; {why}" and names `param`."""
@@ -55,15 +83,20 @@ class Limit:
     what: str
     why: str
     param: str
+    n_ctx: int | None = None  # the context reported with a refusal (llama-server's n_ctx)
 
-    def refuse(self, tokens: str) -> RequestRejected:
-        return RequestRejected("context_length_exceeded", f"{self.what} is {tokens} tokens; {self.why}", self.param)
+    def refuse(self, n_tokens: int, at_least: bool = False) -> RequestRejected:
+        count = f"at least {n_tokens}" if at_least else str(n_tokens)
+        return RequestRejected(
+            "context_length_exceeded", f"{self.what} is {count} tokens; {self.why}", self.param,
+            n_prompt_tokens=n_tokens, n_ctx=self.n_ctx,
+        )
 
     def check_bytes(self, n_bytes: int, max_token_bytes: int | None) -> None:
         """Refuse a text of `n_bytes` that certainly makes more than `most` tokens."""
         at_least = fewest_tokens(n_bytes, max_token_bytes)
         if at_least > self.most:
-            raise self.refuse(f"at least {at_least}") from None
+            raise self.refuse(at_least, at_least=True) from None
 
 
 @dataclass(frozen=True)
@@ -73,15 +106,19 @@ class Texts:
 
     texts: list[tuple[str, Limit]]
     build: Callable[[list[list[int]]], Prepared]
-    add_special: bool = True
+    # BOS and the like: for every text, or text by text (a mixed prompt adds them only to a
+    # string that comes first).
+    add_special: bool | Sequence[bool] = True
+    parse_special: bool = True
 
     def tokenize(self, m: TextModel) -> Prepared:
         """Stage 2: tokenize each text, check its exact count, and build the result."""
         tokens = []
-        for text, limit in self.texts:
-            toks = m.tokenize(text, add_special=self.add_special, parse_special=True)
+        for i, (text, limit) in enumerate(self.texts):
+            add = self.add_special if isinstance(self.add_special, bool) else self.add_special[i]
+            toks = m.tokenize(text, add_special=add, parse_special=self.parse_special)
             if len(toks) > limit.most:
-                raise limit.refuse(str(len(toks)))
+                raise limit.refuse(len(toks))
             tokens.append(toks)
         return self.build(tokens)
 
@@ -95,7 +132,19 @@ def _checked(text: str, limit: Limit, m: TextModel) -> tuple[str, Limit]:
     return text, limit
 
 
-def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
+def check_ids(tokens: Sequence[int | str], n_vocab: int, param: str) -> None:
+    """Every token id a client sent must name a token of this vocabulary: llama.cpp reads
+    an id out of range past the end of its tables."""
+    for i, t in enumerate(tokens):
+        if isinstance(t, int) and not 0 <= t < n_vocab:
+            raise RequestRejected(
+                "invalid_request",
+                f"Invalid token id {t} at {param}[{i}]: this model's vocabulary has ids 0 to {n_vocab - 1}.",
+                param,
+            )
+
+
+def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
     """Stage 1 of a generation: the prompt rendered and its length bounded."""
     param = "messages" if g.messages is not None else "prompt"
     limit = Limit(
@@ -103,7 +152,10 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
         "the prompt",
         f"this model's context holds {n_ctx_slot} tokens, prompt and output together",
         param,
+        n_ctx_slot,
     )
+    if g.prompt_parts is not None:
+        return _mixed_texts(g, m, n_ctx_slot, limit)
     if g.messages is None:
         text = g.prompt or ""
     elif m.template is None:
@@ -118,20 +170,52 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
         try:
             text = m.template.render(g.messages, limit.most * bound if bound else None)
         except TemplateTooLong as exc:
-            raise limit.refuse(f"at least {fewest_tokens(exc.n_bytes, bound)}") from None
+            raise limit.refuse(fewest_tokens(exc.n_bytes, bound), at_least=True) from None
         except TemplateError as exc:
             raise RequestRejected("invalid_request", f"chat template: {exc}", "messages") from None
 
     def build(tokens: list[list[int]]) -> Request:
-        prompt = tokens[0]
-        if not prompt:
-            raise RequestRejected("invalid_request", "the prompt is empty", param)
-        room = n_ctx_slot - len(prompt)
-        p = g.params
-        max_new = room if p.max_tokens is None else min(p.max_tokens, room)
-        return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
+        return _request(g, tokens[0], n_ctx_slot, param)
 
     return Texts([_checked(text, limit, m)], build)
+
+
+def _request(g: Generate, prompt: list[int], n_ctx_slot: int, param: str) -> Request:
+    if not prompt:
+        raise RequestRejected("invalid_request", "the prompt is empty", param)
+    room = n_ctx_slot - len(prompt)
+    p = g.params
+    max_new = room if p.max_tokens is None else min(p.max_tokens, room)
+    return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
+
+
+def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> Texts:
+    """Stage 1 of llama-server's mixed prompt: ids checked against the vocabulary now, the
+    strings among them tokenized in stage 2 (only a string that comes first gets BOS), and
+    the whole checked against the context once its parts are joined."""
+    parts = g.prompt_parts or []
+    check_ids(parts, m.n_vocab, "prompt")
+    ids = sum(1 for p in parts if isinstance(p, int))
+    if ids > limit.most:
+        raise limit.refuse(ids)
+    strings = [p for p in parts if isinstance(p, str)]
+    texts = [_checked(s, limit, m) for s in strings]
+    adds = [i == 0 for i, p in enumerate(parts) if isinstance(p, str)]
+
+    def build(tokens: list[list[int]]) -> Request:
+        pieces = iter(tokens)
+        prompt: list[int] = []
+        for p in parts:
+            if isinstance(p, int):
+                prompt.append(p)
+            else:
+                prompt.extend(next(pieces))
+        if len(prompt) > limit.most:
+            raise limit.refuse(len(prompt))
+        return _request(g, prompt, n_ctx_slot, "prompt")
+
+    return Texts(texts, build, add_special=adds)
+
 
 
 def embed_texts(e: Embed, m: TextModel, n_batch: int) -> Texts:
@@ -151,16 +235,51 @@ def embed_texts(e: Embed, m: TextModel, n_batch: int) -> Texts:
     return Texts(texts, build)
 
 
-def tokenize_texts(t: Tokenize, m: TextModel, n_ctx_slot: int) -> Texts:
+def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int) -> Texts:
     """Stage 1 of POST /tokenize. A text longer than any prompt this model can take is
     refused rather than tokenized: it cannot be a prompt, and tokenizing it costs without
     bound."""
-    limit = Limit(n_ctx_slot, "the text", f"/tokenize takes at most {n_ctx_slot} tokens with this model (its context)", "content")
+    limit = Limit(
+        n_ctx_slot, "the text", f"/tokenize takes at most {n_ctx_slot} tokens with this model (its context)",
+        "content", n_ctx_slot,
+    )
 
     def build(tokens: list[list[int]]) -> TokenizeResult:
-        return TokenizeResult(id=t.id, tokens=tokens[0])
+        if not t.with_pieces:
+            return TokenizeResult(id=t.id, tokens=tokens[0])
+        return TokenizeResult(id=t.id, tokens=tokens[0], pieces=[piece(m.token_text(tok)) for tok in tokens[0]])
 
-    return Texts([_checked(t.text, limit, m)], build, add_special=t.add_special)
+    return Texts([_checked(t.text, limit, m)], build, add_special=t.add_special, parse_special=t.parse_special)
+
+
+def piece(data: bytes) -> str | list[int]:
+    """A token's text as llama-server's /tokenize shows it: a string where its bytes are
+    valid UTF-8 on their own, else the bytes (half of a character split across tokens)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def detokenize_texts(d: Detokenize, m: VocabModel) -> Texts:
+    """POST /detokenize: ids checked now (stage 1); the text made in stage 2, where the
+    C call drops the GIL on the low-priority thread."""
+    check_ids(d.tokens, m.n_vocab, "tokens")
+    return Texts([], lambda _: DetokenizeResult(id=d.id, content=m.detokenize(d.tokens)))
+
+
+def render_texts(r: Render, m: TextModel) -> Texts:
+    """POST /apply-template: the chat template rendered here, in stage 1 (it holds the GIL);
+    nothing is tokenized."""
+    if m.template is None:
+        raise RequestRejected(
+            "unsupported", "this model has no chat template; set chat_template in its config", "messages"
+        )
+    try:
+        prompt = m.template.render(r.messages)
+    except TemplateError as exc:
+        raise RequestRejected("invalid_request", f"chat template: {exc}", "messages") from None
+    return Texts([], lambda _: Rendered(id=r.id, prompt=prompt))
 
 
 def pooling_problem(pooling: str) -> str | None:
@@ -174,10 +293,16 @@ def pooling_problem(pooling: str) -> str | None:
     return f"{why}; /v1/embeddings needs pooling = mean, cls or last in this model's config"
 
 
-def texts_for(frame: Generate | Embed | Tokenize, m: TextModel, n_ctx_slot: int, n_batch: int) -> Texts:
+def texts_for(
+    frame: Generate | Embed | Tokenize | Detokenize | Render, m: VocabModel, n_ctx_slot: int, n_batch: int
+) -> Texts:
     """Stage 1 for any request frame."""
     if isinstance(frame, Generate):
         return generate_texts(frame, m, n_ctx_slot)
     if isinstance(frame, Embed):
         return embed_texts(frame, m, n_batch)
+    if isinstance(frame, Detokenize):
+        return detokenize_texts(frame, m)
+    if isinstance(frame, Render):
+        return render_texts(frame, m)
     return tokenize_texts(frame, m, n_ctx_slot)

@@ -21,6 +21,9 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
 FinishReason = Literal["stop", "length", "cancelled"]
+# Why a generation stopped, in llama-server's words: an end-of-generation token, the length
+# limit (max_tokens or the context), or a stop string.
+StopType = Literal["eos", "limit", "word"]
 
 
 class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -69,6 +72,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     stop: list[str] = []
     ignore_eos: bool = False
     constraint: Constraint | None = None
+    # llama-server's timings_per_token: every event carries Timings, not only the last.
+    timings_per_token: bool = False
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -126,12 +131,18 @@ class WorkerSpec(ModelOptions, forbid_unknown_fields=True, frozen=True):
 
 
 class Generate(Frame):
-    """Start a generation. Exactly one of `prompt` and `messages` is set."""
+    """Start a generation. Exactly one of `prompt`, `messages` and `prompt_parts` is set.
+
+    `prompt_parts` is llama-server's mixed prompt: token ids used as they are, and strings
+    tokenized in place (the first element with BOS, as llama-server's tokenize_mixed). The
+    worker checks every id against its vocabulary; a bad one is a 400 naming `prompt`.
+    """
 
     id: int
     params: SamplingParams
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    prompt_parts: list[int | str] | None = None
 
 
 class Embed(Frame):
@@ -143,6 +154,30 @@ class Tokenize(Frame):
     id: int
     text: str
     add_special: bool = True
+    parse_special: bool = True
+    with_pieces: bool = False  # answer each token's text too (TokenizeResult.pieces)
+
+
+class Detokenize(Frame):
+    """Token ids back to text, special tokens written out (llama-server's /detokenize)."""
+
+    id: int
+    tokens: list[int]
+
+
+class Render(Frame):
+    """Render messages with the model's chat template, generation prompt included
+    (llama-server's /apply-template); answered with Rendered."""
+
+    id: int
+    messages: list[ChatMessage]
+
+
+class SlotsQuery(Frame):
+    """What each slot is doing now (llama-server's GET /slots); answered with SlotsResult.
+    The worker answers from its reader, not the engine thread."""
+
+    id: int
 
 
 class Cancel(Frame):
@@ -185,6 +220,12 @@ class Ready(Frame):
     # text of n bytes makes at least fewest_tokens(n, max_token_bytes) tokens, so the
     # router can refuse a prompt that cannot fit without sending it here.
     max_token_bytes: int = 0
+    # For llama-server's GET /props: the template's source (Jinja text, or a built-in's
+    # name), the BOS/EOS texts, and llama-cpp-python's version. Never a local path.
+    chat_template: str = ""
+    bos_token: str = ""
+    eos_token: str = ""
+    build_info: str = ""
 
 
 def fewest_tokens(n_bytes: int, max_token_bytes: int | None) -> int:
@@ -209,6 +250,18 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
     cached_tokens: int = 0
 
 
+class Timings(msgspec.Struct, forbid_unknown_fields=True):
+    """llama-server's timings, as measured in the worker: prompt tokens decoded (those not
+    reused from the cache) and the time they took, then tokens generated since and theirs.
+    The router derives the per-token and per-second figures."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    cache_n: int = 0
+
+
 class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """What one request gained in one decode step.
 
@@ -221,6 +274,13 @@ class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     tokens: list[int] = []
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    # On a final event (llama-server's /completion reports them): why it stopped, and the
+    # stop string that matched, if one did.
+    stop_type: StopType | None = None
+    stopping_word: str = ""
+    # On a final event always; on every event when params.timings_per_token.
+    timings: Timings | None = None
+    id_slot: int | None = None  # on a final event: the slot that ran it
 
 
 class Step(Frame):
@@ -238,6 +298,37 @@ class EmbedResult(Frame):
 class TokenizeResult(Frame):
     id: int
     tokens: list[int]
+    # With Tokenize.with_pieces: each token's text, or its bytes where they are not valid
+    # UTF-8 on their own (llama-server's shape).
+    pieces: list[str | list[int]] | None = None
+
+
+class DetokenizeResult(Frame):
+    id: int
+    content: str
+
+
+class Rendered(Frame):
+    id: int
+    prompt: str
+
+
+class SlotState(msgspec.Struct, forbid_unknown_fields=True):
+    """One slot, as GET /slots shows it. `params` are the running request's, if any."""
+
+    id: int
+    n_ctx: int
+    is_processing: bool
+    id_task: int = -1  # the request id in this worker, -1 when idle
+    n_decoded: int = 0
+    n_remain: int = -1
+    n_cached: int = 0  # tokens in the slot's KV cache
+    params: SamplingParams | None = None
+
+
+class SlotsResult(Frame):
+    id: int
+    slots: list[SlotState]
 
 
 ErrorCode = Literal[
@@ -250,12 +341,16 @@ ErrorCode = Literal[
 
 
 class Error(Frame):
-    """A request failed before or during generation. `param` names the offending field."""
+    """A request failed before or during generation. `param` names the offending field.
+    A context_length_exceeded refusal carries the counts llama-server reports with it (the
+    prompt's tokens, or a lower bound when it was refused by length, and the context)."""
 
     id: int
     code: ErrorCode
     message: str
     param: str | None = None
+    n_prompt_tokens: int | None = None
+    n_ctx: int | None = None
 
 
 class Pong(Frame):
@@ -274,9 +369,12 @@ class Occupancy(Frame):
     queued: int
 
 
-ToWorker = Union[Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads]
+ToWorker = Union[
+    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, Detokenize, Render, SlotsQuery
+]
 FromWorker = Union[
-    Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong, Occupancy
+    Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong, Occupancy,
+    DetokenizeResult, Rendered, SlotsResult,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

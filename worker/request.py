@@ -30,6 +30,10 @@ class Request:
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
+    # perf_counter stamps for llama-server's timings: when the request took its slot (its
+    # prompt's decoding begins) and when its first token was sampled (the prompt is done).
+    t_admitted: float = 0.0
+    t_prompt_done: float = 0.0
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -46,6 +50,15 @@ class EmbedJob:
 class RequestRejected(Exception):
     """The request cannot be served as sent: its Error frame, ready to emit."""
 
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        param: str | None = None,
+        n_prompt_tokens: int | None = None,
+        n_ctx: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
+        # A context overflow's counts, which llama-server's error shape reports.
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx

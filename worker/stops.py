@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 class StopMatcher:
     stops: tuple[str, ...]
     _pending: str = field(default="", init=False)
+    matched: str = field(default="", init=False)  # the stop string that ended the text
 
     def __post_init__(self) -> None:
         # Empty strings would match everywhere; the router rejects them, this keeps us safe.
@@ -33,7 +34,7 @@ class StopMatcher:
         for s in self.stops:
             i = buf.find(s)
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, self.matched = i, s
         if cut != -1:
             self._pending = ""
             return buf[:cut], True

@@ -64,8 +64,11 @@ def test_huge_prompts_are_refused_while_a_stream_runs_on(server: Server) -> None
         err = refused(server, "/v1/completions", {"model": "chat-a", "prompt": text(60_000)})
         assert err["param"] == "prompt" and "at least" not in err["message"]
         # /tokenize and embeddings have their own bounds.
-        err = refused(server, "/tokenize", {"model": "chat-a", "content": big})
-        assert err["param"] == "content"
+        # /tokenize is llama-server's route: its error shape, with the counts.
+        r = httpx.post(server.url + "/tokenize", json={"model": "chat-a", "content": big}, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["type"] == "exceed_context_size_error", err
+        assert err["param"] == "content" and err["n_prompt_tokens"] > err["n_ctx"] == 2048
         err = refused(server, "/v1/embeddings", {"model": "embed", "input": ["short", big]})
         assert err["param"] == "input" and "input[1]" in err["message"]
     finally:

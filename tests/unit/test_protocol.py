@@ -44,6 +44,11 @@ TO_WORKER: list[p.Frame] = [
     p.Shutdown(),
     p.Shutdown(grace=0.5),
     p.SetThreads(n_threads=3),
+    p.Generate(id=10, params=p.SamplingParams(timings_per_token=True), prompt_parts=[2, "text", 3]),
+    p.Tokenize(id=11, text="x", parse_special=False, with_pieces=True),
+    p.Detokenize(id=12, tokens=[2, 106, 0]),
+    p.Render(id=13, messages=[p.ChatMessage(role="user", content="hi")]),
+    p.SlotsQuery(id=14),
 ]
 
 FROM_WORKER: list[p.Frame] = [
@@ -88,6 +93,31 @@ FROM_WORKER: list[p.Frame] = [
     p.Pong(seq=8, active=3, queued=2),
     p.Occupancy(active=0, queued=0),
     p.Occupancy(active=4, queued=7),
+    p.Ready(
+        n_ctx=2048, n_ctx_slot=2048, slots=1, n_vocab=10, n_ctx_train=10, has_template=True,
+        embeddings=False, n_embd=4, chat_template="{{ x }}", bos_token="<bos>", eos_token="<eos>",
+        build_info="llama-cpp-python 0.3.36",
+    ),
+    p.Step(
+        events=[
+            p.TokenEvent(
+                id=6, text="x", finish_reason="stop", stop_type="word", stopping_word="\n", id_slot=2,
+                usage=p.Usage(prompt_tokens=3, completion_tokens=1),
+                timings=p.Timings(prompt_n=3, prompt_ms=1.5, predicted_n=1, predicted_ms=2.0, cache_n=1),
+            )
+        ]
+    ),
+    p.TokenizeResult(id=11, tokens=[5, 6], pieces=["a", [195]]),
+    p.DetokenizeResult(id=12, content="<bos>hi"),
+    p.Rendered(id=13, prompt="<start_of_turn>user\nhi"),
+    p.SlotsResult(
+        id=14,
+        slots=[
+            p.SlotState(id=0, n_ctx=2048, is_processing=False),
+            p.SlotState(id=1, n_ctx=2048, is_processing=True, id_task=3, n_decoded=4, n_remain=6, params=SAMPLING),
+        ],
+    ),
+    p.Error(id=15, code="context_length_exceeded", message="too long", param="prompt", n_prompt_tokens=9000, n_ctx=2048),
 ]
 
 

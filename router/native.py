@@ -1,0 +1,198 @@
+"""llama-server's own routes, so that its clients work against Corral: /completion,
+/tokenize, /detokenize, /apply-template, GET /props and GET /slots.
+
+Each takes `model` (in the body, or `?model=` on the GETs) to pick the model, as
+llama-server's router mode does. Errors on these routes are in llama-server's shape
+(router/errors.py `render_native`); the app picks that shape by path (`is_native`).
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Callable
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from router import bodies, schemas, sse
+from router.errors import render_native
+from router.generation import Generation, GenerationJob
+from router.native_format import NativeCompletion, encode, props_json, slots_json
+from router.native_schemas import (
+    ApplyTemplateRequest,
+    DetokenizeRequest,
+    NativeCompletionRequest,
+    native_params,
+    native_prompt,
+)
+from supervisor.connection import WorkerConnection
+from supervisor.errors import CorralError, InternalError, Unsupported, WorkerUnavailable
+from supervisor.handle import ModelHandle
+from worker.protocol import TokenEvent
+
+# The paths whose errors are in llama-server's shape.
+NATIVE_PATHS = frozenset({"/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
+
+Resolve = Callable[[str | None], ModelHandle]
+
+
+def is_native(path: str) -> bool:
+    return path in NATIVE_PATHS
+
+
+def _json(obj: object) -> Response:
+    return Response(encode(obj), status=200, content_type="application/json")
+
+
+def register(app: QuartTrio, resolve: Resolve) -> None:
+    """Add the routes. `resolve` turns a request's `model` (None when it names none) into
+    the model's handle; it raises a 400 or 404 naming `model`."""
+
+    def generating_model(model: str | None) -> ModelHandle:
+        handle = resolve(model)
+        if handle.spec.embeddings:
+            raise Unsupported(f"The model `{handle.name}` serves embeddings only.", "model")
+        return handle
+
+    @app.post("/completion")
+    async def completion() -> Response:
+        r: NativeCompletionRequest = schemas.decode(await bodies.read_body(), NativeCompletionRequest)
+        handle = generating_model(r.model)
+        params = native_params(r)
+        prompt = native_prompt(r)
+        name = r.model if r.model is not None else handle.name
+        job = GenerationJob(
+            model=name,
+            params=params,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_parts=tuple(prompt) if not isinstance(prompt, str) else None,
+            stream=r.stream,
+        )
+        gen = await Generation.start(handle, job)
+        ready = gen.conn.ready
+        fmt = NativeCompletion(
+            model=name,
+            params=params,
+            n_ctx=ready.n_ctx_slot if ready is not None else 0,
+            stream=r.stream,
+            return_tokens=r.return_tokens,
+            response_fields=r.response_fields,
+        )
+        if not r.stream:
+            try:
+                body = await _whole(gen, fmt, prompt)
+            finally:
+                gen.close()
+            return Response(body, content_type="application/json")
+        return Response(sse.Body(_events(gen, fmt, prompt), gen.close), status=200, headers=sse.HEADERS)
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        r: schemas.TokenizeRequest = schemas.decode(await bodies.read_body(), schemas.TokenizeRequest)
+        handle = resolve(r.model)
+        async with handle.lease() as conn:
+            if (ready := conn.ready) is not None:
+                schemas.refuse_if_too_long(
+                    ready,
+                    r.content,
+                    ready.n_ctx_slot,
+                    "the text",
+                    f"/tokenize takes at most {ready.n_ctx_slot} tokens with this model (its context)",
+                    "content",
+                )
+            result = await conn.tokenize_pieces(r.content, r.add_special, r.parse_special, r.with_pieces)
+        if not r.with_pieces:
+            return _json({"tokens": result.tokens})
+        pieces = result.pieces or []
+        if len(pieces) != len(result.tokens):
+            raise InternalError("the worker answered /tokenize without a piece for every token")
+        return _json({"tokens": [{"id": t, "piece": p} for t, p in zip(result.tokens, pieces)]})
+
+    @app.post("/detokenize")
+    async def detokenize() -> Response:
+        r: DetokenizeRequest = schemas.decode(await bodies.read_body(), DetokenizeRequest)
+        handle = resolve(r.model)
+        async with handle.lease() as conn:
+            content = await conn.detokenize(list(r.tokens))
+        return _json({"content": content})
+
+    @app.post("/apply-template")
+    async def apply_template() -> Response:
+        r: ApplyTemplateRequest = schemas.decode(await bodies.read_body(), ApplyTemplateRequest)
+        handle = resolve(r.model)
+        # The same checks and normalisation as a chat request's messages.
+        messages = schemas.chat_messages(schemas.ChatRequest(model=handle.name, messages=r.messages))
+        async with handle.lease() as conn:
+            prompt = await conn.render(messages)
+        return _json({"prompt": prompt})
+
+    @app.get("/props")
+    async def props() -> Response:
+        """One model's properties. Loads the model if it is not loaded: they are what its
+        worker found in the GGUF."""
+        model = request.args.get("model")
+        handle = resolve(model)
+        async with handle.lease() as conn:
+            ready = conn.ready
+        if ready is None:
+            raise InternalError("the worker is ready but sent no Ready frame")
+        return _json(props_json(handle.name, model or handle.name, ready, ready.slots))
+
+    @app.get("/slots")
+    async def slots() -> Response:
+        """What each of one model's slots is doing. With `fail_on_no_slot=1`, 503 when
+        every slot is busy (llama-server's readiness probe)."""
+        handle = resolve(request.args.get("model"))
+        async with handle.lease() as conn:
+            states = await conn.slots()
+        if request.args.get("fail_on_no_slot", "") not in ("", "0", "false") and all(s.is_processing for s in states):
+            raise WorkerUnavailable("no slot available", retry=True, retry_after=1.0)
+        return _json(slots_json(states))
+
+
+async def _prompt_text(conn: WorkerConnection, prompt: str | list[int | str]) -> str:
+    """The prompt as text for the answer's `prompt`: token ids written out as the worker
+    reads them (llama-server shows the processed prompt)."""
+    if isinstance(prompt, str):
+        return prompt
+    out: list[str] = []
+    run: list[int] = []
+    for p in [*prompt, ""]:  # the trailing "" flushes the last run of ids
+        if isinstance(p, int):
+            run.append(p)
+            continue
+        if run:
+            out.append(await conn.detokenize(run))
+            run = []
+        out.append(p)
+    return "".join(out)
+
+
+async def _whole(gen: Generation, fmt: NativeCompletion, prompt: str | list[int | str]) -> bytes:
+    text: list[str] = []
+    tokens: list[int] = []
+    last: TokenEvent | None = None
+    async for last in gen:
+        text.append(last.text)
+        tokens.extend(last.tokens)
+    assert last is not None and last.finish_reason is not None
+    return encode(fmt.final("".join(text), tokens, last, await _prompt_text(gen.conn, prompt)))
+
+
+async def _events(gen: Generation, fmt: NativeCompletion, prompt: str | list[int | str]) -> AsyncIterator[bytes]:
+    """llama-server's stream: an event per step with its text and `stop: false`, then one
+    with `stop: true` and the whole answer's fields. No [DONE], as llama-server; a failure
+    after the headers is a final `{"error": ...}` event in its shape."""
+    try:
+        n = 0
+        async for ev in gen:
+            n += len(ev.tokens)
+            if ev.finish_reason is None:
+                yield fmt.event(ev, n)
+                continue
+            # The last event's own text and tokens; the rest were streamed already.
+            final = fmt.final(ev.text, list(ev.tokens), ev, await _prompt_text(gen.conn, prompt))
+            yield sse.event(encode(final))
+    except CorralError as exc:
+        body, _, _ = render_native(exc)
+        yield sse.event(body)
+

@@ -1,0 +1,196 @@
+"""llama-server's own response objects: /completion answers and events, timings, the
+generation settings, /props and /slots.
+
+Shapes follow llama.cpp's tools/server/README.md, so its clients (llama.vim, llama.vscode,
+scripts written against llama-server) read Corral's answers unchanged. Pure functions over
+worker frames; router/native.py sends what they build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from router import sse
+from worker.protocol import Ready, SamplingParams, SlotState, StopType, Timings, TokenEvent, Usage
+
+_json = msgspec.json.Encoder()
+
+# llama.cpp's LLAMA_DEFAULT_SEED: what llama-server shows for "a random seed".
+RANDOM_SEED = 0xFFFFFFFF
+# The samplers a Corral chain applies, in its order (worker/sampling.py), in llama-server's
+# names; `penalties` only acts when a penalty is set.
+SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+
+
+def timings_json(t: Timings | None) -> dict[str, float | int]:
+    """llama-server's `timings`: the worker's counts and times, and the rates they give."""
+    if t is None:
+        t = Timings(prompt_n=0, prompt_ms=0.0, predicted_n=0, predicted_ms=0.0)
+    return {
+        "cache_n": t.cache_n,
+        "prompt_n": t.prompt_n,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": t.prompt_ms / t.prompt_n if t.prompt_n else 0.0,
+        "prompt_per_second": 1000.0 * t.prompt_n / t.prompt_ms if t.prompt_ms > 0 else 0.0,
+        "predicted_n": t.predicted_n,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": t.predicted_ms / t.predicted_n if t.predicted_n else 0.0,
+        "predicted_per_second": 1000.0 * t.predicted_n / t.predicted_ms if t.predicted_ms > 0 else 0.0,
+    }
+
+
+def params_json(p: SamplingParams, stream: bool = False) -> dict[str, Any]:
+    """A request's sampling settings as llama-server's `generation_settings` / slot
+    `params` name them; the samplers Corral does not have show their disabled values."""
+    return {
+        "n_predict": -1 if p.max_tokens is None else p.max_tokens,
+        "seed": RANDOM_SEED if p.seed is None else p.seed & 0xFFFFFFFF,
+        "temperature": p.temperature,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 0.1,
+        "typical_p": 1.0,
+        "repeat_last_n": p.repeat_last_n,
+        "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": 0.0,
+        "mirostat": 0,
+        "stop": list(p.stop),
+        "max_tokens": -1 if p.max_tokens is None else p.max_tokens,
+        "n_keep": 0,
+        "ignore_eos": p.ignore_eos,
+        "stream": stream,
+        "n_probs": 0,
+        "min_keep": 0,
+        "grammar": "",
+        "samplers": list(SAMPLERS),
+        "timings_per_token": p.timings_per_token,
+    }
+
+
+@dataclass
+class NativeCompletion:
+    """One /completion answer being built: what every event repeats."""
+
+    model: str  # as the client named it
+    params: SamplingParams
+    n_ctx: int  # the most tokens one request holds (the slot's context)
+    stream: bool = False
+    return_tokens: bool = False
+    response_fields: list[str] | None = None  # the final answer's fields, when given
+
+    def settings(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "model": self.model, **params_json(self.params, self.stream)}
+
+    def event(self, ev: TokenEvent, n_predicted: int) -> bytes:
+        """One streamed event: its text and tokens, `stop: false` (llama-server sends the
+        token ids in every streamed event)."""
+        obj: dict[str, Any] = {
+            "index": 0,
+            "content": ev.text,
+            "tokens": list(ev.tokens),
+            "stop": False,
+            "id_slot": -1,
+            "tokens_predicted": n_predicted,
+            "tokens_evaluated": 0,
+        }
+        if ev.timings is not None and self.params.timings_per_token:
+            obj["timings"] = timings_json(ev.timings)
+        return sse.event(_json.encode(obj))
+
+    def final(self, content: str, tokens: list[int], last: TokenEvent, prompt: str) -> dict[str, Any]:
+        """The whole answer, or a stream's last event: `stop: true`, why it stopped, counts
+        and timings."""
+        usage = last.usage or Usage(prompt_tokens=0, completion_tokens=0)
+        stop_type: StopType = last.stop_type or ("limit" if last.finish_reason == "length" else "eos")
+        out = {
+            "index": 0,
+            "content": content,
+            "tokens": tokens if (self.return_tokens or self.stream) else [],
+            "id_slot": -1 if last.id_slot is None else last.id_slot,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": usage.completion_tokens,
+            "tokens_evaluated": usage.prompt_tokens,
+            "generation_settings": self.settings(),
+            "prompt": prompt,
+            "has_new_line": "\n" in content,
+            # Generation ran into the context's end (not a token limit the client set).
+            "truncated": stop_type == "limit" and usage.prompt_tokens + usage.completion_tokens >= self.n_ctx,
+            "stop_type": stop_type,
+            "stopping_word": last.stopping_word,
+            "tokens_cached": usage.cached_tokens,
+            "timings": timings_json(last.timings),
+        }
+        return pick_fields(out, self.response_fields) if self.response_fields else out
+
+
+def pick_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: only the named fields; a path "a/b" takes the
+    nested field b of a and names it b. A field that is not there is left out."""
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = obj
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path.rsplit("/", 1)[-1]] = value
+    return out
+
+
+def props_json(name: str, alias: str, ready: Ready, slots: int) -> dict[str, Any]:
+    """GET /props for one model. `model_path` is the model's name: a local path is not a
+    client's to see."""
+    return {
+        "default_generation_settings": _slot_json(
+            SlotState(id=0, n_ctx=ready.n_ctx_slot, is_processing=False), SamplingParams()
+        ),
+        "total_slots": slots,
+        "model_alias": alias,
+        "model_path": name,
+        "chat_template": ready.chat_template,
+        "chat_template_caps": {},
+        "bos_token": ready.bos_token,
+        "eos_token": ready.eos_token,
+        "modalities": {"vision": False, "audio": False},
+        "build_info": ready.build_info or "corral",
+        "is_sleeping": False,
+    }
+
+
+def slots_json(states: list[SlotState]) -> list[dict[str, Any]]:
+    """GET /slots: each slot as llama-server shows it; an idle slot shows the defaults."""
+    return [_slot_json(s, s.params or SamplingParams()) for s in states]
+
+
+def _slot_json(s: SlotState, params: SamplingParams) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "id_task": s.id_task,
+        "n_ctx": s.n_ctx,
+        "speculative": False,
+        "is_processing": s.is_processing,
+        "params": params_json(params),
+        "prompt": "",
+        "next_token": {
+            "has_next_token": s.is_processing,
+            "has_new_line": False,
+            "n_remain": s.n_remain,
+            "n_decoded": s.n_decoded,
+            "stopping_word": "",
+        },
+    }
+
+
+def encode(obj: object) -> bytes:
+    return _json.encode(obj)

@@ -1,0 +1,292 @@
+"""A llama.cpp client's session against Corral (issue 10, item 6): llama-server's own routes
+with the demo model, each answer checked against the shapes in llama-server's README
+(tools/server/README.md), and its error shapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import DEMO_MODEL, Server
+
+GREEDY = {"temperature": 0.0}
+TIMINGS = {
+    "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+    "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second",
+}
+FINAL = {
+    "content", "tokens", "id_slot", "stop", "model", "tokens_predicted", "tokens_evaluated",
+    "generation_settings", "prompt", "stop_type", "stopping_word", "tokens_cached", "truncated", "timings",
+}
+
+
+@pytest.fixture(scope="module")
+def http(server: Server) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=120)
+
+
+def complete(http: httpx.Client, **body: Any) -> dict[str, Any]:
+    r = http.post("/completion", json={"model": "chat-a", **GREEDY, **body})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def stream(http: httpx.Client, **body: Any) -> tuple[list[dict[str, Any]], str]:
+    """The events of a streamed /completion, and the raw body."""
+    r = http.post("/completion", json={"model": "chat-a", **GREEDY, **body, "stream": True})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    return events, r.text
+
+
+def test_completion_with_n_predict_answers_in_llama_servers_shape(http: httpx.Client) -> None:
+    out = complete(http, prompt="The capital of France is", n_predict=8, cache_prompt=True, id_slot=-1)
+    assert FINAL <= out.keys()
+    assert out["stop"] is True and out["model"] == "chat-a"
+    assert isinstance(out["content"], str) and out["content"]
+    assert 0 < out["tokens_predicted"] <= 8
+    assert out["tokens_evaluated"] > 1
+    assert out["tokens"] == []  # only with return_tokens
+    assert out["stop_type"] in ("eos", "limit")
+    if out["stop_type"] == "limit":
+        assert out["tokens_predicted"] == 8
+    assert out["stopping_word"] == "" and out["truncated"] is False
+    assert out["prompt"] == "The capital of France is"
+    assert TIMINGS <= out["timings"].keys()
+    assert out["timings"]["predicted_n"] == out["tokens_predicted"]
+    settings = out["generation_settings"]
+    assert settings["n_predict"] == 8 and settings["n_ctx"] == 2048 and settings["temperature"] == 0.0
+    assert 0 <= out["id_slot"] < 4
+
+
+def test_return_tokens_gives_the_generated_ids(http: httpx.Client) -> None:
+    out = complete(http, prompt="One, two, three,", n_predict=6, return_tokens=True)
+    assert len(out["tokens"]) == out["tokens_predicted"]
+    back = http.post("/detokenize", json={"model": "chat-a", "tokens": out["tokens"]}).json()["content"]
+    if out["stop_type"] == "limit":
+        assert back == out["content"]
+
+
+def test_stream_sends_stop_false_events_then_one_final_with_timings_and_no_done(http: httpx.Client) -> None:
+    body = {"prompt": "Once upon a time", "n_predict": 12}
+    whole = complete(http, **body)
+    events, raw = stream(http, **body)
+    assert "[DONE]" not in raw
+    *partial, last = events
+    assert partial, "at least one event before the final one"
+    for ev in partial:
+        assert ev["stop"] is False and isinstance(ev["content"], str) and len(ev["tokens"]) == 1
+    assert last["stop"] is True and FINAL <= last.keys()
+    assert TIMINGS <= last["timings"].keys() and last["timings"]["predicted_n"] == whole["tokens_predicted"]
+    assert "".join(ev["content"] for ev in events) == whole["content"]
+    assert last["stop_type"] == whole["stop_type"]
+
+
+def test_timings_per_token_puts_timings_on_every_event(http: httpx.Client) -> None:
+    events, _ = stream(http, prompt="Hello", n_predict=4, timings_per_token=True)
+    assert all(TIMINGS <= ev["timings"].keys() for ev in events)
+
+
+def test_a_stop_word_ends_with_stop_type_word(http: httpx.Client) -> None:
+    base = complete(http, prompt="Count: 1, 2, 3, 4, 5,", n_predict=16, ignore_eos=True)
+    words = base["content"].split()
+    assert len(words) >= 3, base
+    word = words[2]
+    out = complete(http, prompt="Count: 1, 2, 3, 4, 5,", n_predict=16, ignore_eos=True, stop=[word])
+    assert out["stop_type"] == "word" and out["stopping_word"] == word
+    assert word not in out["content"]
+    assert base["content"].startswith(out["content"])
+
+
+def test_token_and_mixed_prompts_match_the_string_prompt(http: httpx.Client) -> None:
+    text = "The sky is"
+    ids = http.post("/tokenize", json={"model": "chat-a", "content": text, "add_special": True}).json()["tokens"]
+    by_text = complete(http, prompt=text, n_predict=6)
+    by_ids = complete(http, prompt=ids, n_predict=6)
+    mixed = complete(http, prompt=[ids[0], text], n_predict=6)  # BOS as an id, then the text
+    assert by_ids["content"] == by_text["content"] == mixed["content"]
+    assert by_ids["tokens_evaluated"] == by_text["tokens_evaluated"] == len(ids)
+    assert by_ids["prompt"].endswith(text)
+
+
+def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
+    out = complete(http, prompt="Just fill the cache", n_predict=0)
+    assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"
+
+
+def test_tokenize_with_pieces(http: httpx.Client) -> None:
+    text = "Hello world, 𠜎 and ☃"
+    plain = http.post("/tokenize", json={"model": "chat-a", "content": text}).json()["tokens"]
+    r = http.post("/tokenize", json={"model": "chat-a", "content": text, "with_pieces": True})
+    assert r.status_code == 200, r.text
+    tokens = r.json()["tokens"]
+    assert [t["id"] for t in tokens] == plain
+    data = b""
+    for t in tokens:
+        piece = t["piece"]
+        if isinstance(piece, str):
+            data += piece.encode()
+        else:  # bytes that are not UTF-8 on their own: a list of byte values
+            assert all(isinstance(b, int) and 0 <= b < 256 for b in piece)
+            data += bytes(piece)
+    assert data.decode() == text
+    assert any(isinstance(t["piece"], list) for t in tokens)  # 𠜎 is byte-fallback tokens
+
+
+def test_detokenize_round_trip(http: httpx.Client) -> None:
+    text = "Corral speaks llama-server's API too: ünïcødé 🦙"
+    ids = http.post("/tokenize", json={"model": "chat-a", "content": text}).json()["tokens"]
+    r = http.post("/detokenize", json={"model": "chat-a", "tokens": ids})
+    assert r.status_code == 200 and r.json() == {"content": text}
+
+
+def test_apply_template_renders_the_chat_template(http: httpx.Client) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    r = http.post("/apply-template", json={"model": "chat-a", "messages": messages})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert "<start_of_turn>user\n" in prompt and "Hi there" in prompt
+    assert prompt.endswith("<start_of_turn>model\n")  # the generation prompt
+
+
+def test_props_describes_the_model_and_never_its_path(http: httpx.Client) -> None:
+    r = http.get("/props", params={"model": "a-alias"})
+    assert r.status_code == 200, r.text
+    props = r.json()
+    assert props["total_slots"] == 4
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == 2048 and settings["is_processing"] is False
+    assert {"n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "stop"} <= settings["params"].keys()
+    assert props["chat_template"] == "gemma"  # a built-in's name; a Jinja template is its text
+    assert props["model_alias"] == "a-alias" and props["model_path"] == "chat-a"
+    assert props["modalities"] == {"vision": False, "audio": False}
+    assert props["build_info"]
+    assert str(DEMO_MODEL) not in r.text and DEMO_MODEL.name not in r.text
+
+
+def test_slots_lists_every_slot(http: httpx.Client) -> None:
+    r = http.get("/slots", params={"model": "chat-b"})
+    assert r.status_code == 200, r.text
+    slots = r.json()
+    assert [s["id"] for s in slots] == [0, 1]
+    for s in slots:
+        assert s["n_ctx"] == 1024 and isinstance(s["is_processing"], bool)
+        assert {"n_predict", "temperature"} <= s["params"].keys()
+        assert {"has_next_token", "n_remain", "n_decoded"} <= s["next_token"].keys()
+
+
+# ---- errors, in llama-server's shape ----------------------------------------------------------
+
+
+def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err: dict[str, Any] = r.json()["error"]
+    assert err["code"] == status and isinstance(err["message"], str) and err["message"]
+    return err
+
+
+def test_a_prompt_over_the_context_is_exceed_context_size_error_with_its_counts(http: httpx.Client) -> None:
+    r = http.post("/completion", json={"model": "chat-b", "prompt": "hello " * 1500, "n_predict": 4})
+    err = error_of(r, 400)
+    assert err["type"] == "exceed_context_size_error"
+    assert err["n_ctx"] == 1024 and err["n_prompt_tokens"] > 1024
+
+
+def test_a_prompt_refused_by_its_length_alone_still_carries_its_counts(http: httpx.Client) -> None:
+    r = http.post("/completion", json={"model": "chat-b", "prompt": "x" * 200_000})
+    err = error_of(r, 400)
+    assert err["type"] == "exceed_context_size_error"
+    assert err["n_ctx"] == 1024 and err["n_prompt_tokens"] > 1024
+
+
+@pytest.mark.parametrize("prompt", [[2, 999_999_999], [2, -1], [262144]])
+def test_a_bad_token_id_is_a_400_naming_prompt(http: httpx.Client, prompt: list[int]) -> None:
+    r = http.post("/completion", json={"model": "chat-a", "prompt": prompt, "n_predict": 2})
+    err = error_of(r, 400)
+    assert err["type"] == "invalid_request_error" and err["param"] == "prompt"
+    # The worker lives on.
+    assert complete(http, prompt="still here", n_predict=1)["stop"] is True
+
+
+def test_detokenize_refuses_a_bad_token_id(http: httpx.Client) -> None:
+    err = error_of(http.post("/detokenize", json={"model": "chat-a", "tokens": [5, 262144]}), 400)
+    assert err["type"] == "invalid_request_error" and err["param"] == "tokens"
+
+
+@pytest.mark.parametrize("path", ["/completion", "/tokenize", "/detokenize", "/apply-template"])
+def test_bad_json_is_invalid_request_error(http: httpx.Client, path: str) -> None:
+    r = http.post(path, content=b'{"model": "chat-a", "prompt": ', headers={"content-type": "application/json"})
+    assert error_of(r, 400)["type"] == "invalid_request_error"
+
+
+def test_model_missing_or_unknown(http: httpx.Client) -> None:
+    err = error_of(http.post("/completion", json={"prompt": "hi"}), 400)
+    assert err["param"] == "model"
+    err = error_of(http.get("/props", params={"model": "nope"}), 404)
+    assert err["type"] == "not_found_error"
+
+
+def test_a_sampler_corral_lacks_is_refused_by_name(http: httpx.Client) -> None:
+    err = error_of(http.post("/completion", json={"model": "chat-a", "prompt": "hi", "mirostat": 2}), 400)
+    assert err["param"] == "mirostat"
+    # ...and accepted at its disabled value, as llama.cpp's clients send it.
+    assert complete(http, prompt="hi", n_predict=1, mirostat=0, typical_p=1.0, samplers=["top_k"])["stop"]
+
+
+# ---- llama-server's extensions on the OpenAI routes ------------------------------------------
+
+
+def test_v1_n_predict_and_timings_per_token(http: httpx.Client) -> None:
+    body = {"model": "chat-a", "messages": [{"role": "user", "content": "Hi"}], "n_predict": 3,
+            "timings_per_token": True, "cache_prompt": True, "top_k": 20, "min_p": 0.1, **GREEDY}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["usage"]["completion_tokens"] <= 3
+    assert TIMINGS <= out["timings"].keys()
+    r = http.post("/v1/chat/completions", json={**body, "stream": True})
+    chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+    assert chunks and all(TIMINGS <= c["timings"].keys() for c in chunks[1:])
+    assert r.text.rstrip().endswith("data: [DONE]")  # the OpenAI routes keep OpenAI's stream
+    plain = http.post("/v1/completions", json={"model": "chat-a", "prompt": "Hi", "n_predict": 2, **GREEDY}).json()
+    assert plain["usage"]["completion_tokens"] <= 2 and "timings" not in plain
+
+
+def test_v1_errors_keep_openais_shape(http: httpx.Client) -> None:
+    r = http.post("/v1/completions", json={"model": "chat-b", "prompt": "hello " * 1500})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
+    assert "n_ctx" not in err
+
+
+def test_random_token_prompts_never_crash_the_worker(server: Server, http: httpx.Client) -> None:
+    """Ids anywhere in and around the vocabulary, mixed with text, with random limits:
+    every answer is a 200 or a 400, and the worker is the same process afterwards."""
+    import random
+
+    rng = random.Random(10)
+    n_vocab = 262144
+    complete(http, prompt="warm up", n_predict=1)
+    pid = server.workers()["chat-a"]
+    for i in range(30):
+        ids: list[int | str] = [rng.choice([rng.randrange(n_vocab), rng.randrange(-3, 3), n_vocab + rng.randrange(3)])
+                                for _ in range(rng.randrange(1, 12))]
+        if rng.random() < 0.3:
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(["hi", " ünï 🦙", "<start_of_turn>"]))
+        body = {"model": "chat-a", "prompt": ids, "n_predict": rng.randrange(-3, 6), "stream": rng.random() < 0.5,
+                "temperature": rng.choice([0.0, 0.8, 2.0])}
+        r = http.post("/completion", json=body)
+        assert r.status_code in (200, 400), (body, r.text)
+        if r.status_code == 400:
+            assert r.json()["error"]["param"] in ("prompt", "n_predict"), r.text
+        only_ids = [t for t in ids if isinstance(t, int)]
+        d = http.post("/detokenize", json={"model": "chat-a", "tokens": only_ids})
+        assert d.status_code in (200, 400), d.text
+    assert server.workers()["chat-a"] == pid
+    assert "Traceback" not in server.log_text()

@@ -1,0 +1,106 @@
+"""llama-server's own routes over the real app and supervisor, with simulated workers
+(tests/fake_answers.py says what they answer): shapes, streams and error shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from router.app import create_app
+from tests.harness import running
+from tests.sim.support import sim_supervisor
+
+
+def events_of(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+async def test_completion_answers_and_streams_in_llama_servers_shape(tmp_path: Path, autojump_clock: object) -> None:
+    sup, _ = sim_supervisor(tmp_path, {"a": {"n_ctx": 512}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/completion", json={"model": "a", "prompt": "hi there", "n_predict": 3})
+        assert r.status_code == 200
+        out = await r.get_json()
+        assert out["content"] == "tok0 tok1 tok2" and out["stop"] is True
+        assert out["stop_type"] == "limit" and out["stopping_word"] == "" and out["truncated"] is False
+        assert out["tokens_predicted"] == 3 and out["tokens_evaluated"] == 3  # BOS + two words
+        assert out["model"] == "a" and out["prompt"] == "hi there" and out["id_slot"] == 0
+        assert out["generation_settings"]["n_predict"] == 3 and out["generation_settings"]["n_ctx"] == 512
+        assert out["timings"]["predicted_n"] == 3 and out["timings"]["predicted_per_second"] > 0
+
+        r = await client.post("/completion", json={
+            "model": "a", "prompt": "hi", "n_predict": 2, "response_fields": ["content", "generation_settings/n_predict"],
+        })
+        assert await r.get_json() == {"content": "tok0 tok1", "n_predict": 2}
+
+        r = await client.post("/completion", json={"model": "a", "prompt": "hi", "n_predict": 3, "stream": True})
+        text = await r.get_data(as_text=True)
+        assert "[DONE]" not in text
+        *partial, last = events_of(text)
+        assert [e["content"] for e in partial] == ["tok0", " tok1"]
+        assert all(e["stop"] is False for e in partial)
+        assert last["stop"] is True and last["content"] == " tok2" and "timings" in last
+
+
+async def test_token_prompts_and_their_text(tmp_path: Path, autojump_clock: object) -> None:
+    sup, _ = sim_supervisor(tmp_path, {"a": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/completion", json={"model": "a", "prompt": [1, "x y", 7], "n_predict": 1})
+        out = await r.get_json()
+        assert out["tokens_evaluated"] == 4 and out["prompt"] == "<1>x y<7>"
+        r = await client.post("/completion", json={"model": "a", "prompt": [1, 32000]})
+        assert r.status_code == 400
+        err = (await r.get_json())["error"]
+        assert err == {
+            "code": 400, "type": "invalid_request_error", "param": "prompt",
+            "message": "Invalid token id 32000 at prompt[1]: this model's vocabulary has ids 0 to 31999.",
+        }
+
+
+async def test_tokenize_detokenize_apply_template_props_slots(tmp_path: Path, autojump_clock: object) -> None:
+    sup, _ = sim_supervisor(tmp_path, {"a": {"slots": 3, "aliases": ["al"]}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/tokenize", json={"model": "a", "content": "a b", "with_pieces": True})
+        tokens = (await r.get_json())["tokens"]
+        assert [t["piece"] for t in tokens] == ["a", "b"] and all(isinstance(t["id"], int) for t in tokens)
+        r = await client.post("/detokenize", json={"model": "a", "tokens": [3, 4]})
+        assert await r.get_json() == {"content": "<3><4>"}
+        r = await client.post("/apply-template", json={"model": "a", "messages": [{"role": "user", "content": "hi"}]})
+        assert await r.get_json() == {"prompt": "<user>hi\n<assistant>"}
+        r = await client.get("/props?model=al")
+        props = await r.get_json()
+        assert props["total_slots"] == 3 and props["model_alias"] == "al" and props["model_path"] == "a"
+        assert props["default_generation_settings"]["params"]["top_k"] == 40
+        r = await client.get("/slots?model=a")
+        slots = await r.get_json()
+        assert [s["id"] for s in slots] == [0, 1, 2] and not any(s["is_processing"] for s in slots)
+
+
+async def test_native_errors_are_in_llama_servers_shape(tmp_path: Path, autojump_clock: object) -> None:
+    sup, _ = sim_supervisor(tmp_path, {"a": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        cases = [
+            (await client.post("/completion", json={"prompt": "hi"}), 400, "invalid_request_error"),
+            (await client.post("/completion", data=b"{nope", headers={"content-type": "application/json"}),
+             400, "invalid_request_error"),
+            (await client.post("/completion", json={"model": "zz", "prompt": "hi"}), 404, "not_found_error"),
+            (await client.get("/completion"), 405, "invalid_request_error"),
+            (await client.get("/slots"), 400, "invalid_request_error"),
+            (await client.post("/completion", json={"model": "a", "prompt": "x", "grammar": "root ::= \"a\""}),
+             400, "invalid_request_error"),
+            (await client.post("/completion", json={"model": "a", "prompt": "x", "bogus": 1}), 400,
+             "invalid_request_error"),
+        ]
+        for r, status, type_ in cases:
+            assert r.status_code == status
+            err = (await r.get_json())["error"]
+            assert err["code"] == status and err["type"] == type_ and err["message"]
+        # The OpenAI routes keep OpenAI's envelope.
+        r = await client.post("/v1/completions", json={"prompt": "hi"})
+        err = (await r.get_json())["error"]
+        assert err["code"] is None and err["param"] == "model" and err["type"] == "invalid_request_error"
