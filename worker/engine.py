@@ -292,7 +292,7 @@ class Engine:
         elif req.n_gen >= req.max_new or len(req.tokens) >= self.n_ctx_slot:
             self._finish(req, "length", events, text=text, tokens=[tok], flush=True)
         else:
-            events.append(TokenEvent(id=req.id, text=text, tokens=[tok]))
+            events.append(self._first_marked(req, TokenEvent(id=req.id, text=text, tokens=[tok])))
 
     def _finish(
         self,
@@ -316,10 +316,20 @@ class Engine:
             finish_reason=reason,
             usage=Usage(prompt_tokens=len(req.prompt), completion_tokens=req.n_gen, cached_tokens=req.cached),
         )
+        self._first_marked(req, ev)
         if events is None:
             self.emit(Step(events=[ev]))
         else:
             events.append(ev)
+
+    @staticmethod
+    def _first_marked(req: Request, ev: TokenEvent) -> TokenEvent:
+        """`ev`, marked as starting inside reasoning if it is the request's first event
+        and its prompt ended in an open <think> block."""
+        if not req.announced:
+            req.announced = True
+            ev.in_reasoning = req.in_reasoning
+        return ev
 
     def _error(self, req: Request, code: str, message: str) -> None:
         self._release(req)

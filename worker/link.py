@@ -173,6 +173,8 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 n_embd=model.n_embd,
                 description=model.description,
                 max_token_bytes=model.max_token_bytes() or 0,
+                tool_format=model.template.format.tools if model.template is not None else None,
+                reasoning=model.template.format.reasoning if model.template is not None else False,
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)

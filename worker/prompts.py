@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Union
 
+from worker import chat_formats
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.protocol import Embed, Frame, Generate, Tokenize, TokenizeResult, fewest_tokens, utf8_length
 from worker.request import EmbedJob, Request, RequestRejected
@@ -104,6 +105,7 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
         f"this model's context holds {n_ctx_slot} tokens, prompt and output together",
         param,
     )
+    in_reasoning = False
     if g.messages is None:
         text = g.prompt or ""
     elif m.template is None:
@@ -114,13 +116,26 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
             "messages",
         )
     else:
+        fmt = m.template.format
+        if g.tools and fmt.tools is None:
+            raise RequestRejected(
+                "unsupported",
+                "this model's built-in chat template cannot take tools; set tool_format = "
+                '"generic" or a Jinja chat_template in its config',
+                "tools",
+            )
         bound = m.max_token_bytes()
         try:
-            text = m.template.render(g.messages, limit.most * bound if bound else None)
+            text = m.template.render(g.messages, limit.most * bound if bound else None, g.tools, g.template_kwargs)
         except TemplateTooLong as exc:
             raise limit.refuse(f"at least {fewest_tokens(exc.n_bytes, bound)}") from None
         except TemplateError as exc:
             raise RequestRejected("invalid_request", f"chat template: {exc}", "messages") from None
+        if fmt.reasoning:
+            # The opening tag must come from the generation prompt or the prefill, the
+            # text after the last message the model answers: a generous bound on those.
+            prefill = chat_formats.prefill_of(g.messages)
+            in_reasoning = chat_formats.ends_in_reasoning(text, 64 + (len(prefill.content) if prefill else 0))
 
     def build(tokens: list[list[int]]) -> Request:
         prompt = tokens[0]
@@ -129,7 +144,9 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
         room = n_ctx_slot - len(prompt)
         p = g.params
         max_new = room if p.max_tokens is None else min(p.max_tokens, room)
-        return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
+        return Request(
+            id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)), in_reasoning=in_reasoning
+        )
 
     return Texts([_checked(text, limit, m)], build)
 

@@ -3,10 +3,11 @@ finding 3), and one that can is tokenized and checked exactly."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 
+from worker.chat_formats import ChatFormat
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.prompts import Limit, Prepared, pooling_problem, texts_for
 from worker.protocol import ChatMessage, Embed, Generate, SamplingParams, Tokenize, TokenizeResult, fewest_tokens
@@ -34,11 +35,19 @@ class FakeModel:
 
 
 class Template:
+    format = ChatFormat(tools=None, reasoning=False)
+
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.max_bytes: list[int | None] = []
 
-    def render(self, messages: Sequence[ChatMessage], max_bytes: int | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        max_bytes: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         self.max_bytes.append(max_bytes)
         if self.fail:
             raise TemplateError("roles must alternate")
