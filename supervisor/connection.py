@@ -14,7 +14,7 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import trio
 
@@ -166,10 +166,16 @@ class WorkerConnection:
         params: SamplingParams,
         prompt: str | None = None,
         messages: list[ChatMessage] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> RequestStream:
         """Queue a generation; never blocks. Iterate the stream for its events."""
         rid, recv = self._open()
-        self.send(Generate(id=rid, params=params, prompt=prompt, messages=messages))
+        self.send(
+            Generate(
+                id=rid, params=params, prompt=prompt, messages=messages, tools=tools, template_kwargs=template_kwargs
+            )
+        )
         return RequestStream(self, rid, recv)
 
     async def embed(self, inputs: list[str]) -> EmbedResult:
