@@ -166,15 +166,23 @@ class JinjaTemplate:
         return text
 
     def _render_any_shape(self, messages: Sequence[ChatMessage], context: dict[str, Any]) -> str:
+        """The first shape that renders every call's name; else the first that renders."""
         first: Exception | None = None
-        has_calls = any(m.tool_calls for m in messages)
-        for object_arguments, null_content in _SHAPES if has_calls else _SHAPES[:1]:
+        fallback: str | None = None
+        names = {c.name for m in messages for c in m.tool_calls or ()}
+        for object_arguments, null_content in _SHAPES if names else _SHAPES[:1]:
             try:
-                return self._tmpl.render(
+                text = self._tmpl.render(
                     messages=[_message_dict(m, object_arguments, null_content) for m in messages], **context
                 )
             except Exception as exc:  # a template is client-driven code: any failure is a 400
                 first = first or exc
+                continue
+            if all(n in text for n in names):
+                return text
+            fallback = text if fallback is None else fallback
+        if fallback is not None:
+            return fallback
         assert first is not None
         raise TemplateError(str(first) or type(first).__name__) from first
 
