@@ -8,13 +8,17 @@ gives both back, whichever way the response ends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
 
-from router import schemas, sse
+import msgspec
+
+from router import schemas, sse, tool_schemas
+from router.chat_output import ChatOutput
 from router.openai_format import Completion
+from router.tool_grammar import tool_choice_constraint
 from supervisor.connection import RequestStream, WorkerConnection
-from supervisor.errors import CorralError
+from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
 from worker.protocol import ChatMessage, SamplingParams, TokenEvent
@@ -30,6 +34,8 @@ class GenerationJob:
     prompt_parts: tuple[int | str, ...] | None = None
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
+    tools: tool_schemas.ToolRequest = field(default_factory=tool_schemas.ToolRequest)
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs
 
     @property
     def timings(self) -> bool:
@@ -53,6 +59,8 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
         messages=tuple(schemas.chat_messages(r)),
         stream=r.stream,
         include_usage=_include_usage(r),
+        tools=tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
+        template_kwargs=r.chat_template_kwargs,
     )
 
 
@@ -90,6 +98,7 @@ class Generation:
         self._stream: RequestStream | None = None
         self._first: TokenEvent | None = None
         self._done = False
+        self.output: ChatOutput | None = None  # a chat's parts, once the first event is in
 
     @classmethod
     async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
@@ -122,9 +131,35 @@ class Generation:
             )
         if job.prompt_parts is not None:
             self._stream = conn.generate(job.params, prompt_parts=list(job.prompt_parts))
-        else:
-            self._stream = conn.generate(job.params, prompt=job.prompt, messages=messages)
+            self._first = await self._stream.receive()
+            return
+        params, tools = job.params, job.tools
+        fmt = ready.tool_format if ready is not None else None
+        if tools.offered and ready is not None:
+            if fmt is None:
+                raise Unsupported(
+                    "This model's built-in chat template cannot take tools; set tool_format = "
+                    '"generic" or a Jinja chat_template in its config.',
+                    "tools",
+                )
+            if tools.forced:
+                params = msgspec.structs.replace(
+                    params, constraint=tool_choice_constraint(fmt, tools.forced, tools.parallel)
+                )
+        self._stream = conn.generate(
+            params,
+            prompt=job.prompt,
+            messages=messages,
+            tools=list(tools.offered) if tools.offered else None,
+            template_kwargs=job.template_kwargs,
+        )
         self._first = await self._stream.receive()
+        if job.chat:
+            self.output = ChatOutput(
+                tools=fmt if tools.offered else None,
+                reasoning=ready is not None and ready.reasoning,
+                in_reasoning=self._first.in_reasoning,
+            )
 
     @property
     def conn(self) -> WorkerConnection:
@@ -157,7 +192,13 @@ async def whole(gen: Generation, fmt: Completion, timings: bool = False) -> byte
     async for last in gen:
         parts.append(last.text)
     assert last is not None and last.finish_reason is not None
-    return fmt.whole("".join(parts), last.finish_reason, last.usage, last.timings if timings else None)
+    shown = last.timings if timings else None
+    out = gen.output
+    if out is None:
+        return fmt.whole("".join(parts), last.finish_reason, last.usage, shown)
+    out.feed("".join(parts))
+    out.finish()
+    return fmt.whole("", out.finish_reason(last.finish_reason), last.usage, shown, message=out.message())
 
 
 async def events(gen: Generation, fmt: Completion, include_usage: bool, timings: bool = False) -> AsyncIterator[bytes]:
@@ -168,11 +209,22 @@ async def events(gen: Generation, fmt: Completion, include_usage: bool, timings:
         if fmt.chat:
             yield fmt.chunk("", first=True)
         last: TokenEvent | None = None
+        out = gen.output
         async for last in gen:
-            if last.text:
+            if not last.text:
+                continue
+            if out is None:
                 yield fmt.chunk(last.text, timings=last.timings if timings else None)
-        assert last is not None
-        yield fmt.chunk(None, last.finish_reason, timings=last.timings if timings else None)
+            else:
+                for delta in out.feed(last.text):
+                    yield fmt.delta_chunk(delta)
+        assert last is not None and last.finish_reason is not None
+        reason: str = last.finish_reason
+        if out is not None:
+            for delta in out.finish():
+                yield fmt.delta_chunk(delta)
+            reason = out.finish_reason(reason)
+        yield fmt.chunk(None, reason, timings=last.timings if timings else None)
         if include_usage:
             yield fmt.usage_chunk(last.usage)
         yield sse.DONE

@@ -48,11 +48,20 @@ class Completion:
         """The `object` field of a whole response."""
         return "chat.completion" if self.chat else "text_completion"
 
-    def whole(self, text: str, finish_reason: str, usage: Usage | None, timings: Timings | None = None) -> bytes:
+    def whole(
+        self,
+        text: str,
+        finish_reason: str,
+        usage: Usage | None,
+        timings: Timings | None = None,
+        message: dict[str, object] | None = None,
+    ) -> bytes:
+        """A whole response. A chat's `message` (content, tool_calls, reasoning_content, as
+        router/chat_output.py builds it) replaces the plain message of `text`."""
         if self.chat:
             choice: dict[str, object] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message or {"role": "assistant", "content": text, "refusal": None},
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
@@ -102,6 +111,19 @@ class Completion:
         if timings is not None:
             out["timings"] = timings_json(timings)
         return self._event(out)
+
+    def delta_chunk(self, delta: dict[str, object], finish_reason: str | None = None) -> bytes:
+        """One chat chunk with a prepared delta (reasoning_content, tool_calls)."""
+        return self._event(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            }
+        )
 
     def usage_chunk(self, usage: Usage | None) -> bytes:
         """The extra final chunk that `stream_options.include_usage` asks for."""

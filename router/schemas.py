@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router import json_path
+from router import json_path, tool_schemas
 from supervisor import msgspec_errors
 from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
@@ -76,6 +76,8 @@ class ChatRequest(_Sampling, forbid_unknown_fields=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # llama-server's extra chat template variables, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Accepted and ignored (IGNORED says why): typed as OpenAI types them, so a wrong type
     # is still a 400 naming the field.
     metadata: dict[str, str] | None = None
@@ -255,8 +257,6 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
     """Normalise OpenAI messages (string or text-part content) for the chat template."""
     if not r.messages:
         raise InvalidRequest("'messages' must contain at least one message.", "messages")
-    if r.tools:
-        raise Unsupported("Tool calling is not supported yet.", "tools")
     if r.logprobs:
         raise Unsupported("logprobs are not supported yet.", "logprobs")
     if r.response_format is not None and r.response_format.type != "text":
@@ -271,6 +271,15 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
             raise InvalidRequest(
                 f"Invalid value for '{at}.role': expected one of {sorted(_ROLES)}.", f"{at}.role"
             )
+        calls = m.get("tool_calls")
+        tool_calls = None
+        if calls is not None:
+            if role != "assistant":
+                raise InvalidRequest(f"'{at}.tool_calls' is only allowed on assistant messages.", f"{at}.tool_calls")
+            tool_calls = tool_schemas.message_tool_calls(at, calls) or None
+        tool_call_id = tool_schemas.optional_string(at, m, "tool_call_id")
+        if role == "tool" and tool_call_id is None:
+            raise InvalidRequest(f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id")
         content = m.get("content")
         if content is None:
             text = ""
@@ -297,7 +306,24 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
                 f"{at}.content",
             )
         # "developer" is OpenAI's newer name for the system role; templates know "system".
-        out.append(ChatMessage(role="system" if role == "developer" else role, content=text))
+        out.append(
+            ChatMessage(
+                role="system" if role == "developer" else role,
+                content=text,
+                name=tool_schemas.optional_string(at, m, "name"),
+                tool_calls=tool_calls,
+                tool_call_id=tool_call_id,
+                reasoning_content=tool_schemas.optional_string(at, m, "reasoning_content"),
+            )
+        )
+    # A final assistant message is continued (prefill); two at the end leave no turn to
+    # continue, only a conversation that does not alternate.
+    if len(out) >= 2 and out[-1].role == out[-2].role == "assistant":
+        raise InvalidRequest(
+            "'messages' ends with two assistant messages; a final assistant message is continued "
+            "(prefill), so at most one may end the conversation.",
+            "messages",
+        )
     return out
 
 

@@ -322,6 +322,13 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
                     f"{at}.chat_template: {m.chat_template!r} is neither a Jinja file nor a "
                     f"built-in template (built-in: {', '.join(sorted(BUILTIN_CHAT_TEMPLATES))})"
                 )
+        if m.tool_format not in ("auto", "generic") and m.chat_template in BUILTIN_CHAT_TEMPLATES:
+            # A built-in template is C++ code that renders no tools; only the generic
+            # format, which offers tools in a system message, works with one.
+            yield (
+                f"{at}.tool_format: {m.tool_format!r} needs a Jinja chat template; the built-in "
+                f"template {m.chat_template!r} takes tools only with tool_format = \"generic\""
+            )
         for i, alias in enumerate(m.aliases):
             if not alias.strip():
                 yield f"{at}.aliases[{i}]: must not be empty"

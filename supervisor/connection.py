@@ -14,7 +14,7 @@ import itertools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, TypeVar, Union
+from typing import Any, Callable, TypeVar, Union
 
 import trio
 
@@ -177,10 +177,17 @@ class WorkerConnection:
         prompt: str | None = None,
         messages: list[ChatMessage] | None = None,
         prompt_parts: list[int | str] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> RequestStream:
         """Queue a generation; never blocks. Iterate the stream for its events."""
         rid, recv = self._open()
-        self.send(Generate(id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts))
+        self.send(
+            Generate(
+                id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
+                tools=tools, template_kwargs=template_kwargs,
+            )
+        )
         return RequestStream(self, rid, recv)
 
     async def embed(self, inputs: list[str]) -> EmbedResult:

@@ -1,20 +1,30 @@
 """Chat templates: the GGUF's own Jinja template, a Jinja file, or a llama.cpp built-in.
 
-A Jinja template is rendered with Jinja2 in a sandbox, as llama-cpp-python's
-Jinja2ChatFormatter does. Built-in names ("gemma", "chatml", ...) go through
-`llama_chat_apply_template`, which is C++ code, not Jinja.
+A Jinja template is rendered with Jinja2 in a sandbox, the way HF transformers and
+llama-server --jinja render them: their `tojson`, loop controls, `raise_exception` and
+`strftime_now`, with `tools` and the OpenAI tool-call fields of each message. Built-in
+names ("gemma", "chatml", ...) go through `llama_chat_apply_template`, which is C++ code,
+not Jinja, and cannot render tools.
+
+A conversation that ends with an assistant message is continued, not answered (assistant
+prefill, as llama-server does it): the messages before it are rendered with the generation
+prompt, and its content is appended.
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
-from typing import Protocol, Sequence
+import json
+from typing import Any, Protocol, Sequence
 
 import jinja2
+import jinja2.ext
 import llama_cpp
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from worker import chat_formats
+from worker.chat_formats import ChatFormat
 from worker.protocol import ChatMessage, utf8_length
 
 
@@ -31,15 +41,78 @@ class TemplateTooLong(Exception):
 
 
 class ChatTemplate(Protocol):
-    def render(self, messages: Sequence[ChatMessage], max_bytes: int | None = None) -> str:
+    @property
+    def format(self) -> ChatFormat:
+        """How this model writes tool calls and reasoning."""
+        ...
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        max_bytes: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The prompt text. Raises TemplateError, or TemplateTooLong when the text would
-        be longer than `max_bytes` UTF-8 bytes, found as cheaply as the template allows."""
+        be longer than `max_bytes` UTF-8 bytes, found as cheaply as the template allows.
+        `tools` must be None unless `format.tools` is set."""
         ...
 
 
+def tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson`: json.dumps without Jinja's HTML escaping, so a template
+    writes `<` and `'` inside tool schemas as themselves."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _message_dict(m: ChatMessage, object_arguments: bool, null_content: bool) -> dict[str, Any]:
+    """One message as a template reads it: only the keys the client sent, because
+    templates test for them (`'tool_calls' in message`, `message.name is defined`)."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls is not None:
+        if null_content and not m.content:
+            d["content"] = None
+        d["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {
+                    "name": c.name,
+                    "arguments": chat_formats.parse_arguments(c.arguments) if object_arguments else c.arguments,
+                },
+            }
+            for c in m.tool_calls
+        ]
+    if m.name is not None:
+        d["name"] = m.name
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        d["reasoning_content"] = m.reasoning_content
+    return d
+
+
+# Templates disagree on what a call's arguments and a call-only message's content are:
+# most write `arguments | tojson` (an object), DeepSeek-R1's concatenates them as text, and
+# its call-only messages must have `content is none` where Qwen 3's test `'x' in content`.
+# Each shape is tried in turn until one renders (llama.cpp probes its templates likewise).
+_SHAPES = ((True, True), (True, False), (False, True), (False, False))
+
+
 class JinjaTemplate:
-    def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def __init__(
+        self, source: str, bos_token: str, eos_token: str, tool_format: str = "auto", reasoning: bool = True
+    ) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         try:
@@ -47,17 +120,43 @@ class JinjaTemplate:
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template does not compile: {exc}") from exc
         self._bos, self._eos = bos_token, eos_token
+        self._format = chat_formats.resolve(tool_format, source, reasoning)
+        # Whether the template takes a system message (gemma's refuse one): the generic
+        # format's tool instructions go into the first user message where it does not.
+        self._system_role = self._renders([ChatMessage(role="system", content="s"), ChatMessage(role="user", content="u")])
 
-    def render(self, messages: Sequence[ChatMessage], max_bytes: int | None = None) -> str:
+    @property
+    def format(self) -> ChatFormat:
+        return self._format
+
+    def _renders(self, messages: list[ChatMessage]) -> bool:
         try:
-            text = self._tmpl.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
-                bos_token=self._bos,
-                eos_token=self._eos,
-                add_generation_prompt=True,
-            )
-        except jinja2.TemplateError as exc:
-            raise TemplateError(str(exc)) from exc
+            self._tmpl.render(messages=[_message_dict(m, True, True) for m in messages], add_generation_prompt=True)
+            return True
+        except Exception:  # any failure, a raise_exception or a TypeError, means "no"
+            return False
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        max_bytes: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        offered = tools
+        if self._format.tools == "generic" and chat_formats.needs_generic_rewrite(messages, tools):
+            messages = chat_formats.generic_messages(messages, tools, self._system_role)
+            offered = None  # the instructions are in the messages; the template never sees them
+        prefill = chat_formats.prefill_of(messages)
+        if prefill is not None:
+            messages = messages[:-1]
+        context: dict[str, Any] = dict(template_kwargs or {})
+        context.update(bos_token=self._bos, eos_token=self._eos, add_generation_prompt=True)
+        if offered:
+            context["tools"] = list(offered)
+        text = self._render_any_shape(messages, context)
+        if prefill is not None:
+            text += prefill.content
         # Templates write the BOS text themselves, and tokenizing adds BOS again; drop one so
         # the prompt does not start with two (llama.cpp's common_chat does the same).
         if self._bos and text.startswith(self._bos):
@@ -66,12 +165,63 @@ class JinjaTemplate:
             raise TemplateTooLong(n)
         return text
 
+    def _render_any_shape(self, messages: Sequence[ChatMessage], context: dict[str, Any]) -> str:
+        """The first shape that renders every call's name; else the first that renders."""
+        first: Exception | None = None
+        fallback: str | None = None
+        names = {c.name for m in messages for c in m.tool_calls or ()}
+        for object_arguments, null_content in _SHAPES if names else _SHAPES[:1]:
+            try:
+                text = self._tmpl.render(
+                    messages=[_message_dict(m, object_arguments, null_content) for m in messages], **context
+                )
+            except Exception as exc:  # a template is client-driven code: any failure is a 400
+                first = first or exc
+                continue
+            if all(n in text for n in names):
+                return text
+            fallback = text if fallback is None else fallback
+        if fallback is not None:
+            return fallback
+        assert first is not None
+        raise TemplateError(str(first) or type(first).__name__) from first
+
 
 class BuiltinTemplate:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, tool_format: str = "auto") -> None:
         self._name = name.encode()
+        self._format = chat_formats.resolve(tool_format, None, False)
 
-    def render(self, messages: Sequence[ChatMessage], max_bytes: int | None = None) -> str:
+    @property
+    def format(self) -> ChatFormat:
+        return self._format
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        max_bytes: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        # A built-in template takes tools only in the generic format, where they travel as
+        # a system message; template_kwargs have no meaning for C++ templates.
+        if self._format.tools == "generic" and chat_formats.needs_generic_rewrite(messages, tools):
+            messages = chat_formats.generic_messages(messages, tools, system_role=True)
+        elif any(m.role == "tool" or m.tool_calls for m in messages) or tools:
+            raise TemplateError("this model's built-in chat template cannot render tool calls")
+        prefill = chat_formats.prefill_of(messages)
+        if prefill is None:
+            return self._apply(messages, max_bytes)
+        extra = utf8_length(prefill.content)
+        try:
+            text = self._apply(messages[:-1], None if max_bytes is None else max(0, max_bytes - extra))
+        except TemplateTooLong as exc:
+            raise TemplateTooLong(exc.n_bytes + extra) from None
+        if max_bytes is not None and utf8_length(text) + extra > max_bytes:
+            raise TemplateTooLong(utf8_length(text) + extra)
+        return text + prefill.content
+
+    def _apply(self, messages: Sequence[ChatMessage], max_bytes: int | None) -> str:
         # C strings end at NUL: drop any (the check is a fast scan; the copy is rare).
         contents = [(m.content.replace("\0", "") if "\0" in m.content else m.content).encode() for m in messages]
         roles = [m.role.encode() for m in messages]  # kept alive while C reads them

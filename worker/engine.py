@@ -319,7 +319,7 @@ class Engine:
             self._finish(req, "length", events, text=text, tokens=[tok], flush=True, stop_type="limit")
         else:
             timings = _timings(req) if p.timings_per_token else None
-            events.append(TokenEvent(id=req.id, text=text, tokens=[tok], timings=timings))
+            events.append(self._first_marked(req, TokenEvent(id=req.id, text=text, tokens=[tok], timings=timings)))
 
     def _finish(
         self,
@@ -349,10 +349,20 @@ class Engine:
             timings=_timings(req),
             id_slot=id_slot,
         )
+        self._first_marked(req, ev)
         if events is None:
             self.emit(Step(events=[ev]))
         else:
             events.append(ev)
+
+    @staticmethod
+    def _first_marked(req: Request, ev: TokenEvent) -> TokenEvent:
+        """`ev`, marked as starting inside reasoning if it is the request's first event
+        and its prompt ended in an open <think> block."""
+        if not req.announced:
+            req.announced = True
+            ev.in_reasoning = req.in_reasoning
+        return ev
 
     def _error(self, req: Request, code: str, message: str) -> None:
         self._release(req)

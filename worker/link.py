@@ -182,6 +182,8 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 bos_token=model.bos_text,
                 eos_token=model.eos_text,
                 build_info=f"llama-cpp-python {llama_cpp_version()}",
+                tool_format=model.template.format.tools if model.template is not None else None,
+                reasoning=model.template.format.reasoning if model.template is not None else False,
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)

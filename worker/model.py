@@ -16,6 +16,7 @@ from typing import Callable
 
 import llama_cpp
 
+from worker import chat_formats
 from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
 from worker.protocol import WorkerSpec
 
@@ -87,6 +88,17 @@ class LoadedModel:
         self._pieces: dict[int, bytes] = {}
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._preserved = self._preserved_tokens()
+
+    def _preserved_tokens(self) -> frozenset[int]:
+        """Special tokens that render as their text, not as nothing: the markers the router
+        parses tool calls and reasoning by (Mistral's [TOOL_CALLS], Llama's <|python_tag|>,
+        Qwen 3's <think>), as llama-server's preserved tokens do."""
+        fmt = self.template.format if self.template is not None else None
+        if fmt is None or (fmt.tools is None and not fmt.reasoning):
+            return frozenset()
+        ids = (self.tokenize(m, add_special=False, parse_special=True) for m in chat_formats.PRESERVED_MARKERS)
+        return frozenset(t[0] for t in ids if len(t) == 1)
 
     @property
     def threads(self) -> int:
@@ -112,14 +124,16 @@ class LoadedModel:
         raise RuntimeError("llama_tokenize kept asking for a larger buffer")
 
     def piece(self, token: int) -> bytes:
-        """The bytes of one token as generated text (special tokens render as nothing)."""
+        """The bytes of one token as generated text (special tokens render as nothing,
+        except the preserved markers of this model's chat format)."""
         cached = self._pieces.get(token)
         if cached is not None:
             return cached
         cap = 64
+        special = token in self._preserved
         for _ in range(2):
             buf = ctypes.create_string_buffer(cap)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, cap, 0, False)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, cap, 0, special)
             if n >= 0:
                 out = buf.raw[:n]
                 self._pieces[token] = out
@@ -289,7 +303,7 @@ def _template(
     built-in's name (never the path of a template file)."""
     if spec.chat_template is not None:
         if spec.chat_template in builtin_names():
-            return BuiltinTemplate(spec.chat_template), spec.chat_template
+            return BuiltinTemplate(spec.chat_template, spec.tool_format), spec.chat_template
         try:
             source = Path(spec.chat_template).read_text(encoding="utf-8")
         except OSError as exc:
@@ -297,13 +311,13 @@ def _template(
                 f"the chat template file cannot be read ({exc.strerror or type(exc).__name__})",
                 f"cannot read chat template {spec.chat_template}: {exc}",
             ) from exc
-        return JinjaTemplate(source, *_bos_eos(vocab)), source
+        return JinjaTemplate(source, *_bos_eos(vocab), spec.tool_format, spec.reasoning), source
     raw = llama_cpp.llama_model_chat_template(model, None)
     if not raw:
         return None, ""
     text = raw.decode("utf-8", errors="replace")
     try:
-        return JinjaTemplate(text, *_bos_eos(vocab)), text
+        return JinjaTemplate(text, *_bos_eos(vocab), spec.tool_format, spec.reasoning), text
     except ValueError as exc:
         raise LoadError(str(exc)) from exc
 

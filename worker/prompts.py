@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, Union
 
+from worker import chat_formats
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.protocol import (
     Detokenize,
@@ -156,6 +157,7 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
     )
     if g.prompt_parts is not None:
         return _mixed_texts(g, m, n_ctx_slot, limit)
+    in_reasoning = False
     if g.messages is None:
         text = g.prompt or ""
     elif m.template is None:
@@ -166,27 +168,42 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
             "messages",
         )
     else:
+        fmt = m.template.format
+        if g.tools and fmt.tools is None:
+            raise RequestRejected(
+                "unsupported",
+                "this model's built-in chat template cannot take tools; set tool_format = "
+                '"generic" or a Jinja chat_template in its config',
+                "tools",
+            )
         bound = m.max_token_bytes()
         try:
-            text = m.template.render(g.messages, limit.most * bound if bound else None)
+            text = m.template.render(g.messages, limit.most * bound if bound else None, g.tools, g.template_kwargs)
         except TemplateTooLong as exc:
             raise limit.refuse(fewest_tokens(exc.n_bytes, bound), at_least=True) from None
         except TemplateError as exc:
             raise RequestRejected("invalid_request", f"chat template: {exc}", "messages") from None
+        if fmt.reasoning:
+            # The opening tag must come from the generation prompt or the prefill, the
+            # text after the last message the model answers: a generous bound on those.
+            prefill = chat_formats.prefill_of(g.messages)
+            in_reasoning = chat_formats.ends_in_reasoning(text, 64 + (len(prefill.content) if prefill else 0))
 
     def build(tokens: list[list[int]]) -> Request:
-        return _request(g, tokens[0], n_ctx_slot, param)
+        return _request(g, tokens[0], n_ctx_slot, param, in_reasoning)
 
     return Texts([_checked(text, limit, m)], build)
 
 
-def _request(g: Generate, prompt: list[int], n_ctx_slot: int, param: str) -> Request:
+def _request(g: Generate, prompt: list[int], n_ctx_slot: int, param: str, in_reasoning: bool = False) -> Request:
     if not prompt:
         raise RequestRejected("invalid_request", "the prompt is empty", param)
     room = n_ctx_slot - len(prompt)
     p = g.params
     max_new = room if p.max_tokens is None else min(p.max_tokens, room)
-    return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
+    return Request(
+        id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)), in_reasoning=in_reasoning
+    )
 
 
 def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> Texts:

@@ -76,12 +76,29 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     timings_per_token: bool = False
 
 
+class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A function call an assistant made earlier in the conversation, as the client sent
+    it: `arguments` is the JSON text, parsed only when a template renders it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     role: str
     content: str = ""
+    # OpenAI's optional message fields, for tool calling and reasoning models; None is
+    # "not sent", which templates tell apart from an empty value (`'tool_calls' in message`).
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant message's earlier reasoning
 
 
 Pooling = Literal["mean", "cls", "last", "rank", "none"]
+# How a model writes tool calls (see worker/chat_formats.py); "auto" reads its template.
+ToolFormat = Literal["hermes", "llama3", "mistral", "generic"]
 
 
 class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -111,6 +128,11 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     repack: bool = False
     # Keep the full KV history of sliding-window layers so prefix reuse stays exact.
     swa_full: bool = True
+    # How tool calls are offered and written: "auto" decides from the chat template
+    # (worker/chat_formats.py); a built-in template takes tools only as "generic".
+    tool_format: Literal["auto", "hermes", "llama3", "mistral", "generic"] = "auto"
+    # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
+    reasoning: bool = True
 
 
 def options_of(source: ModelOptions) -> dict[str, Any]:
@@ -143,6 +165,10 @@ class Generate(Frame):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     prompt_parts: list[int | str] | None = None
+    # OpenAI tool objects, validated by the router; rendered into the prompt.
+    tools: list[dict[str, Any]] | None = None
+    # Extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
+    template_kwargs: dict[str, Any] | None = None
 
 
 class Embed(Frame):
@@ -226,6 +252,11 @@ class Ready(Frame):
     bos_token: str = ""
     eos_token: str = ""
     build_info: str = ""
+    # How this model writes tool calls, so the router can parse them; None: the model
+    # cannot take tools (a built-in template not set to "generic").
+    tool_format: ToolFormat | None = None
+    # Whether output may hold <think>...</think> reasoning for the router to split off.
+    reasoning: bool = False
 
 
 def fewest_tokens(n_bytes: int, max_token_bytes: int | None) -> int:
@@ -281,6 +312,10 @@ class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     # On a final event always; on every event when params.timings_per_token.
     timings: Timings | None = None
     id_slot: int | None = None  # on a final event: the slot that ran it
+    # Set on a request's first event when its rendered prompt ended inside an open
+    # reasoning block (Qwen3 and DeepSeek-R1 templates end with "<think>\n"): the output
+    # starts as reasoning, before any opening tag.
+    in_reasoning: bool = False
 
 
 class Step(Frame):

@@ -21,6 +21,9 @@ class Request:
     prompt: list[int]
     max_new: int
     stops: StopMatcher
+    # The prompt ended inside an open <think> block; told to the router with the first event.
+    in_reasoning: bool = False
+    announced: bool = False  # the first event has been sent
     tokens: list[int] = field(default_factory=list)  # prompt + generated, as it should be in KV
     n_gen: int = 0
     cached: int = 0  # prompt tokens reused from the slot's cache

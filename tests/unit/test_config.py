@@ -526,3 +526,19 @@ def test_default_model_names_a_model_or_an_alias(base: Path) -> None:
     assert one_problem(text.format("nope"), base) == (
         "server.default_model: 'nope' is neither a model nor an alias in [models]"
     )
+
+
+def test_tool_format_and_reasoning_options(base: Path) -> None:
+    cfg = parse(MINIMAL + 'tool_format = "hermes"\nreasoning = false\n', base)
+    spec = cfg.models["a"]
+    assert spec.tool_format == "hermes" and spec.reasoning is False
+
+
+def test_bad_tool_format_names_the_key(base: Path) -> None:
+    assert one_problem(MINIMAL + 'tool_format = "xml"\n', base).startswith("models.a.tool_format")
+
+
+def test_builtin_template_takes_only_the_generic_tool_format(base: Path) -> None:
+    msg = one_problem(MINIMAL + 'chat_template = "gemma"\ntool_format = "hermes"\n', base)
+    assert msg.startswith("models.a.tool_format:") and "generic" in msg
+    assert parse(MINIMAL + 'chat_template = "gemma"\ntool_format = "generic"\n', base).models["a"].tool_format == "generic"

@@ -3,10 +3,11 @@ finding 3), and one that can is tokenized and checked exactly."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 
+from worker.chat_formats import ChatFormat
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.prompts import Limit, Prepared, pooling_problem, texts_for
 from worker.protocol import ChatMessage, Embed, Generate, SamplingParams, Tokenize, TokenizeResult, fewest_tokens
@@ -34,11 +35,19 @@ class FakeModel:
 
 
 class Template:
+    format = ChatFormat(tools=None, reasoning=False)
+
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.max_bytes: list[int | None] = []
 
-    def render(self, messages: Sequence[ChatMessage], max_bytes: int | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        max_bytes: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         self.max_bytes.append(max_bytes)
         if self.fail:
             raise TemplateError("roles must alternate")
@@ -206,3 +215,36 @@ def test_unpooled_or_rank_embeddings_say_why_they_are_refused(pooling: str, word
     embedding"; now the refusal says why."""
     problem = pooling_problem(pooling)
     assert problem is not None and words in problem and "mean, cls or last" in problem
+
+
+class ThinkingTemplate(Template):
+    """A template that opens a reasoning block in its generation prompt, as Qwen 3's and
+    DeepSeek-R1's do, unless asked not to think."""
+
+    format = ChatFormat(tools="hermes", reasoning=True)
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        max_bytes: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        closed = (template_kwargs or {}).get("enable_thinking") is False
+        return super().render(messages, max_bytes) + ("<think>\n\n</think>\n\n" if closed else "<think>\n")
+
+
+def test_a_prompt_that_opens_reasoning_marks_the_request() -> None:
+    m = FakeModel(template=ThinkingTemplate())
+    msgs = [ChatMessage(role="user", content="hi")]
+    assert new_request(Generate(id=1, params=SamplingParams(), messages=msgs), m, 4096).in_reasoning
+    closed = Generate(id=2, params=SamplingParams(), messages=msgs, template_kwargs={"enable_thinking": False})
+    assert not new_request(closed, m, 4096).in_reasoning
+    assert not new_request(Generate(id=3, params=SamplingParams(), prompt="<think>\n"), m, 4096).in_reasoning
+
+
+def test_tools_on_a_model_that_cannot_take_them_are_refused() -> None:
+    g = Generate(id=1, params=SamplingParams(), messages=[ChatMessage(role="user", content="hi")], tools=[{"type": "function"}])
+    with pytest.raises(RequestRejected) as info:
+        prepare(g, FakeModel(template=Template()))
+    assert info.value.param == "tools"

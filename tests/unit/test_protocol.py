@@ -317,8 +317,8 @@ def test_unknown_nested_fields_rejected() -> None:
     }
     with pytest.raises(p.ProtocolError, match="total"):
         p.decode_from_worker(msgspec.msgpack.encode(usage))
-    msg = {"type": "Generate", "id": 1, "params": {}, "messages": [{"role": "user", "name": "x"}]}
-    with pytest.raises(p.ProtocolError, match="name"):
+    msg = {"type": "Generate", "id": 1, "params": {}, "messages": [{"role": "user", "audio": "x"}]}
+    with pytest.raises(p.ProtocolError, match="audio"):
         p.decode_to_worker(msgspec.msgpack.encode(msg))
 
 

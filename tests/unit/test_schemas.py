@@ -292,14 +292,14 @@ def test_chat_messages_plain_strings() -> None:
             {"role": "system", "content": "Be kind."},
             {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello"},
-            {"role": "tool", "content": "42"},
+            {"role": "tool", "content": "42", "tool_call_id": "call_1"},
         ]
     )
     assert s.chat_messages(r) == [
         ChatMessage(role="system", content="Be kind."),
         ChatMessage(role="user", content="Hi"),
         ChatMessage(role="assistant", content="Hello"),
-        ChatMessage(role="tool", content="42"),
+        ChatMessage(role="tool", content="42", tool_call_id="call_1"),
     ]
 
 
@@ -408,7 +408,6 @@ def test_missing_messages_rejected() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"logprobs": True}, "logprobs"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
     ],

@@ -1,0 +1,81 @@
+"""Splitting a model's <think>...</think> reasoning from its answer, as the text streams.
+
+A reasoning block counts only at the start of the output (after whitespace), or when the
+prompt itself ended inside one (the worker says so with the first event); a `<think>` later
+in an answer is content. Only text that may still become a tag is held back. Pure.
+"""
+
+from __future__ import annotations
+
+from worker.chat_formats import THINK_CLOSE, THINK_OPEN
+
+
+def held_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that is a proper start of `marker`: the
+    part that must wait for more text before it is known not to be the marker."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ReasoningSplitter:
+    """Feed output text; get (reasoning, content) pieces back.
+
+    `feed` never blocks and returns what is certain so far; `finish` returns the rest.
+    """
+
+    def __init__(self, in_reasoning: bool = False) -> None:
+        # "start": nothing but whitespace seen; "reasoning": inside a block; "content": after.
+        self._state = "reasoning" if in_reasoning else "start"
+        self._buf = ""
+        self._trim_next = in_reasoning  # the first reasoning text drops leading newlines
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self._buf += text
+        reasoning, content = "", ""
+        if self._state == "start":
+            stripped = self._buf.lstrip()
+            if stripped.startswith(THINK_OPEN):
+                self._state, self._buf = "reasoning", stripped[len(THINK_OPEN) :]
+                self._trim_next = True
+            elif THINK_OPEN.startswith(stripped):
+                return "", ""  # empty, whitespace, or a start of the tag: wait
+            else:
+                self._state = "content"
+        if self._state == "reasoning":
+            if self._trim_next:
+                self._buf = self._buf.lstrip("\n")
+                self._trim_next = not self._buf
+            i = self._buf.find(THINK_CLOSE)
+            if i < 0:
+                # Hold back a possible start of the tag, and newlines that may turn out to
+                # be the ones before it (which reasoning_content leaves out).
+                cut = len(self._buf) - held_suffix(self._buf, THINK_CLOSE)
+                cut = len(self._buf[:cut].rstrip("\n"))
+                reasoning, self._buf = self._buf[:cut], self._buf[cut:]
+                return reasoning, ""
+            reasoning = self._buf[:i].rstrip("\n")
+            self._buf = self._buf[i + len(THINK_CLOSE) :].lstrip()
+            self._state = "content"
+            if not self._buf:
+                self._state = "after"
+                return reasoning, ""
+        if self._state == "after":
+            # Right after </think>: the whitespace that separates it from the answer goes.
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return reasoning, ""
+            self._state = "content"
+        content, self._buf = self._buf, ""
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back, once the output has ended: an unclosed block is reasoning;
+        a lone start of a tag is content."""
+        rest, self._buf = self._buf, ""
+        if self._state == "reasoning":
+            return rest, ""
+        if self._state == "after":
+            return "", ""
+        return "", rest

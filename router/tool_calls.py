@@ -1,0 +1,225 @@
+"""Finding tool calls in a model's output as it streams, in the model's own format.
+
+Formats (worker/chat_formats.py says which a model has):
+- hermes: content, then `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks.
+- llama3: a JSON object `{"name": ..., "parameters": ...}` as the whole output, or after
+  `<|python_tag|>`.
+- mistral: content, then `[TOOL_CALLS]` and a JSON array of `{"name", "arguments"}`.
+- generic: the whole output is a JSON object: `{"tool_calls": [...]}` (or llama.cpp's
+  `{"tool_call": {...}}`) to call, `{"response": "..."}` to answer.
+
+Text that cannot be a call streams as content at once; only what may still become a
+marker, or a call still being written, is held back. A call that never completes or does
+not parse is content after all, as llama.cpp treats it. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+from router.reasoning import held_suffix
+from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX
+from worker.protocol import ToolFormat
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: str  # JSON text
+    id: str | None = None  # the model's own id, where its format has one (Mistral's)
+
+
+Piece = Union[str, Call]  # content text, or one whole call
+
+
+def json_end(text: str) -> int | None:
+    """Where the JSON object or array that `text` starts with ends (the index after its
+    closing bracket), or None while it is still open. Only brackets and strings are
+    followed, so this does not say it is valid JSON; json.loads does that after."""
+    depth = 0
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _arguments_text(args: Any) -> str:
+    """A call's arguments as the JSON text OpenAI's `function.arguments` holds."""
+    if isinstance(args, str):
+        try:
+            json.loads(args)
+            return args  # already JSON text (some models write it that way)
+        except ValueError:
+            pass
+    return json.dumps(args, ensure_ascii=False)
+
+
+def call_from(obj: Any) -> Call | None:
+    """A call from one decoded JSON object, or None if it is not one."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    call_id = obj.get("id")
+    return Call(name=name, arguments=_arguments_text(args), id=call_id if isinstance(call_id, str) else None)
+
+
+def _calls(values: Any) -> list[Call] | None:
+    """Calls from a decoded list (or one object); None unless every item is a call."""
+    items = values if isinstance(values, list) else [values]
+    calls = [call_from(v) for v in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return [c for c in calls if c is not None]
+
+
+class ToolCallParser:
+    """Feed content text; get pieces (content strings and whole calls) back."""
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self._fmt = fmt
+        self._buf = ""
+        # "start" (only whitespace so far), "content", "call" (a call being written), or
+        # "after_call" (only whitespace since the last call)
+        self._state = "start"
+        self._marker = {"hermes": HERMES_OPEN, "mistral": MISTRAL_PREFIX, "llama3": LLAMA3_PYTHON_TAG}.get(fmt)
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        out: list[Piece] = []
+        while self._buf:
+            if not self._step(out):
+                break
+        return out
+
+    def finish(self) -> list[Piece]:
+        """The rest, once the output has ended."""
+        out: list[Piece] = []
+        if self._state == "call":
+            calls = self._complete_calls(self._buf, final=True)
+            if calls is not None:
+                out.extend(calls)
+                self._buf = ""
+        if self._buf and self._state != "after_call":
+            out.append(self._buf)
+        self._buf = ""
+        return out
+
+    # ---- one step of the state machine: True if it made progress ----------------------------
+
+    def _step(self, out: list[Piece]) -> bool:
+        if self._state == "start":
+            stripped = self._buf.lstrip()
+            if not stripped:
+                return False
+            # llama3 and generic write a call as a bare JSON object at the very start.
+            if self._fmt in ("llama3", "generic") and stripped.startswith("{"):
+                self._state, self._buf = "call", stripped
+                return True
+            self._state = "content"
+            return True
+        if self._state == "after_call":
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return False
+            self._state = "content"
+            return True
+        if self._state == "content":
+            if self._marker is None:  # generic: no marker after the start, all content
+                out.append(self._buf)
+                self._buf = ""
+                return False
+            i = self._buf.find(self._marker)
+            if i < 0:
+                cut = len(self._buf) - held_suffix(self._buf, self._marker)
+                if cut:
+                    out.append(self._buf[:cut])
+                    self._buf = self._buf[cut:]
+                return False
+            if i:
+                out.append(self._buf[:i])
+            self._state, self._buf = "call", self._buf[i:]
+            return True
+        # "call": wait until it is whole, then parse it
+        calls = self._complete_calls(self._buf, final=False)
+        if calls is None:
+            return False
+        out.extend(calls)
+        return True
+
+    def _complete_calls(self, text: str, final: bool) -> list[Piece] | None:
+        """The pieces of a whole call at the start of `text` (consuming it from the buffer),
+        or None while it is still being written. A whole block that is not a call becomes
+        content. With `final`, an unclosed block is parsed as far as it goes."""
+        body_start = 0
+        if self._fmt == "hermes":
+            close = text.find(HERMES_CLOSE)
+            if close < 0 and not final:
+                return None
+            body = text[len(HERMES_OPEN) : close if close >= 0 else len(text)]
+            consumed = close + len(HERMES_CLOSE) if close >= 0 else len(text)
+            try:
+                call = call_from(json.loads(body))
+            except ValueError:
+                call = None
+            return self._emit([call] if call else None, text, consumed)
+        if self._fmt == "mistral" or (self._fmt == "llama3" and text.startswith(LLAMA3_PYTHON_TAG)):
+            body_start = len(self._marker or "")
+        rest = text[body_start:]
+        lead = len(rest) - len(rest.lstrip())
+        end = json_end(rest[lead:]) if rest[lead:lead + 1] in ("{", "[") else None
+        if end is None:
+            if not final and (not rest[lead:] or rest[lead:lead + 1] in ("{", "[")):
+                return None
+            return self._emit(None, text, len(text))
+        consumed = body_start + lead + end
+        try:
+            value = json.loads(rest[lead : lead + end])
+        except ValueError:
+            return self._emit(None, text, consumed)
+        if self._fmt == "generic":
+            return self._generic(value, text, consumed)
+        return self._emit(_calls(value), text, consumed)
+
+    def _generic(self, value: Any, text: str, consumed: int) -> list[Piece]:
+        if isinstance(value, dict):
+            if "tool_calls" in value:
+                return self._emit(_calls(value["tool_calls"]), text, consumed)
+            if "tool_call" in value:
+                return self._emit(_calls(value["tool_call"]), text, consumed)
+            if "response" in value and len(value) == 1:
+                answer = value["response"]
+                self._buf, self._state = text[consumed:], "content"
+                return [answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)]
+        return self._emit(None, text, consumed)
+
+    def _emit(self, calls: list[Call] | None, text: str, consumed: int) -> list[Piece]:
+        """Consume `text[:consumed]` as `calls`, or as content when it holds none."""
+        self._buf = text[consumed:]
+        if calls:
+            # Whitespace between calls, or after the last, is no content; it is dropped
+            # however the text was split, so a stream and a whole response agree.
+            self._state = "after_call"
+            return list(calls)
+        self._state = "content"
+        return [text[:consumed]]

@@ -1,0 +1,83 @@
+"""The grammar that forces a tool call: tool_choice "required" or a named function.
+
+The output must then be a call, in the model's own format, to one of the offered functions,
+with arguments that match that function's parameters schema. The grammar is Lark in
+llguidance's dialect, which embeds each JSON schema with `%json`; the worker enforces it
+while sampling (a Constraint in SamplingParams). Pure: tests check that every grammar
+compiles with llguidance.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
+from worker.protocol import Constraint, ToolFormat
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters schema; a function that declares none takes any object."""
+    params = tool["function"].get("parameters")
+    return params if isinstance(params, dict) and params else _ANY_OBJECT
+
+
+def call_schema(tool: dict[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
+    """The JSON schema of one call to `tool`: its name, and arguments matching its schema."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool["function"]["name"]},
+            arguments_key: parameters_of(tool),
+        },
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
+    }
+
+
+def _lark_string(text: str) -> str:
+    """`text` as a Lark string literal (JSON's escaping is a subset Lark reads)."""
+    return json.dumps(text)
+
+
+def _alternatives(tools: Sequence[dict[str, Any]], arguments_key: str) -> list[str]:
+    """One rule per tool, each a JSON object that calls it, and the rule that picks one."""
+    rules = [f"tool{i}: %json {json.dumps(call_schema(t, arguments_key))}" for i, t in enumerate(tools)]
+    rules.append("call_json: " + " | ".join(f"tool{i}" for i in range(len(tools))))
+    return rules
+
+
+def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parallel: bool) -> str:
+    """A Lark grammar whose every sentence is one call (or, with `parallel`, one or more
+    calls) to one of `tools`, written as a model of format `fmt` writes calls."""
+    if not tools:
+        raise ValueError("a forced tool call needs at least one tool")
+    if fmt == "hermes":
+        call = f"call: {_lark_string(HERMES_OPEN + chr(10))} call_json {_lark_string(chr(10) + HERMES_CLOSE)}"
+        start = 'start: call ("\\n" call)*' if parallel else "start: call"
+        rules = [start, call, *_alternatives(tools, "arguments")]
+    elif fmt == "llama3":
+        # Llama 3.x writes exactly one call per turn.
+        rules = ["start: call_json", *_alternatives(tools, "parameters")]
+    elif fmt == "mistral":
+        more = ' (", " call_json)*' if parallel else ""
+        rules = [f'start: {_lark_string(MISTRAL_PREFIX + "[")} call_json{more} "]"', *_alternatives(tools, "arguments")]
+    else:
+        items: dict[str, Any] = {"anyOf": [call_schema(t) for t in tools]} if len(tools) > 1 else call_schema(tools[0])
+        calls: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+        if not parallel:
+            calls["maxItems"] = 1
+        schema = {
+            "type": "object",
+            "properties": {"tool_calls": calls},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+        }
+        rules = [f"start: %json {json.dumps(schema)}"]
+    return "\n".join(rules) + "\n"
+
+
+def tool_choice_constraint(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parallel: bool) -> Constraint:
+    return Constraint(kind="lark", source=tool_choice_grammar(fmt, tools, parallel), param="tool_choice")

@@ -1,0 +1,167 @@
+"""Chat templates from real model families rendered with tools, tool calls and tool results;
+format detection; the generic rewrite; assistant prefill; an open reasoning block."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from worker import chat_formats
+from worker.chat_template import BuiltinTemplate, JinjaTemplate, TemplateError
+from worker.protocol import ChatMessage, ToolCall
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Today's weather <in °C> for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+HISTORY = [
+    ChatMessage(role="system", content="Be brief."),
+    ChatMessage(role="user", content="Weather in Paris?"),
+    ChatMessage(
+        role="assistant",
+        content="",
+        tool_calls=[ToolCall(id="abc123XYZ", name="get_weather", arguments='{"city": "Paris"}')],
+    ),
+    ChatMessage(role="tool", content="21 degrees", tool_call_id="abc123XYZ", name="get_weather"),
+]
+
+# (file, format it is detected as, whether it reasons in <think> blocks)
+FAMILIES = [
+    ("Qwen-Qwen3-0.6B.jinja", "hermes", True),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3", False),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral", False),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "generic", True),
+    ("google-gemma-2-2b-it.jinja", "generic", False),
+]
+
+
+def template(name: str, **kw: object) -> JinjaTemplate:
+    return JinjaTemplate((TEMPLATES / name).read_text(encoding="utf-8"), "<s>", "</s>", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "fmt", "reasoning"), FAMILIES)
+def test_format_is_detected_from_the_template(name: str, fmt: str, reasoning: bool) -> None:
+    t = template(name)
+    assert t.format == chat_formats.ChatFormat(tools=fmt, reasoning=reasoning)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "fmt", "reasoning"), FAMILIES)
+def test_renders_tools_calls_and_results(name: str, fmt: str, reasoning: bool) -> None:
+    text = template(name).render(HISTORY, tools=[WEATHER])
+    # The tool is offered with its description as written (no HTML escaping by tojson).
+    assert "get_weather" in text and "<in °C>" in text
+    # The earlier call is written with its arguments as JSON, not as a quoted string.
+    assert '"city": "Paris"' in text and '\\"city\\"' not in text.split("21 degrees")[0].split("Weather in Paris?")[-1]
+    assert "21 degrees" in text
+
+
+def test_options_override_detection() -> None:
+    t = template("Qwen-Qwen3-0.6B.jinja", tool_format="generic", reasoning=False)
+    assert t.format == chat_formats.ChatFormat(tools="generic", reasoning=False)
+    text = t.render(HISTORY, tools=[WEATHER])
+    # Generic: the template never sees the tools; the instructions are a system message.
+    assert "<tools>" not in text and '{"tool_calls": [{"name": "get_weather"' in text
+
+
+def test_call_arguments_fall_back_to_text_for_templates_that_concatenate_them() -> None:
+    # DeepSeek-R1's template writes `+ arguments`, which needs a string: the renderer
+    # retries with the text the client sent.
+    t = template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", tool_format="hermes")
+    text = t.render(HISTORY, tools=[WEATHER])
+    assert '```json\n{"city": "Paris"}\n```' in text
+
+
+def test_template_errors_are_template_errors() -> None:
+    # Mistral's template refuses call ids that are not 9 characters: a 400, not a crash.
+    bad = [HISTORY[1], ChatMessage(role="assistant", content="", tool_calls=[ToolCall(id="x", name="f", arguments="{}")])]
+    with pytest.raises(TemplateError, match="9"):
+        template("mistralai-Mistral-Nemo-Instruct-2407.jinja").render(bad, tools=[WEATHER])
+
+
+def test_generic_rewrite_for_a_template_without_system_role() -> None:
+    # gemma refuses a system message and insists that roles alternate: the instructions
+    # go into the first user turn, and the tool result becomes a user turn.
+    text = template("google-gemma-2-2b-it.jinja").render(HISTORY, tools=[WEATHER])
+    assert text.startswith("<start_of_turn>user\nBe brief.\n\nYou can call these tools")
+    assert '<start_of_turn>model\n{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}' in text
+    assert '"tool_response": {"content": "21 degrees"' in text
+    assert text.endswith("<start_of_turn>model\n")
+
+
+def test_consecutive_tool_results_merge_into_one_user_turn() -> None:
+    msgs = chat_formats.generic_messages(
+        [
+            ChatMessage(role="user", content="q"),
+            ChatMessage(
+                role="assistant",
+                content="",
+                tool_calls=[ToolCall(id="1", name="a", arguments="{}"), ToolCall(id="2", name="b", arguments="{}")],
+            ),
+            ChatMessage(role="tool", content="A", tool_call_id="1"),
+            ChatMessage(role="tool", content="B", tool_call_id="2"),
+        ],
+        None,
+        system_role=True,
+    )
+    assert [m.role for m in msgs] == ["user", "assistant", "user"]
+    assert [json.loads(line)["tool_response"]["content"] for line in msgs[2].content.split("\n")] == ["A", "B"]
+
+
+def test_builtin_template_takes_tools_only_as_generic() -> None:
+    assert BuiltinTemplate("gemma").format.tools is None
+    with pytest.raises(TemplateError):
+        BuiltinTemplate("gemma").render(HISTORY)
+    text = BuiltinTemplate("gemma", "generic").render(HISTORY, tools=[WEATHER])
+    assert "You can call these tools" in text and "21 degrees" in text
+
+
+@pytest.mark.parametrize("t", [template("Qwen-Qwen3-0.6B.jinja"), BuiltinTemplate("chatml")], ids=["jinja", "builtin"])
+def test_final_assistant_message_is_continued(t: JinjaTemplate | BuiltinTemplate) -> None:
+    msgs = [ChatMessage(role="user", content="Count to 3"), ChatMessage(role="assistant", content="1, 2")]
+    text = t.render(msgs)
+    assert text.endswith("<|im_start|>assistant\n1, 2")
+    assert text == t.render(msgs[:1]) + "1, 2"
+
+
+def test_prefill_counts_toward_the_byte_limit() -> None:
+    from worker.chat_template import TemplateTooLong
+
+    msgs = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="x" * 100)]
+    with pytest.raises(TemplateTooLong) as info:
+        BuiltinTemplate("chatml").render(msgs, max_bytes=90)
+    assert info.value.n_bytes > 100
+
+
+def test_template_kwargs_reach_the_template() -> None:
+    t = template("Qwen-Qwen3-0.6B.jinja")
+    msgs = [ChatMessage(role="user", content="hi")]
+    assert t.render(msgs).endswith("<|im_start|>assistant\n")
+    assert t.render(msgs, template_kwargs={"enable_thinking": False}).endswith("<think>\n\n</think>\n\n")
+
+
+def test_open_reasoning_block_at_the_end_of_the_prompt() -> None:
+    assert chat_formats.ends_in_reasoning("<|im_start|>assistant\n<think>\n", 64)
+    assert not chat_formats.ends_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n", 64)
+    assert not chat_formats.ends_in_reasoning("<|im_start|>assistant\n", 64)
+    # An opening tag in the history, far from the end, does not count.
+    assert not chat_formats.ends_in_reasoning("user wrote <think>" + "x" * 200, 64)
+    # A prefill that opens a block, counted in the tail.
+    assert chat_formats.ends_in_reasoning("A:<think>\nlong thoughts " + "y" * 100, 64 + 120)
+
+
+def test_detection_of_formats_by_markers() -> None:
+    assert chat_formats.detect_tool_format("{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert chat_formats.detect_tool_format("<tool_call>") == "hermes"
+    assert chat_formats.detect_tool_format("<|start_header_id|>{{ '<|python_tag|>' }}") == "llama3"
+    assert chat_formats.detect_tool_format("<start_of_turn>") == "generic"
+    assert chat_formats.resolve("auto", None, True) == chat_formats.ChatFormat(tools=None, reasoning=False)
+    assert chat_formats.resolve("generic", None, True).tools == "generic"
