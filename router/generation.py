@@ -217,12 +217,12 @@ async def events(gen: Generation, fmt: Completion, include_usage: bool, timings:
                 yield fmt.chunk(last.text, timings=last.timings if timings else None)
             else:
                 for delta in out.feed(last.text):
-                    yield fmt.delta_chunk(delta)
+                    yield fmt.delta_chunk(delta, timings=last.timings if timings else None)
         assert last is not None and last.finish_reason is not None
         reason: str = last.finish_reason
         if out is not None:
             for delta in out.finish():
-                yield fmt.delta_chunk(delta)
+                yield fmt.delta_chunk(delta, timings=last.timings if timings else None)
             reason = out.finish_reason(reason)
         yield fmt.chunk(None, reason, timings=last.timings if timings else None)
         if include_usage:

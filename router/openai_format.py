@@ -112,18 +112,21 @@ class Completion:
             out["timings"] = timings_json(timings)
         return self._event(out)
 
-    def delta_chunk(self, delta: dict[str, object], finish_reason: str | None = None) -> bytes:
+    def delta_chunk(
+        self, delta: dict[str, object], finish_reason: str | None = None, timings: Timings | None = None
+    ) -> bytes:
         """One chat chunk with a prepared delta (reasoning_content, tool_calls)."""
-        return self._event(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": None,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-            }
-        )
+        out: dict[str, object] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        if timings is not None:
+            out["timings"] = timings_json(timings)
+        return self._event(out)
 
     def usage_chunk(self, usage: Usage | None) -> bytes:
         """The extra final chunk that `stream_options.include_usage` asks for."""

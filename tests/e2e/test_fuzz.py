@@ -3,7 +3,8 @@
 Each request draws random sampling parameters, random stop strings (unicode and emoji
 included), a random prompt length up to and past the slot limit, and sometimes a
 cancellation: a stream closed after a few chunks, or a non-streaming request whose client
-gives up. CI runs CORRAL_FUZZ_REQUESTS (default 120); the acceptance run used 1000.
+gives up. It also draws what issue 10 added: n choices, logprobs, logit_bias, a JSON
+schema or json_object, and tools with every tool_choice. CI runs CORRAL_FUZZ_REQUESTS (default 120); the acceptance run used 1000.
 
 Expected outcomes: 200, or 400 with a named parameter for prompts past the context.
 Anything else, a request past its deadline, or a worker that restarted, fails the test.
@@ -48,6 +49,12 @@ WORDS = (
     "the a cat dog runs quickly über naïve 東京 中文 🙂 🚀 \n , . ! ? 123 x y z hello world "
     "function return { } ( ) <b> & ' \" \\ \t tokens stop start_of_turn end"
 ).split(" ")
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "tags": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["name", "tags"],
+}
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.", "parameters": SCHEMA}}
 STOP_PIECES = ["\n", ".", " the", "🙂", "ü", "a", "e ", ",", "!!", "東", "xyz", "\n\n", " "]
 
 
@@ -87,7 +94,12 @@ def random_request(rng: random.Random) -> tuple[str, dict[str, object], str]:
         ]
     if rng.random() < 0.1:
         body["ignore_eos"] = True
-    if rng.random() < 0.5:
+    if rng.random() < 0.2:
+        body["n"] = rng.randint(1, 3)
+    if rng.random() < 0.15:
+        body["logit_bias"] = {str(rng.randint(0, 262_000)): rng.uniform(-100, 100) for _ in range(rng.randint(1, 4))}
+    chat = rng.random() < 0.5
+    if chat:
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": text}]
         if rng.random() < 0.3:
@@ -95,9 +107,22 @@ def random_request(rng: random.Random) -> tuple[str, dict[str, object], str]:
                 {"role": "system", "content": rng.choice(WORDS)},
                 {"role": "user", "content": [{"type": "text", "text": text}]},
             ]
+        if rng.random() < 0.2:
+            body["logprobs"] = True
+            body["top_logprobs"] = rng.randint(0, 5)
+        shape = rng.random()
+        if shape < 0.1:
+            body["response_format"] = {"type": "json_object"}
+        elif shape < 0.2:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+        elif shape < 0.35:
+            body["tools"] = [TOOL]
+            body["tool_choice"] = rng.choice(["auto", "none", "required", {"type": "function", "function": {"name": "lookup"}}])
     else:
         path = "/v1/completions"
         body["prompt"] = text
+        if rng.random() < 0.2:
+            body["logprobs"] = rng.randint(0, 5)
     cancel = rng.choices(["none", "early", "timeout"], weights=[75, 15, 10])[0]
     return path, body, cancel
 
@@ -146,19 +171,34 @@ def check(outcome: Outcome, body: dict[str, object]) -> None:
         assert err["code"] == "context_length_exceeded", err
         assert err["param"] in ("prompt", "messages")
         return
+    n = int(body.get("n", 1))  # type: ignore[call-overload]
+    reasons = ("stop", "length", "tool_calls")
     if outcome.kind == "stream":
         events = outcome.body.split("\n")
         assert events[-1] == "data: [DONE]", events[-3:]
-        last = json.loads(events[-2][len("data: ") :])
-        assert last["choices"][0]["finish_reason"] in ("stop", "length")
+        chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
+        finished = {c["index"]: c["finish_reason"] for ch in chunks for c in ch["choices"] if c["finish_reason"]}
+        assert sorted(finished) == list(range(n)) and set(finished.values()) <= set(reasons), finished
     else:
         doc = json.loads(outcome.body)
-        choice = doc["choices"][0]
-        assert choice["finish_reason"] in ("stop", "length")
-        assert doc["usage"]["completion_tokens"] <= int(body["max_tokens"])  # type: ignore[call-overload]
-        text = choice["message"]["content"] if "message" in choice else choice["text"]
-        for stop in body.get("stop", []):  # type: ignore[union-attr]
-            assert stop not in text
+        assert [c["index"] for c in doc["choices"]] == list(range(n))
+        assert doc["usage"]["completion_tokens"] <= n * int(body["max_tokens"])  # type: ignore[call-overload]
+        for choice in doc["choices"]:
+            assert choice["finish_reason"] in reasons
+            if "message" not in choice:
+                text = choice["text"]
+            elif choice["message"].get("tool_calls"):
+                assert choice["finish_reason"] == "tool_calls"
+                for call in choice["message"]["tool_calls"]:
+                    assert call["function"]["name"] == "lookup"
+                    json.loads(call["function"]["arguments"])  # constrained: always JSON
+                continue
+            else:
+                text = choice["message"]["content"] or ""
+            for stop in body.get("stop", []):  # type: ignore[union-attr]
+                assert stop not in text
+            if "response_format" in body and choice["finish_reason"] == "stop" and not body.get("stop"):
+                assert isinstance(json.loads(text), dict)  # constrained: whole JSON when not cut
 
 
 def test_random_requests_never_crash_or_hang(fuzz_server: Server) -> None:
