@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from router import schemas, sse
+import msgspec
+
+from router import schemas, sse, structured
 from router.openai_format import Completion
 from supervisor.connection import RequestStream
 from supervisor.errors import CorralError
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
-from worker.protocol import ChatMessage, SamplingParams, TokenEvent
+from worker.protocol import ChatMessage, Constraint, SamplingParams, TokenEvent
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,10 @@ class GenerationJob:
 
 def chat_job(r: schemas.ChatRequest) -> GenerationJob:
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+    params = schemas.sampling_params(r, max_tokens)
     return GenerationJob(
         model=r.model,
-        params=schemas.sampling_params(r, max_tokens),
+        params=_constrained(params, structured.constraint(r.response_format, r.json_schema, r.grammar)),
         messages=tuple(schemas.chat_messages(r)),
         stream=r.stream,
         include_usage=_include_usage(r),
@@ -46,14 +49,19 @@ def chat_job(r: schemas.ChatRequest) -> GenerationJob:
 
 
 def completion_job(r: schemas.CompletionRequest) -> GenerationJob:
+    # OpenAI's default for the legacy completions endpoint.
+    params = schemas.sampling_params(r, r.max_tokens if r.max_tokens is not None else 16)
     return GenerationJob(
         model=r.model,
-        # OpenAI's default for the legacy completions endpoint.
-        params=schemas.sampling_params(r, r.max_tokens if r.max_tokens is not None else 16),
+        params=_constrained(params, structured.constraint(json_schema=r.json_schema, grammar=r.grammar)),
         prompt=schemas.completion_prompt(r),
         stream=r.stream,
         include_usage=_include_usage(r),
     )
+
+
+def _constrained(params: SamplingParams, c: Constraint | None) -> SamplingParams:
+    return params if c is None else msgspec.structs.replace(params, constraint=c)
 
 
 def _include_usage(r: schemas._Sampling) -> bool:
