@@ -112,19 +112,21 @@ class Matcher:
 
 
 class Constraints:
-    """One model's constraint compiler. Thread-safe: the preparing threads call it."""
+    """One model's constraint compiler. Thread-safe: the preparing threads call it.
 
-    def __init__(self, vocab: llama_cpp.llama_vocab_p, n_vocab: int, is_eog: Callable[[int], bool]) -> None:
-        self._vocab, self._n_vocab, self._is_eog = vocab, n_vocab, is_eog
+    `build` makes llguidance's tokenizer (in the worker, `tokenizer_for` over the model's
+    vocabulary); it is called once, by the first constrained request: it costs seconds on a
+    262k vocabulary, which a model that never sees one should not pay at load."""
+
+    def __init__(self, build: Callable[[], llguidance.LLTokenizer], n_vocab: int) -> None:
+        self._build, self._n_vocab = build, n_vocab
         self._lock = threading.Lock()
         self._tokenizer: llguidance.LLTokenizer | None = None
 
     def tokenizer(self) -> llguidance.LLTokenizer:
-        """Built on first use, once: it costs about a second on a 262k vocabulary, which a
-        model that never sees a constrained request should not pay at load."""
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = tokenizer_for(self._vocab, self._n_vocab, self._is_eog)
+                self._tokenizer = self._build()
             return self._tokenizer
 
     def matcher(self, c: Constraint) -> Matcher:

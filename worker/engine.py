@@ -32,7 +32,7 @@ import llama_cpp
 import msgspec
 
 from worker.batch import BatchBuffer
-from worker.constraint import ConstraintFailed, Constraints
+from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
 from worker.embeddings import embed
 from worker.logits import adjust
 from worker.model import LoadedModel
@@ -90,7 +90,7 @@ class Engine:
         self.threads = m.threads  # read by the link for Pong
         self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
         # Structured output: llguidance's tokenizer is built by the first constrained request.
-        self.constraints = Constraints(m.vocab, m.n_vocab, m.is_eog)
+        self.constraints = Constraints(lambda: tokenizer_for(m.vocab, m.n_vocab, m.is_eog), m.n_vocab)
         self.prep = Preparer(
             m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher
         )
