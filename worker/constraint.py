@@ -96,6 +96,10 @@ class Matcher:
         self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         if self._m.is_error():
             raise ConstraintFailed(_short(self._m.get_error()))
+        if not self._words.any():
+            # Nothing allowed, not even EOS: llama.cpp's dist sampler over all -inf is
+            # undefined, so this ends the request instead.
+            raise ConstraintFailed("the grammar allows no token here")
         # One bit per token, lowest bit first; unpacking and a masked copy take about
         # 0.2 ms on 262k logits (boolean indexing or putmask take 0.25 ms or more).
         allowed = np.unpackbits(self._words.view(np.uint8), count=len(logits), bitorder="little").view(bool)
