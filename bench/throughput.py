@@ -15,6 +15,14 @@ Ceiling: `llama_decode` alone, one token per sequence per step with no sampling 
 server, for C sequences. It shows how far batching can scale on the machine at hand.
 
 Results go to bench/results/throughput.json and bench/results/throughput.md.
+
+  python -m bench.throughput --structured [--tokens 128] [--rounds 2]
+
+Structured output instead: one `corral serve`, and at 1 and 4 concurrent streams the same
+greedy completions unconstrained and constrained by a JSON schema (`json_schema`), rounds
+alternating so that both see the same machine. The schema asks for at least 20 objects, so
+no constrained answer can end before `--tokens`. Results go to
+bench/results/structured_throughput.json and .md.
 """
 
 from __future__ import annotations
@@ -80,21 +88,127 @@ def bench_http(name: str, url: str, model: str, tokens: int, rounds: int) -> dic
     return results
 
 
-def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
+# Objects with a bounded string and a bounded integer, at least 20 of them: a realistic
+# structured answer that cannot be complete within 128 tokens.
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "minItems": 20,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 20},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                },
+                "required": ["name", "age"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["people"],
+    "additionalProperties": False,
+}
+STRUCTURED_CONCURRENCY = (1, 4)
+
+
+def bench_structured_http(url: str, model: str, tokens: int, rounds: int) -> dict[str, dict[int, float]]:
+    """At each concurrency, rounds of C unconstrained then C constrained completions."""
+    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=16))
+
+    def one(i: int, constrained: bool) -> int:
+        body: dict[str, object] = {
+            "model": model, "prompt": prompt(i), "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+        }
+        if constrained:
+            body["json_schema"] = STRUCTURED_SCHEMA
+        r = client.post(url, json=body)
+        r.raise_for_status()
+        out = r.json()
+        if constrained:  # the answer is the schema's prefix: it starts as the schema says
+            assert out["choices"][0]["text"].startswith('{"people": [{"name": "'), out["choices"][0]["text"][:80]
+        return int(out["usage"]["completion_tokens"])
+
+    one(10_000, False)  # load the model
+    one(10_001, True)  # build llguidance's tokenizer (once per model)
+    results: dict[str, dict[int, float]] = {"unconstrained": {}, "constrained": {}}
+    with concurrent.futures.ThreadPoolExecutor(max(STRUCTURED_CONCURRENCY)) as pool:
+        for c in STRUCTURED_CONCURRENCY:
+            totals = {k: [0, 0.0] for k in results}
+            for r in range(rounds):
+                for kind in results:
+                    ids = range(r * 100 + c * 1000, r * 100 + c * 1000 + c)
+                    t0 = time.perf_counter()
+                    n = sum(pool.map(lambda i: one(i, kind == "constrained"), ids))
+                    totals[kind][1] += time.perf_counter() - t0
+                    totals[kind][0] += n
+            for kind, (n, wall) in totals.items():
+                assert n == c * rounds * tokens, f"{kind}: expected {c * rounds * tokens} tokens, got {n}"
+                results[kind][c] = n / wall
+                print(f"{kind:<14} c={c}: {results[kind][c]:6.1f} tok/s", flush=True)
+    return results
+
+
+def serve_corral(model: Path, threads: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
     cfg = tmp / "config.toml"
     cfg.write_text(
         f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n'
         f'[models.demo]\npath = "{model}"\nslots = {SLOTS}\nn_ctx = 4096\n'
+        + (f"threads = {threads}\n" if threads else "")
     )
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
+    wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+    return proc, port
+
+
+def bench_structured(model: Path, tokens: int, rounds: int, threads: int | None) -> int:
+    proc, port = serve_corral(model, threads)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        res = bench_structured_http(f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    ratio = {c: res["constrained"][c] / res["unconstrained"][c] for c in STRUCTURED_CONCURRENCY}
+    doc = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "tokens": tokens,
+        "rounds": rounds,
+        "slots": SLOTS,
+        "threads": threads,
+        "schema": STRUCTURED_SCHEMA,
+        "unconstrained_tok_s": res["unconstrained"],
+        "constrained_tok_s": res["constrained"],
+        "constrained_vs_unconstrained": ratio,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "structured_throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [
+        f"Greedy completions of {tokens} new tokens, {rounds} rounds per level, alternating, one "
+        f"Corral ({SLOTS} slots, {threads or 'default'} decode threads), demo model, {os.cpu_count()} CPU cores; constrained = json_schema "
+        "(objects with a bounded string and integer, at least 20 of them).",
+        "",
+        "| concurrent requests | unconstrained tok/s | constrained tok/s | constrained / unconstrained |",
+        "|---:|---:|---:|---:|",
+    ]
+    for c in STRUCTURED_CONCURRENCY:
+        lines.append(f"| {c} | {res['unconstrained'][c]:.1f} | {res['constrained'][c]:.1f} | {ratio[c]:.2f}x |")
+    md = "\n".join(lines) + "\n"
+    (OUT / "structured_throughput.md").write_text(md)
+    print(md)
+    return 0
+
+
+def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
+    proc, port = serve_corral(model)
+    try:
         return bench_http("corral", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -254,9 +368,16 @@ def main() -> int:
         "--llama-server", type=Path, default=None,
         help="a llama-server binary to measure the same way, for a same-machine reference",
     )
+    ap.add_argument("--structured", action="store_true", help="constrained vs unconstrained, in one Corral")
+    ap.add_argument(
+        "--threads", type=int, default=None,
+        help="--structured: the worker's decode threads (1 keeps a shared machine's noise down)",
+    )
     args = ap.parse_args()
     if not args.model.is_file():
         raise SystemExit(f"model not found: {args.model} (run `make model`)")
+    if args.structured:
+        return bench_structured(args.model.resolve(), args.tokens, args.rounds, args.threads)
     corral = bench_corral(args.model.resolve(), args.tokens, args.rounds)
     llama = bench_llama(args.model.resolve(), args.tokens, args.rounds)
     raw = bench_raw(args.model.resolve(), args.tokens)

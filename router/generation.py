@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from router import schemas, sse, tool_schemas
+from router import schemas, sse, structured, tool_schemas
 from router.chat_output import ChatOutput
 from router.openai_format import Completion
 from router.tool_grammar import tool_choice_constraint
@@ -21,7 +21,7 @@ from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
-from worker.protocol import ChatMessage, SamplingParams, TokenEvent
+from worker.protocol import ChatMessage, Constraint, SamplingParams, TokenEvent
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,10 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
     param = "max_tokens"
     if max_tokens is None and r.n_predict is not None:
         max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
+    params = schemas.sampling_params(r, max_tokens, param)
     return GenerationJob(
         model=model,
-        params=schemas.sampling_params(r, max_tokens, param),
+        params=_constrained(params, structured.constraint(r.response_format, r.json_schema, r.grammar)),
         messages=tuple(schemas.chat_messages(r)),
         stream=r.stream,
         include_usage=_include_usage(r),
@@ -65,9 +66,10 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
 
 
 def completion_job(r: schemas.CompletionRequest, model: str) -> GenerationJob:
+    params = schemas.sampling_params(r, *_completion_max_tokens(r))
     return GenerationJob(
         model=model,
-        params=schemas.sampling_params(r, *_completion_max_tokens(r)),
+        params=_constrained(params, structured.constraint(json_schema=r.json_schema, grammar=r.grammar)),
         prompt=schemas.completion_prompt(r),
         stream=r.stream,
         include_usage=_include_usage(r),
@@ -81,6 +83,10 @@ def _completion_max_tokens(r: schemas.CompletionRequest) -> tuple[int | None, st
     if r.n_predict is not None:
         return schemas.n_predict_tokens(r.n_predict), "n_predict"
     return 16, "max_tokens"  # OpenAI's default for the legacy completions endpoint
+
+
+def _constrained(params: SamplingParams, c: Constraint | None) -> SamplingParams:
+    return params if c is None else msgspec.structs.replace(params, constraint=c)
 
 
 def _include_usage(r: schemas._Sampling) -> bool:

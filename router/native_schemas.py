@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from router import schemas
+from router import schemas, structured
 from router.schemas import Int32, Seed
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import SamplingParams
@@ -31,9 +31,6 @@ class NativeCompletionRequest(schemas._Sampling, forbid_unknown_fields=True):
     prompt: str | list[Any] = ""
     return_tokens: bool = False
     id_slot: Int32 = -1  # accepted, ignored: the slot with the longest cached prefix is taken
-    # Structured output, wired after the merge (router/structured.py).
-    grammar: str | None = None
-    json_schema: Any = None
     # Accepted with no effect on what is generated.
     n_keep: Int32 = 0
     n_discard: Int32 = 0
@@ -107,11 +104,7 @@ def native_params(r: NativeCompletionRequest) -> SamplingParams:
             raise Unsupported(f"'{name}' is not supported (only its default, {off}, is accepted).", name)
     if r.lora:
         raise Unsupported("LoRA adapters are not supported.", "lora")
-    if r.grammar is not None or r.json_schema is not None:
-        # merge: constraint = structured.constraint(json_schema=r.json_schema, grammar=r.grammar)
-        # goes here, into SamplingParams(constraint=...), once router/structured.py lands.
-        param = "grammar" if r.grammar is not None else "json_schema"
-        raise Unsupported(f"'{param}' is not supported on /completion yet.", param)
+    constraint = structured.constraint(json_schema=r.json_schema, grammar=r.grammar)
     if r.seed is not None and not -1 <= r.seed <= 0xFFFFFFFF:
         raise InvalidRequest("Invalid 'seed': expected -1 (random) or a value from 0 to 4294967295.", "seed")
     max_tokens: int | None
@@ -119,7 +112,8 @@ def native_params(r: NativeCompletionRequest) -> SamplingParams:
         max_tokens, param = r.max_tokens, "max_tokens"
     else:
         max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
-    return schemas.sampling_params(r, max_tokens, param, min_tokens=0)
+    params = schemas.sampling_params(r, max_tokens, param, min_tokens=0)
+    return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
 
 
 def native_prompt(r: NativeCompletionRequest) -> str | list[int | str]:

@@ -8,7 +8,7 @@ rejected, as OpenAI does, rather than silently ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -29,8 +29,33 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
 
 
-class ResponseFormat(msgspec.Struct):
-    type: str = "text"
+# ---- response_format: OpenAI's three shapes, told apart by "type" --------------------------
+
+
+class ResponseFormatText(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    """Free text: no constraint."""
+
+
+class ResponseFormatJsonObject(msgspec.Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True):
+    """Any JSON object."""
+
+
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    # OpenAI's rule for the name: letters, digits, '_' and '-', at most 64.
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    # The field is `schema` on the wire; msgspec's own Struct has no such attribute to clash.
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormatJsonSchema(msgspec.Struct, tag="json_schema", tag_field="type", forbid_unknown_fields=True):
+    """JSON matching `json_schema.schema`."""
+
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema]
 
 
 _DEFAULT = SamplingParams()
@@ -65,6 +90,9 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     n_predict: Int32 | None = None
     cache_prompt: bool = True
     timings_per_token: bool = False
+    # llama-server's structured output: a JSON schema, or a GBNF grammar (router/structured.py).
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
 
 
 class ChatRequest(_Sampling, forbid_unknown_fields=True):
@@ -259,10 +287,6 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
         raise InvalidRequest("'messages' must contain at least one message.", "messages")
     if r.logprobs:
         raise Unsupported("logprobs are not supported yet.", "logprobs")
-    if r.response_format is not None and r.response_format.type != "text":
-        raise Unsupported(
-            f"response_format {r.response_format.type!r} is not supported yet.", "response_format"
-        )
     out: list[ChatMessage] = []
     for i, m in enumerate(r.messages):
         at = f"messages[{i}]"

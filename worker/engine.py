@@ -33,7 +33,9 @@ import llama_cpp
 import msgspec
 
 from worker.batch import BatchBuffer
+from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
 from worker.embeddings import embed
+from worker.logits import adjust
 from worker.model import LoadedModel
 from worker.preparer import Preparer, Work
 from worker.protocol import (
@@ -91,7 +93,11 @@ class Engine:
         self._kv_full = False
         self.threads = m.threads  # read by the link for Pong
         self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
-        self.prep = Preparer(m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit)
+        # Structured output: llguidance's tokenizer is built by the first constrained request.
+        self.constraints = Constraints(lambda: tokenizer_for(m.vocab, m.n_vocab, m.is_eog), m.n_vocab)
+        self.prep = Preparer(
+            m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher
+        )
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
@@ -271,6 +277,12 @@ class Engine:
                     # nothing is generated.
                     self._finish(req, "length", events, stop_type="limit")
                     continue
+                try:
+                    # Masks and biases edit the logits in place, before the chain reads them.
+                    adjust(self.m.ctx, last_idx, self.m.n_vocab, req.logit_adjustments())
+                except Exception as exc:  # costs this request only, never the step
+                    self._constraint_failed(req, exc)
+                    continue
                 tok = req.sampler.sample(self.m.ctx, last_idx)
                 self._accept(req, tok, events)
         if events:
@@ -311,15 +323,40 @@ class Engine:
         if self.m.is_eog(tok) and not p.ignore_eos:
             self._finish(req, "stop", events, tokens=[tok], flush=True, stop_type="eos")
             return
+        if req.matcher is not None:
+            try:
+                req.matcher.consume(tok)
+            except ConstraintFailed as exc:
+                self._constraint_failed(req, exc)
+                return
         req.tokens.append(tok)
         text, matched = req.stops.feed(req.decoder.decode(self.m.piece(tok)))
         if matched:
             self._finish(req, "stop", events, text=text, tokens=[tok], stop_type="word")
+        elif req.matcher is not None and req.matcher.stopped:
+            # The grammar is complete and allows only EOS next: end here, a step sooner.
+            self._finish(req, "stop", events, text=text, tokens=[tok], flush=True, stop_type="eos")
         elif req.n_gen >= req.max_new or len(req.tokens) >= self.n_ctx_slot:
             self._finish(req, "length", events, text=text, tokens=[tok], flush=True, stop_type="limit")
         else:
             timings = _timings(req) if p.timings_per_token else None
             events.append(self._first_marked(req, TokenEvent(id=req.id, text=text, tokens=[tok], timings=timings)))
+
+    def _constraint_failed(self, req: Request, exc: Exception) -> None:
+        """The grammar could not go on (llguidance hit a limit, or a bug): this request
+        ends with an error that names its constraint's parameter; the others go on."""
+        c = req.params.constraint
+        if not isinstance(exc, ConstraintFailed):
+            log.exception("constraint of request %d", req.id, exc_info=exc)
+        self._release(req)
+        self.emit(
+            Error(
+                id=req.id,
+                code="invalid_request",
+                message=f"the output could not be kept to the grammar after {req.n_gen} tokens: {exc}",
+                param=c.param if c is not None else None,
+            )
+        )
 
     def _finish(
         self,
@@ -375,6 +412,7 @@ class Engine:
         if req.sampler is not None:
             req.sampler.free()
             req.sampler = None
+        req.matcher = None
         if req.slot is not None:
             req.slot.request = None
             req.slot = None

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from worker.protocol import ErrorCode, SamplingParams
 from worker.sampling import SamplerChain
 from worker.slots import Slot
 from worker.stops import StopMatcher
+
+if TYPE_CHECKING:  # worker.constraint imports this module for RequestRejected
+    from worker.constraint import Matcher
+    from worker.logits import LogitsAdjustment
 
 
 @dataclass(eq=False)
@@ -29,6 +35,10 @@ class Request:
     cached: int = 0  # prompt tokens reused from the slot's cache
     preempted: bool = False
     sampler: SamplerChain | None = None
+    # The grammar its output must match (params.constraint, compiled while preparing). It
+    # lives as long as the request: a preempted request keeps it, and its generated tokens,
+    # already consumed, are decoded again but never fed to it twice.
+    matcher: Matcher | None = None
     slot: Slot[Request] | None = None
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -40,6 +50,11 @@ class Request:
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
+
+    def logit_adjustments(self) -> list[LogitsAdjustment]:
+        """What edits this request's logits before each sample (worker/logits.py), in order;
+        the grammar's mask comes last, so that nothing can lift a token it forbids."""
+        return [] if self.matcher is None else [self.matcher]
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,12 @@ def _decode_error(body: bytes, kind: type[msgspec.Struct]) -> InvalidRequest:
         ),
         (
             s.ChatRequest,
-            CHAT + b'"response_format": {"type": "json_schema", "json_schema": '
-            + DEEP_OBJECT + b"}}",
-            "response_format.json_schema",
+            CHAT + b'"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": '
+            + DEEP_OBJECT + b"}}}",
+            "response_format.json_schema.schema",
         ),
+        (s.ChatRequest, CHAT + b'"json_schema": ' + DEEP_OBJECT + b"}", "json_schema"),
+        (s.CompletionRequest, b'{"model": "m", "json_schema": ' + DEEP_OBJECT + b"}", "json_schema"),
         (s.CompletionRequest, b'{"model": "m", "prompt": ' + DEEP_ARRAY + b"}", "prompt"),
         (s.CompletionRequest, b'{"model": "m", "prompt": ["a", ' + DEEP_ARRAY + b"]}", "prompt[1]"),
         (s.EmbeddingRequest, b'{"model": "m", "input": ' + DEEP_ARRAY + b"}", "input"),

@@ -14,7 +14,7 @@ from router.native_schemas import NativeCompletionRequest, native_params, native
 from supervisor import errors as e
 from tests.unit.test_prompts import FakeModel, prepare
 from worker.prompts import Limit, detokenize_texts, piece
-from worker.protocol import Detokenize, Generate, SamplingParams, Timings, TokenEvent, Usage
+from worker.protocol import Constraint, Detokenize, Generate, SamplingParams, Timings, TokenEvent, Usage
 from worker.request import Request, RequestRejected
 from worker.stops import StopMatcher
 
@@ -67,13 +67,23 @@ def test_n_predict_and_max_tokens() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("n_probs", 3),
-     ("dynatemp_range", 0.5), ("lora", [{"id": 0, "scale": 1.0}]), ("grammar", "root ::= \"a\""),
-     ("json_schema", {"type": "object"})],
+     ("dynatemp_range", 0.5), ("lora", [{"id": 0, "scale": 1.0}])],
 )
 def test_what_corral_cannot_do_is_refused_by_name(field: str, value: Any) -> None:
     with pytest.raises(e.Unsupported) as info:
         native_params(req(**{field: value}))
     assert info.value.param == field
+
+
+def test_grammar_and_json_schema_become_the_constraint() -> None:
+    assert native_params(req(grammar='root ::= "a"')).constraint == Constraint(
+        kind="gbnf", source='root ::= "a"', param="grammar"
+    )
+    c = native_params(req(json_schema={"type": "object"})).constraint
+    assert c is not None and (c.kind, c.param) == ("json_schema", "json_schema")
+    with pytest.raises(e.InvalidRequest) as info:  # one constraint per request
+        native_params(req(grammar='root ::= "a"', json_schema={"type": "object"}))
+    assert info.value.param == "grammar"
 
 
 def test_accepted_and_ignored_parameters() -> None:

@@ -409,7 +409,6 @@ def test_missing_messages_rejected() -> None:
     ("fields", "param"),
     [
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_chat_unsupported_features(fields: dict[str, Any], param: str) -> None:

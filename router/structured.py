@@ -1,0 +1,59 @@
+"""Structured output, the request side: which grammar a request's output must match.
+
+Three parameters can ask for one:
+- `response_format` (OpenAI, chat only): `text` asks for nothing; `json_object` for any
+  JSON object; `json_schema` for JSON matching `json_schema.schema` (any JSON object when
+  the schema is left out, as for json_object).
+- `json_schema` (llama-server's extension, chat and completions): a JSON schema, as is.
+- `grammar` (llama-server's extension, chat and completions): a GBNF grammar; an empty
+  string asks for nothing, as in llama-server.
+
+At most one of them may constrain a request: two would be two grammars for one output, and
+llama-server too refuses json_schema with grammar. The worker compiles what this returns and
+answers 400 naming the same parameter when it does not compile (worker/constraint.py), so
+nothing here parses a schema or a grammar.
+
+Pure: no I/O, tested without a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from router.schemas import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema
+from supervisor.errors import InvalidRequest
+from worker.protocol import Constraint
+
+# What json_object means, as a schema: llguidance then allows exactly one JSON object.
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def constraint(
+    response_format: ResponseFormat | None = None,
+    json_schema: dict[str, Any] | None = None,
+    grammar: str | None = None,
+) -> Constraint | None:
+    """The constraint a request asks for, or None. InvalidRequest (400) naming the
+    parameter when more than one parameter asks for one."""
+    asked: list[Constraint] = []
+    if isinstance(response_format, ResponseFormatJsonObject):
+        asked.append(_schema(ANY_OBJECT, "response_format"))
+    elif isinstance(response_format, ResponseFormatJsonSchema):
+        schema = response_format.json_schema.schema
+        asked.append(_schema(ANY_OBJECT if schema is None else schema, "response_format"))
+    if json_schema is not None:
+        asked.append(_schema(json_schema, "json_schema"))
+    if grammar:
+        asked.append(Constraint(kind="gbnf", source=grammar, param="grammar"))
+    if len(asked) > 1:
+        first, second = asked[0].param, asked[1].param
+        raise InvalidRequest(
+            f"'{first}' and '{second}' each constrain the output; send only one of them.", second
+        )
+    return asked[0] if asked else None
+
+
+def _schema(schema: dict[str, Any], param: str) -> Constraint:
+    return Constraint(kind="json_schema", source=msgspec.json.encode(schema).decode(), param=param)

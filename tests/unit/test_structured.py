@@ -1,0 +1,184 @@
+"""router/structured.py and the structured-output parameters of router/schemas.py: which
+constraint a request asks for, and a 400 naming the parameter for every malformed or
+conflicting one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from router import generation, structured
+from router import schemas as s
+from supervisor.errors import InvalidRequest
+from worker.protocol import Constraint
+
+
+def chat(**fields: Any) -> s.ChatRequest:
+    fields.setdefault("model", "m")
+    fields.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return s.decode(msgspec.json.encode(fields), s.ChatRequest)
+
+
+def completion(**fields: Any) -> s.CompletionRequest:
+    fields.setdefault("model", "m")
+    return s.decode(msgspec.json.encode(fields), s.CompletionRequest)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}
+
+
+# ---- decoding response_format -------------------------------------------------------------------
+
+
+def test_response_format_text_decodes_and_asks_for_nothing() -> None:
+    r = chat(response_format={"type": "text"})
+    assert isinstance(r.response_format, s.ResponseFormatText)
+    assert structured.constraint(r.response_format) is None
+
+
+def test_response_format_json_schema_decodes_every_field() -> None:
+    r = chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "my-schema_1", "schema": SCHEMA, "strict": True, "description": "d"}})
+    assert isinstance(r.response_format, s.ResponseFormatJsonSchema)
+    js = r.response_format.json_schema
+    assert (js.name, js.schema, js.strict, js.description) == ("my-schema_1", SCHEMA, True, "d")
+
+
+@pytest.mark.parametrize(
+    "fmt, param",
+    [
+        ({"type": "xml"}, "response_format.type"),
+        ({}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {}}, "response_format.json_schema.name"),
+        ({"type": "json_schema", "json_schema": {"name": "has space"}}, "response_format.json_schema.name"),
+        ({"type": "json_schema", "json_schema": {"name": ""}}, "response_format.json_schema.name"),
+        ({"type": "json_schema", "json_schema": {"name": "x" * 65}}, "response_format.json_schema.name"),
+        ({"type": "json_schema", "json_schema": {"name": "n", "schema": []}}, "response_format.json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"name": "n", "strict": "yes"}}, "response_format.json_schema.strict"),
+        ({"type": "json_schema", "json_schema": {"name": "n", "extra": 1}}, "response_format.json_schema.extra"),
+        ({"type": "json_object", "schema": {}}, "response_format.schema"),
+        ("json", "response_format"),
+    ],
+)
+def test_malformed_response_format_names_the_parameter(fmt: Any, param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        chat(response_format=fmt)
+    assert info.value.param == param
+
+
+def test_name_of_64_characters_is_accepted() -> None:
+    r = chat(response_format={"type": "json_schema", "json_schema": {"name": "a" * 64}})
+    assert isinstance(r.response_format, s.ResponseFormatJsonSchema)
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_llama_server_extensions_are_typed(make: Any) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        make(json_schema="{}")
+    assert info.value.param == "json_schema"
+    with pytest.raises(InvalidRequest) as info:
+        make(grammar={"root": "x"})
+    assert info.value.param == "grammar"
+
+
+def test_completions_have_no_response_format() -> None:
+    # OpenAI's legacy completions take none; llama-server's json_schema/grammar do the job.
+    with pytest.raises(InvalidRequest) as info:
+        completion(response_format={"type": "json_object"})
+    assert info.value.param == "response_format"
+
+
+# ---- which constraint ---------------------------------------------------------------------------
+
+
+def test_json_object_is_the_any_object_schema() -> None:
+    c = structured.constraint(s.ResponseFormatJsonObject())
+    assert c == Constraint(kind="json_schema", source='{"type":"object"}', param="response_format")
+
+
+def test_json_schema_format_carries_its_schema() -> None:
+    fmt = s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n", schema=SCHEMA))
+    c = structured.constraint(fmt)
+    assert c is not None and c.kind == "json_schema" and c.param == "response_format"
+    assert json.loads(c.source) == SCHEMA
+
+
+def test_json_schema_format_without_a_schema_is_any_object() -> None:
+    c = structured.constraint(s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n")))
+    assert c is not None and json.loads(c.source) == {"type": "object"}
+
+
+def test_json_schema_extension() -> None:
+    c = structured.constraint(json_schema=SCHEMA)
+    assert c is not None and c.param == "json_schema" and json.loads(c.source) == SCHEMA
+
+
+def test_grammar_extension_is_gbnf() -> None:
+    assert structured.constraint(grammar='root ::= "yes"') == Constraint("gbnf", 'root ::= "yes"', "grammar")
+
+
+def test_nothing_asked() -> None:
+    assert structured.constraint() is None
+    assert structured.constraint(grammar="") is None  # llama-server: an empty grammar is none
+
+
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        ({"response_format": s.ResponseFormatJsonObject(), "grammar": "root ::= x"}, "grammar"),
+        ({"json_schema": SCHEMA, "grammar": "root ::= x"}, "grammar"),
+        ({"response_format": s.ResponseFormatJsonObject(), "json_schema": SCHEMA}, "json_schema"),
+        (
+            {"response_format": s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n", schema=SCHEMA)),
+             "grammar": "root ::= x"},
+            "grammar",
+        ),
+    ],
+)
+def test_two_constraints_are_a_400_naming_the_second(kw: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        structured.constraint(**kw)
+    assert info.value.param == param
+    assert "only one" in info.value.message
+
+
+def test_text_format_with_a_grammar_is_the_grammar() -> None:
+    c = structured.constraint(s.ResponseFormatText(), grammar='root ::= "a"')
+    assert c is not None and c.param == "grammar"
+
+
+# ---- into the job -------------------------------------------------------------------------------
+
+
+def test_chat_job_carries_the_constraint() -> None:
+    job = generation.chat_job(chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}), "m")
+    c = job.params.constraint
+    assert c is not None and c.param == "response_format" and json.loads(c.source) == SCHEMA
+
+
+def test_chat_job_without_structured_output_has_none() -> None:
+    assert generation.chat_job(chat(), "m").params.constraint is None
+
+
+def test_chat_job_conflict_is_a_400() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        generation.chat_job(chat(json_schema=SCHEMA, grammar='root ::= "a"'), "m")
+    assert info.value.param == "grammar"
+
+
+def test_completion_job_carries_grammar_and_json_schema() -> None:
+    c = generation.completion_job(completion(prompt="p", grammar='root ::= "a"'), "m").params.constraint
+    assert c == Constraint("gbnf", 'root ::= "a"', "grammar")
+    c = generation.completion_job(completion(prompt="p", json_schema=SCHEMA), "m").params.constraint
+    assert c is not None and c.param == "json_schema"
+
+
+def test_constraint_survives_the_wire() -> None:
+    # The frame the supervisor sends the worker: msgpack round trip keeps the constraint.
+    params = generation.chat_job(chat(response_format={"type": "json_object"}), "m").params
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=type(params))
+    assert back.constraint == params.constraint

@@ -1,0 +1,157 @@
+"""Structured output: a grammar enforced token by token, with llguidance.
+
+Why llguidance and not llama.cpp's grammar sampler: on the demo model's 262k-token
+vocabulary, llama.cpp's sampler costs milliseconds a token applied to the whole vocabulary,
+while llguidance fills its token mask in a fraction of that (bench/constraint_engines.py,
+figures in the README). It also reads JSON schemas itself (no GBNF conversion), Lark
+(which forced tool calls use, with `%json { schema }` inside), and GBNF.
+
+Three pieces, each with its own cost and thread:
+- `Constraints.tokenizer()`: llguidance's view of the vocabulary, built once per model (about
+  a second on 262k tokens), lazily, by the first constrained request on a preparing thread.
+- `Constraints.matcher(c)`: compiles one request's grammar, on a preparing thread before the
+  request can take a slot; a grammar that does not compile is a RequestRejected naming the
+  request parameter it came from.
+- `Matcher`: the per-request state on the engine thread: `apply(logits)` masks every token
+  the grammar forbids (a worker.logits adjustment), `consume(token)` advances it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import TYPE_CHECKING, Callable
+
+import llama_cpp
+import llguidance
+import llguidance.llamacpp
+import numpy as np
+
+from worker.logits import Logits
+from worker.protocol import Constraint
+from worker.request import RequestRejected
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# How JSON schemas are written out: no free whitespace. With flexible whitespace a small
+# model at temperature 1 can pad between tokens without end; these separators are Python's
+# json.dumps defaults, so an answer reads as usual. A schema's own "x-guidance" overrides.
+JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+# Limits on what one grammar may cost (llguidance's defaults), with short errors: a verbose
+# one quotes parser state, which is neither short nor the client's business.
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+MAX_MESSAGE = 400
+
+
+class ConstraintFailed(Exception):
+    """The matcher of a running request went into its error state."""
+
+
+def grammar_of(c: Constraint) -> str:
+    """llguidance's grammar text for a constraint. ValueError when it cannot be read at all
+    (a JSON schema that is not JSON, a GBNF grammar that does not convert)."""
+    if c.kind == "json_schema":
+        schema = json.loads(c.source)
+        if not isinstance(schema, dict):
+            raise ValueError("a JSON schema must be an object")
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    if c.kind == "lark":
+        return llguidance.LLMatcher.grammar_from_lark(c.source)
+    return llguidance.grammar_from("gbnf", c.source)
+
+
+def describe(c: Constraint) -> str:
+    return {"json_schema": "JSON schema", "lark": "grammar", "gbnf": "GBNF grammar"}[c.kind]
+
+
+def _short(message: str) -> str:
+    message = " ".join(message.split())
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+
+
+def tokenizer_for(vocab: llama_cpp.llama_vocab_p, n_vocab: int, is_eog: Callable[[int], bool]) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer over a llama.cpp vocabulary. Every end-of-generation token
+    counts as EOS, so that the grammar allows any of them (gemma ends a turn with
+    <end_of_turn>, not <eos>) exactly where the output may end."""
+    eog = [t for t in range(n_vocab) if is_eog(t)]
+    return llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=eog or None)
+
+
+class Matcher:
+    """One request's grammar state. Engine thread only."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int) -> None:
+        self._m = matcher
+        self._n_vocab = n_vocab
+        self._words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+
+    def apply(self, logits: Logits) -> None:
+        """Set every forbidden token's logit to -inf. EOS tokens are allowed only where the
+        grammar may end."""
+        self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        if self._m.is_error():
+            raise ConstraintFailed(_short(self._m.get_error()))
+        if not self._words.any():
+            # Nothing allowed, not even EOS: llama.cpp's dist sampler over all -inf is
+            # undefined, so this ends the request instead.
+            raise ConstraintFailed("the grammar allows no token here")
+        # One bit per token, lowest bit first; unpacking and a masked copy take about
+        # 0.2 ms on 262k logits (boolean indexing or putmask take 0.25 ms or more).
+        allowed = np.unpackbits(self._words.view(np.uint8), count=len(logits), bitorder="little").view(bool)
+        np.copyto(logits, np.float32(-np.inf), where=~allowed)
+
+    def consume(self, token: int) -> None:
+        if not self._m.consume_token(token):
+            raise ConstraintFailed(_short(self._m.get_error() or f"token {token} was not allowed"))
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and allows nothing more but EOS: the answer is whole."""
+        return bool(self._m.is_stopped())
+
+
+class Constraints:
+    """One model's constraint compiler. Thread-safe: the preparing threads call it.
+
+    `build` makes llguidance's tokenizer (in the worker, `tokenizer_for` over the model's
+    vocabulary); it is called once, by the first constrained request: it costs seconds on a
+    262k vocabulary, which a model that never sees one should not pay at load."""
+
+    def __init__(self, build: Callable[[], llguidance.LLTokenizer], n_vocab: int) -> None:
+        self._build, self._n_vocab = build, n_vocab
+        self._lock = threading.Lock()
+        self._tokenizer: llguidance.LLTokenizer | None = None
+
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = self._build()
+            return self._tokenizer
+
+    def matcher(self, c: Constraint) -> Matcher:
+        """A fresh matcher for `c`, or RequestRejected naming `c.param` when it does not
+        compile."""
+        try:
+            grammar = grammar_of(c)
+        except (ValueError, TypeError) as exc:
+            raise RequestRejected("invalid_request", f"{c.param}: invalid {describe(c)}: {_short(str(exc))}", c.param) from None
+        m = llguidance.LLMatcher(self.tokenizer(), grammar, log_level=0, limits=LIMITS)
+        if m.is_error():
+            raise RequestRejected(
+                "invalid_request", f"{c.param}: the {describe(c)} cannot be enforced: {_short(m.get_error())}", c.param
+            )
+        return Matcher(m, self._n_vocab)
+
+
+def compile_constraint(tokenizer: llguidance.LLTokenizer, c: Constraint) -> str:
+    """The grammar text for `c`, checked against `tokenizer` (for the engine benchmark)."""
+    grammar = grammar_of(c)
+    err = llguidance.LLMatcher.validate_grammar(grammar, tokenizer, limits=LIMITS)
+    if err:
+        raise ValueError(err)
+    return grammar
