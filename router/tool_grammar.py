@@ -13,7 +13,7 @@ import json
 from typing import Any, Sequence
 
 from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
-from worker.protocol import Constraint, ToolFormat
+from worker.protocol import JSON_LAYOUT, Constraint, ToolFormat
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -42,9 +42,16 @@ def _lark_string(text: str) -> str:
     return json.dumps(text)
 
 
+def _json(schema: dict[str, Any]) -> str:
+    """A `%json` rule body, laid out as structured output is (JSON_LAYOUT): without it a
+    grammar's JSON takes free whitespace, and a small model pads with newlines until
+    max_tokens cuts the call."""
+    return "%json " + json.dumps({"x-guidance": JSON_LAYOUT, **schema})
+
+
 def _alternatives(tools: Sequence[dict[str, Any]], arguments_key: str) -> list[str]:
     """One rule per tool, each a JSON object that calls it, and the rule that picks one."""
-    rules = [f"tool{i}: %json {json.dumps(call_schema(t, arguments_key))}" for i, t in enumerate(tools)]
+    rules = [f"tool{i}: {_json(call_schema(t, arguments_key))}" for i, t in enumerate(tools)]
     rules.append("call_json: " + " | ".join(f"tool{i}" for i in range(len(tools))))
     return rules
 
@@ -75,7 +82,7 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
             "required": ["tool_calls"],
             "additionalProperties": False,
         }
-        rules = [f"start: %json {json.dumps(schema)}"]
+        rules = [f"start: {_json(schema)}"]
     return "\n".join(rules) + "\n"
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import llama_cpp
 import llguidance
@@ -28,20 +28,13 @@ import llguidance.llamacpp
 import numpy as np
 
 from worker.logits import Logits
-from worker.protocol import Constraint
+from worker.protocol import JSON_LAYOUT, Constraint
 from worker.request import RequestRejected
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-# How JSON schemas are written out: no free whitespace. With flexible whitespace a small
-# model at temperature 1 can pad between tokens without end; these separators are Python's
-# json.dumps defaults, so an answer reads as usual. A schema's own "x-guidance" overrides.
-JSON_OPTIONS: JsonCompileOptions = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
+JSON_OPTIONS = cast("JsonCompileOptions", JSON_LAYOUT)  # see JSON_LAYOUT
 # Limits on what one grammar may cost (llguidance's defaults), with short errors: a verbose
 # one quotes parser state, which is neither short nor the client's business.
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)

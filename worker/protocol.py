@@ -47,6 +47,13 @@ class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     param: str
 
 
+# How constrained JSON is laid out (llguidance's JSON options): no free whitespace. With
+# flexible whitespace a small model can pad between tokens without end; the separators are
+# Python's json.dumps defaults, so an answer reads as usual. Used for JSON schemas and for
+# the `%json` parts of Lark grammars (a schema's own "x-guidance" key overrides it).
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Everything a worker needs to build one request's sampler chain and stop rules.
 

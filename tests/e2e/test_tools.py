@@ -14,6 +14,7 @@ import json
 from typing import Any, Iterator
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -71,27 +72,20 @@ def client(server: Server) -> openai.OpenAI:
 
 
 def conforms(value: Any, schema: dict[str, Any]) -> list[str]:
-    """Where `value` breaks `schema` (the subset these tests use; jsonschema is not installed)."""
-    kinds = {"object": dict, "string": str, "integer": int, "array": list}
-    t = schema.get("type")
-    if t and not isinstance(value, kinds[t]) or (t == "integer" and isinstance(value, bool)):
-        return [f"{value!r} is not {t}"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{value!r} not in {schema['enum']}"]
-    problems: list[str] = []
-    if t == "object":
-        props = schema.get("properties", {})
-        problems += [f"missing {k}" for k in schema.get("required", []) if k not in value]
-        for k, v in value.items():
-            if k in props:
-                problems += conforms(v, props[k])
-            elif schema.get("additionalProperties") is False:
-                problems.append(f"unexpected {k}")
-    return problems
+    """Where `value` breaks `schema`, by the jsonschema package's full validator."""
+    return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(value)]
+
+
+# With parallel calls allowed, greedy decoding on the 270M demo model chains call after call
+# until max_tokens cuts the answer (each call valid, the list never closed); the forced-call
+# tests therefore ask for one call, as the README says to do with small models.
+ONE_CALL: dict[str, Any] = {"parallel_tool_calls": False}
 
 
 def test_required_tool_choice_returns_a_valid_call(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="tools", messages=ASK, tools=TOOLS, tool_choice="required", **GREEDY)
+    r = client.chat.completions.create(
+        model="tools", messages=ASK, tools=TOOLS, tool_choice="required", **ONE_CALL, **GREEDY
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
     assert choice.message.tool_calls
@@ -120,7 +114,7 @@ def test_named_tool_choice_calls_that_function_once(client: openai.OpenAI) -> No
 
 def test_streamed_call_has_openai_deltas(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="tools", messages=ASK, tools=TOOLS, tool_choice="required", stream=True, **GREEDY
+        model="tools", messages=ASK, tools=TOOLS, tool_choice="required", stream=True, **ONE_CALL, **GREEDY
     )
     calls: dict[int, dict[str, str]] = {}
     finish = None
