@@ -122,6 +122,10 @@ class LoadedModel:
             cap = -n
         raise RuntimeError("llama_token_to_piece kept asking for a larger buffer")
 
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of a token prompt (special tokens render as nothing, as in output)."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
     def max_token_bytes(self) -> int | None:
         """The most bytes of input text one token can cover (see `_longest_token`)."""
         return self.token_bytes

@@ -46,6 +46,23 @@ class TextModel(Protocol):
         (tokenizers that normalise text, which can fold many bytes into one token)."""
         ...
 
+    @property
+    def n_vocab(self) -> int: ...
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of a token prompt, for `echo`."""
+        ...
+
+
+def check_token_ids(tokens: list[int], n_vocab: int, param: str) -> None:
+    """Refuse token ids outside the vocabulary: llama.cpp reads them as indices, and an
+    id past the end is a read out of bounds, not an error."""
+    for t in tokens:
+        if not 0 <= t < n_vocab:
+            raise RequestRejected(
+                "invalid_request", f"token id {t} is outside this model's vocabulary (0 .. {n_vocab - 1})", param
+            )
+
 
 @dataclass(frozen=True)
 class Limit:
@@ -104,6 +121,12 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
         f"this model's context holds {n_ctx_slot} tokens, prompt and output together",
         param,
     )
+    if g.params.logit_bias:
+        check_token_ids(list(g.params.logit_bias), m.n_vocab, "logit_bias")
+    if g.n < 1:
+        raise RequestRejected("invalid_request", "n must be at least 1", "n")
+    if g.prompt_tokens is not None:
+        return _token_prompt(g, m, n_ctx_slot, limit)
     if g.messages is None:
         text = g.prompt or ""
     elif m.template is None:
@@ -127,15 +150,39 @@ def generate_texts(g: Generate, m: TextModel, n_ctx_slot: int) -> Texts:
         if not prompt:
             raise RequestRejected("invalid_request", "the prompt is empty", param)
         room = n_ctx_slot - len(prompt)
-        p = g.params
-        max_new = room if p.max_tokens is None else min(p.max_tokens, room)
-        return Request(id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)))
+        return _request(g, prompt, n_ctx_slot, text if g.echo else None)
 
     return Texts([_checked(text, limit, m)], build)
 
 
+def _request(g: Generate, prompt: list[int], n_ctx_slot: int, echo: str | None) -> Request:
+    room = n_ctx_slot - len(prompt)
+    p = g.params
+    max_new = room if p.max_tokens is None else min(p.max_tokens, room)
+    return Request(
+        id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)), n=g.n, echo=echo
+    )
+
+
+def _token_prompt(g: Generate, m: TextModel, n_ctx_slot: int, limit: Limit) -> Texts:
+    """A prompt sent as token ids: nothing to tokenize, only ids and length to check."""
+    tokens = list(g.prompt_tokens or [])
+    if not tokens:
+        raise RequestRejected("invalid_request", "the prompt is empty", "prompt")
+    if len(tokens) > limit.most:
+        raise limit.refuse(str(len(tokens)))
+    check_token_ids(tokens, m.n_vocab, "prompt")
+
+    def build(_: list[list[int]]) -> Request:
+        return _request(g, tokens, n_ctx_slot, m.detokenize(tokens) if g.echo else None)
+
+    return Texts([], build)
+
+
 def embed_texts(e: Embed, m: TextModel, n_batch: int) -> Texts:
     """Stage 1 of an embedding request: every input must fit one batch."""
+    if e.tokens is not None:
+        return _embed_tokens(e, m, n_batch)
     texts = []
     for i, text in enumerate(e.inputs):
         if not text:
@@ -149,6 +196,24 @@ def embed_texts(e: Embed, m: TextModel, n_batch: int) -> Texts:
         return EmbedJob(id=e.id, inputs=tokens)
 
     return Texts(texts, build)
+
+
+def _embed_tokens(e: Embed, m: TextModel, n_batch: int) -> Texts:
+    """Token-array inputs: checked as texts are once tokenized, and against the vocabulary."""
+    inputs = [list(t) for t in e.tokens or []]
+    if not inputs:
+        raise RequestRejected("invalid_request", "input is empty", "input")
+    for i, toks in enumerate(inputs):
+        if not toks:
+            raise RequestRejected("invalid_request", f"input[{i}] is empty", "input")
+        if len(toks) > n_batch:
+            raise Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input").refuse(str(len(toks)))
+        check_token_ids(toks, m.n_vocab, "input")
+
+    def build(_: list[list[int]]) -> EmbedJob:
+        return EmbedJob(id=e.id, inputs=inputs)
+
+    return Texts([], build)
 
 
 def tokenize_texts(t: Tokenize, m: TextModel, n_ctx_slot: int) -> Texts:

@@ -69,6 +69,12 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     stop: list[str] = []
     ignore_eos: bool = False
     constraint: Constraint | None = None
+    # OpenAI's logit_bias with its ids parsed: added to the logits before sampling (the
+    # router bounds the values to -100..100; the worker checks the ids against its vocabulary).
+    logit_bias: dict[int, float] = {}
+    # None: no logprobs. k >= 0: each generated token's logprob and its k most likely
+    # alternatives, from the logits the sampler used (after logit_bias and any constraint).
+    logprobs: int | None = None
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -126,17 +132,29 @@ class WorkerSpec(ModelOptions, forbid_unknown_fields=True, frozen=True):
 
 
 class Generate(Frame):
-    """Start a generation. Exactly one of `prompt` and `messages` is set."""
+    """Start a generation. Exactly one of `prompt`, `prompt_tokens` and `messages` is set.
+
+    `n` choices share the prompt: the worker evaluates it once and samples each choice with
+    its own chain (seed + i where a seed is given); their events carry `index`. `echo`: the
+    first event of each choice carries the prompt's text in `echo` (the router cannot
+    detokenize a token prompt itself).
+    """
 
     id: int
     params: SamplingParams
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    prompt_tokens: list[int] | None = None
+    n: int = 1
+    echo: bool = False
 
 
 class Embed(Frame):
+    """Embed texts, or (when `tokens` is set, and `inputs` empty) token arrays."""
+
     id: int
     inputs: list[str]
+    tokens: list[list[int]] | None = None
 
 
 class Tokenize(Frame):
@@ -209,11 +227,31 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
     cached_tokens: int = 0
 
 
+class TopLogprob(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """One candidate token: its id, its piece's bytes (the router has no vocabulary), and
+    its log-probability."""
+
+    token: int
+    piece: bytes
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """A generated token's logprob and the `top` most likely tokens at its position."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: list[TopLogprob] = []
+
+
 class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """What one request gained in one decode step.
 
     `text` is complete UTF-8 with anything that might still become a stop string held back.
-    A final event carries `finish_reason` and `usage`.
+    A final event carries `finish_reason` and `usage`. `index` is the choice (0 .. n-1) of
+    a Generate with n choices; each choice ends with its own final event. `logprobs` cover
+    exactly the tokens whose text is in `text` (a held-back token's come with its text).
     """
 
     id: int
@@ -221,6 +259,9 @@ class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     tokens: list[int] = []
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] = []
+    echo: str | None = None  # the prompt's text, on a choice's first event when asked
 
 
 class Step(Frame):
@@ -263,6 +304,9 @@ class Pong(Frame):
     active: int = 0
     queued: int = 0
     threads: int = 0  # CPU threads per decode now; 0 while loading
+    # Prompt tokens fed to llama_decode since the worker started: n > 1 choices evaluate
+    # their shared prompt once, which this shows (a cached prefix is not decoded either).
+    prompt_tokens_decoded: int = 0
 
 
 class Occupancy(Frame):

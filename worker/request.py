@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass, field
+
+import msgspec
+
+from worker.logprobs import LogprobQueue
 from worker.protocol import ErrorCode, SamplingParams
 from worker.sampling import SamplerChain
 from worker.slots import Slot
@@ -30,9 +34,36 @@ class Request:
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
+    index: int = 0  # which of the Generate's n choices this is
+    n: int = 1  # the Generate's n: the engine splits a request into n siblings
+    echo: str | None = None  # the prompt's text, sent once with this choice's first event
+    # A sibling that will sample its first token from this request's prompt logits (and
+    # copy its prompt's KV cells) instead of evaluating the prompt itself.
+    follows: Request | None = None
+    logprobs: LogprobQueue | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = LogprobQueue()
+
+    def siblings(self) -> list[Request]:
+        """Choices 1 .. n-1 of this request (choice 0): the same prompt and parameters,
+        each with its own stop matcher and decoder; a given seed becomes seed + i, so the
+        choices differ yet repeat from run to run."""
+        out = []
+        for i in range(1, self.n):
+            p = self.params
+            if p.seed is not None:
+                p = msgspec.structs.replace(p, seed=p.seed + i)
+            out.append(
+                Request(
+                    id=self.id, params=p, prompt=list(self.prompt), max_new=self.max_new,
+                    stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
+                )
+            )
+        self.n = 1  # split once
+        return out
 
 
 @dataclass(frozen=True)
