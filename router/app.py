@@ -130,7 +130,10 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
             )
         inputs = schemas.embedding_inputs(r)
         async with handle.lease() as conn:
-            result = await conn.embed(inputs)
+            if inputs and isinstance(inputs[0], tuple):
+                result = await conn.embed([], tokens=[list(x) for x in inputs])
+            else:
+                result = await conn.embed([x for x in inputs if isinstance(x, str)])
         data = [
             {"object": "embedding", "index": i, "embedding": _encode_vector(v, r.encoding_format)}
             for i, v in enumerate(result.data)
@@ -179,9 +182,9 @@ async def _generate(handle: ModelHandle, job: GenerationJob) -> Response:
     fmt = Completion(model=job.model, chat=job.chat)
     if not job.stream:
         try:
-            body = await whole(gen, fmt)
+            body = await whole(gen, fmt, job.n, job.logprobs)
         finally:
             gen.close()
         return Response(body, content_type="application/json")
-    stream = sse.Body(events(gen, fmt, job.include_usage), gen.close)
+    stream = sse.Body(events(gen, fmt, job.include_usage, job.n, job.logprobs), gen.close)
     return Response(stream, status=200, headers=sse.HEADERS)

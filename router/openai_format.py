@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router import sse
+from router.choices import Choice, chat_logprobs, completion_logprobs
 from worker.protocol import Usage
 
 _json = msgspec.json.Encoder()
@@ -48,15 +49,29 @@ class Completion:
         return "chat.completion" if self.chat else "text_completion"
 
     def whole(self, text: str, finish_reason: str, usage: Usage | None) -> bytes:
-        if self.chat:
-            choice: dict[str, object] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = Choice(0, parts=[text], finish_reason=finish_reason)
+        return self.whole_choices([choice], usage, logprobs=False)
+
+    def whole_choices(self, choices: list[Choice], usage: Usage | None, logprobs: bool) -> bytes:
+        """A whole response; `logprobs`: the request asked for them (else they are null)."""
+        out: list[dict[str, object]] = []
+        for c in choices:
+            lp: dict[str, object] | None = None
+            if self.chat:
+                if logprobs:
+                    lp = chat_logprobs(c.logprobs)
+                out.append(
+                    {
+                        "index": c.index,
+                        "message": {"role": "assistant", "content": c.text, "refusal": None},
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+            else:
+                if logprobs:
+                    lp, _ = completion_logprobs(c.logprobs, len(c.echo))
+                out.append({"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
         return _json.encode(
             {
                 "id": self.id,
@@ -64,13 +79,21 @@ class Completion:
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": None,
-                "choices": [choice],
+                "choices": out,
                 "usage": usage_json(usage),
             }
         )
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> bytes:
-        """One SSE event. For chat, the first chunk carries the role."""
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        index: int = 0,
+        logprobs: dict[str, object] | None = None,
+    ) -> bytes:
+        """One SSE event of choice `index`. For chat, the first chunk carries the role.
+        `logprobs`: this chunk's tokens' logprobs, already in the endpoint's shape."""
         if self.chat:
             delta: dict[str, object] = {}
             if first:
@@ -78,14 +101,14 @@ class Completion:
             if text is not None:
                 delta["content"] = text
             choice: dict[str, object] = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             obj = "text_completion"
         return self._event(
             {

@@ -32,7 +32,10 @@ What it does
   string; nothing is held back, so a stop string that spans words may already have been
   partly sent.
   Generate on an embeddings model -> Error(code="unsupported", param="model").
-* Cancel(id): the request leaves its slot (or the queue) and gets a final event with
+  A Generate with n > 1 runs n requests under its id, events saying their `index`; a token
+  prompt (prompt_tokens) counts its ids; with `echo`, each choice's first event carries
+  the prompt text (token prompts: the ids joined by spaces). No logprobs.
+* Cancel(id): the request (every choice of it) leaves its slot (or the queue) and gets a final event with
   finish_reason "cancelled". Unknown ids are ignored.
 * Embed: one deterministic unit vector of 16 floats per input (from sha256 of the text);
   prompt_tokens counts as above. Embed on a non-embeddings model -> Error("unsupported");
@@ -181,6 +184,8 @@ class Request:
     text: str = ""  # everything generated
     sent: int = 0  # how much of `text` has been sent
     finished: bool = field(default=False)
+    index: int = 0  # the choice, of a Generate with n > 1
+    echo: str | None = None  # the prompt text, for the choice's first event
 
 
 class Engine:
@@ -230,9 +235,11 @@ class Engine:
             return
         if g.messages is not None:
             text, param = "\n".join(m.content for m in g.messages), "messages"
+        elif g.prompt_tokens is not None:
+            text, param = " ".join(map(str, g.prompt_tokens)), "prompt"
         else:
             text, param = g.prompt or "", "prompt"
-        n_prompt = len(tokenize(text))
+        n_prompt = len(g.prompt_tokens) if g.prompt_tokens is not None else len(tokenize(text))
         if n_prompt >= self.spec.n_ctx:
             self.out.send(
                 Error(
@@ -245,19 +252,21 @@ class Engine:
             )
             return
         max_tokens = 8 if g.params.max_tokens is None else g.params.max_tokens
-        req = Request(g.id, n_prompt, max_tokens, list(g.params.stop))
+        reqs = [
+            Request(g.id, n_prompt, max_tokens, list(g.params.stop), index=i, echo=text if g.echo else None)
+            for i in range(max(g.n, 1))
+        ]
         if max_tokens <= 0:
-            self.out.send(Step(events=[self.final(req, "length")]))
+            self.out.send(Step(events=[self.final(req, "length") for req in reqs]))
             return
-        self.waiting.append(req)
+        self.waiting.extend(reqs)
 
     def cancel(self, rid: int) -> None:
         for group in (self.active, self.waiting):
-            for req in group:
+            for req in list(group):
                 if req.id == rid:
                     group.remove(req)
                     self.out.send(Step(events=[self.final(req, "cancelled")]))
-                    return
 
     def embed(self, e: Embed) -> None:
         if not self.spec.embeddings:
@@ -270,7 +279,8 @@ class Engine:
                 )
             )
             return
-        for i, text in enumerate(e.inputs):
+        inputs = [" ".join(map(str, t)) for t in e.tokens] if e.tokens is not None else e.inputs
+        for i, text in enumerate(inputs):
             if not text:
                 message = f"input[{i}] is empty"
                 error = Error(id=e.id, code="invalid_request", message=message, param="input")
@@ -279,8 +289,8 @@ class Engine:
         self.out.send(
             EmbedResult(
                 id=e.id,
-                data=[embed_vector(t) for t in e.inputs],
-                prompt_tokens=sum(len(tokenize(t)) for t in e.inputs),
+                data=[embed_vector(t) for t in inputs],
+                prompt_tokens=sum(len(tokenize(t)) for t in inputs),
             )
         )
 
@@ -290,12 +300,15 @@ class Engine:
         self, req: Request, reason: str, text: str = "", tokens: list[int] | None = None
     ) -> TokenEvent:
         req.finished = True
+        echo, req.echo = req.echo, None
         return TokenEvent(
             id=req.id,
             text=text,
             tokens=tokens or [],
             finish_reason=reason,  # type: ignore[arg-type]
             usage=Usage(prompt_tokens=req.prompt_tokens, completion_tokens=req.n_gen),
+            index=req.index,
+            echo=echo,
         )
 
     def step(self) -> None:
@@ -321,7 +334,8 @@ class Engine:
                 events.append(self.final(req, "length", piece, tokens))
             else:
                 piece, req.sent = req.text[req.sent :], len(req.text)
-                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens))
+                echo, req.echo = req.echo, None
+                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens, index=req.index, echo=echo))
             if req.finished:
                 self.active.remove(req)
         if events:

@@ -43,7 +43,7 @@ class FakeConn:
         self.stream = stream
         self.sent: list[tuple[SamplingParams, str | None]] = []
 
-    def generate(self, params: SamplingParams, prompt: str | None = None, messages: Any = None) -> FakeStream:
+    def generate(self, params: SamplingParams, prompt: str | None = None, messages: Any = None, **_: Any) -> FakeStream:
         self.sent.append((params, prompt))
         return self.stream
 
