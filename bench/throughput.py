@@ -23,6 +23,13 @@ greedy completions unconstrained and constrained by a JSON schema (`json_schema`
 alternating so that both see the same machine. The schema asks for at least 20 objects, so
 no constrained answer can end before `--tokens`. Results go to
 bench/results/structured_throughput.json and .md.
+
+n choices against separate requests (`--choices`, or `--choices-only` for this alone): one
+`corral serve`, the same prompt shape (about 500 tokens, fresh each time so that no cache
+helps), 4 choices asked for as n = 4 in one request or as 4 requests sent at once, taking
+turns for `--rounds` rounds each. Reported: wall time and the prompt tokens the worker
+decoded (its prompt_tokens_decoded, from /admin/models). Results go to
+bench/results/choices.json and bench/results/choices.md.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -215,6 +223,107 @@ def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
         proc.wait(timeout=60)
 
 
+def long_prompt(tag: str) -> str:
+    # About 500 tokens, and unique: a cached prefix would hide the prefill being measured.
+    return f"Report {tag}. " + " ".join(f"Item {tag}-{i} is on shelf {i * 7 % 13}." for i in range(60))
+
+
+def bench_choices(model: Path, tokens: int, rounds: int, n: int = 4) -> dict[str, object]:
+    """n choices in one request against n requests with the same prompt, same server."""
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    cfg = tmp / "config.toml"
+    cfg.write_text(
+        f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\nhealth_interval = 0.2\n'
+        f'[models.demo]\npath = "{model}"\nslots = {n}\nn_ctx = 4096\n'
+    )
+    log = (tmp / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=16))
+
+    def decoded() -> int:
+        # Once two pings agree: the figure is settled between measurements.
+        last = None
+        while True:
+            v = client.get(f"{base}/admin/models/demo").json()["model"]["prompt_tokens_decoded"]
+            if v is not None and v == last:
+                return int(v)
+            last = v
+            time.sleep(0.5)
+
+    def ask(text: str, choices: int) -> tuple[int, int, int]:
+        r = client.post(f"{base}/v1/completions", json={
+            "model": "demo", "prompt": text, "max_tokens": tokens, "n": choices,
+            "temperature": 0.8, "seed": 1, "ignore_eos": True,
+        })
+        r.raise_for_status()
+        u = r.json()["usage"]
+        cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return int(u["prompt_tokens"]), int(u["completion_tokens"]), cached
+
+    out: dict[str, dict[str, float]] = {
+        "one_request": {"seconds": 0.0, "decoded": 0, "completion": 0, "cached": 0, "prompt_tokens": 0},
+        "separate": {"seconds": 0.0, "decoded": 0, "completion": 0, "cached": 0, "prompt_tokens": 0},
+    }
+    prompt_tokens = 0
+    try:
+        wait_healthy(f"{base}/health", proc)
+        ask("warm up", 1)
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            for r in range(rounds):
+                for kind in ("one_request", "separate") if r % 2 == 0 else ("separate", "one_request"):
+                    # Tags of one shape: the two kinds' prompts tokenize to the same length.
+                    text = long_prompt(f"{'AB'[kind == 'separate']}{r}")
+                    before = decoded()
+                    t0 = time.perf_counter()
+                    if kind == "one_request":
+                        got = [ask(text, n)]
+                    else:
+                        got = list(pool.map(lambda _: ask(text, 1), range(n)))
+                    out[kind]["seconds"] += time.perf_counter() - t0
+                    out[kind]["decoded"] += decoded() - before
+                    out[kind]["completion"] += sum(c for _, c, _ in got)
+                    out[kind]["cached"] += sum(c for _, _, c in got)
+                    out[kind]["prompt_tokens"] += sum(p for p, _, _ in got)  # as the usage counts them
+                    prompt_tokens = got[0][0]
+                    print(f"choices {kind:<11} round {r}: {out[kind]}", flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    one, sep = out["one_request"], out["separate"]
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "choices": n, "tokens": tokens, "rounds": rounds, "prompt_tokens": prompt_tokens, **out,
+        "time_ratio_separate_over_n": sep["seconds"] / one["seconds"],
+        "decoded_ratio_separate_over_n": sep["decoded"] / max(one["decoded"], 1),
+    }
+
+
+def choices_report(res: dict[str, Any]) -> str:
+    one, sep = res["one_request"], res["separate"]
+    k = res["choices"]
+    return "\n".join([
+        f"{k} choices of {res['tokens']} sampled tokens (ignore_eos) for a prompt of "
+        f"{res['prompt_tokens']} tokens, {res['rounds']} rounds each, taking turns; demo model, "
+        f"{k} slots, {os.cpu_count()} CPU cores.",
+        "",
+        "| asked as | seconds | prompt tokens decoded | usage's prompt_tokens | usage's cached_tokens "
+        "| completion tokens |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| one request, n = {k} | {one['seconds']:.2f} | {one['decoded']} | {one['prompt_tokens']} "
+        f"| {one['cached']} | {one['completion']} |",
+        f"| {k} requests at once | {sep['seconds']:.2f} | {sep['decoded']} | {sep['prompt_tokens']} "
+        f"| {sep['cached']} | {sep['completion']} |",
+        "",
+        f"Separate / n: {res['time_ratio_separate_over_n']:.2f}x the time, "
+        f"{res['decoded_ratio_separate_over_n']:.2f}x the prompt tokens decoded.",
+    ]) + "\n"
+
+
 def bench_llama_server(binary: Path, model: Path, tokens: int, rounds: int) -> dict[int, float]:
     """llama.cpp's own server, configured as the notes measured it: 4 slots sharing a
     unified 4096-cell KV cache, no repacking, every core."""
@@ -373,11 +482,23 @@ def main() -> int:
         "--threads", type=int, default=None,
         help="--structured: the worker's decode threads (1 keeps a shared machine's noise down)",
     )
+    ap.add_argument("--choices", action="store_true", help="also compare n = 4 with 4 separate requests")
+    ap.add_argument("--choices-only", action="store_true", help="only that comparison")
+    ap.add_argument("--choice-tokens", type=int, default=32, help="tokens per choice in that comparison")
     args = ap.parse_args()
     if not args.model.is_file():
         raise SystemExit(f"model not found: {args.model} (run `make model`)")
     if args.structured:
         return bench_structured(args.model.resolve(), args.tokens, args.rounds, args.threads)
+    if args.choices or args.choices_only:
+        res = bench_choices(args.model.resolve(), args.choice_tokens, args.rounds)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "choices.json").write_text(json.dumps(res, indent=2) + "\n")
+        md = choices_report(res)
+        (OUT / "choices.md").write_text(md)
+        print(md)
+        if args.choices_only:
+            return 0
     corral = bench_corral(args.model.resolve(), args.tokens, args.rounds)
     llama = bench_llama(args.model.resolve(), args.tokens, args.rounds)
     raw = bench_raw(args.model.resolve(), args.tokens)

@@ -143,7 +143,10 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
             )
         inputs = schemas.embedding_inputs(r)
         async with handle.lease() as conn:
-            result = await conn.embed(inputs)
+            if inputs and isinstance(inputs[0], tuple):
+                result = await conn.embed([], tokens=[list(x) for x in inputs])
+            else:
+                result = await conn.embed([x for x in inputs if isinstance(x, str)])
         data = [
             {"object": "embedding", "index": i, "embedding": _encode_vector(v, r.encoding_format)}
             for i, v in enumerate(result.data)
@@ -176,9 +179,9 @@ async def _generate(handle: ModelHandle, job: GenerationJob) -> Response:
     fmt = Completion(model=job.model, chat=job.chat)
     if not job.stream:
         try:
-            body = await whole(gen, fmt, job.timings)
+            body = await whole(gen, fmt, job)
         finally:
             gen.close()
         return Response(body, content_type="application/json")
-    stream = sse.Body(events(gen, fmt, job.include_usage, job.timings), gen.close)
+    stream = sse.Body(events(gen, fmt, job), gen.close)
     return Response(stream, status=200, headers=sse.HEADERS)

@@ -2,7 +2,7 @@
 
 `GenerationJob` is what a chat or text completion asks for, decoded and validated once:
 everything downstream takes it, not the raw request. `Generation` runs one job on a model:
-it owns the lease on the worker and the worker's stream together, and its one `close()`
+it owns the lease on the worker and the worker's streams together, and its one `close()`
 gives both back, whichever way the response ends.
 """
 
@@ -15,13 +15,15 @@ import msgspec
 
 from router import schemas, sse, structured, tool_schemas
 from router.chat_output import ChatOutput
+from router.choices import Choices, chat_logprobs, completion_logprobs, merged_usage
 from router.openai_format import Completion
+from router.prompts import Prompt
 from router.tool_grammar import tool_choice_constraint
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
-from worker.protocol import ChatMessage, Constraint, SamplingParams, TokenEvent
+from worker.protocol import ChatMessage, Constraint, SamplingParams, Timings, TokenEvent, ToolFormat, Usage
 
 
 @dataclass(frozen=True)
@@ -30,21 +32,37 @@ class GenerationJob:
     params: SamplingParams
     prompt: str | None = None  # a text completion's prompt
     messages: tuple[ChatMessage, ...] | None = None  # a chat's messages
-    # llama-server's mixed prompt (/completion): token ids, and strings tokenized in place
+    # llama-server's mixed prompt (token ids and strings), from POST /completion.
     prompt_parts: tuple[int | str, ...] | None = None
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     tools: tool_schemas.ToolRequest = field(default_factory=tool_schemas.ToolRequest)
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs
+    # A text completion's prompts when they are not one string (token arrays, or several
+    # prompts); each gives n choices, choice p*n + j being prompt p's j-th.
+    prompt_list: tuple[Prompt, ...] | None = None
+    n: int = 1
+    echo: bool = False  # completions: each choice's text starts with its prompt's
+
+    @property
+    def chat(self) -> bool:
+        return self.messages is not None
+
+    @property
+    def prompts(self) -> tuple[Prompt | None, ...]:
+        """One entry per Generate sent: a prompt, or None for a chat's messages."""
+        if self.prompt_list is not None:
+            return self.prompt_list
+        return (None,) if self.chat or self.prompt_parts is not None else (self.prompt or "",)
+
+    @property
+    def logprobs(self) -> bool:
+        return self.params.logprobs is not None
 
     @property
     def timings(self) -> bool:
         """llama-server's timings_per_token: chunks and the answer carry `timings`."""
         return self.params.timings_per_token
-
-    @property
-    def chat(self) -> bool:
-        return self.messages is not None
 
 
 def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
@@ -54,6 +72,7 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
     if max_tokens is None and r.n_predict is not None:
         max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
     params = schemas.sampling_params(r, max_tokens, param)
+    params = msgspec.structs.replace(params, logprobs=schemas.chat_logprobs(r))
     return GenerationJob(
         model=model,
         params=_constrained(params, structured.constraint(r.response_format, r.json_schema, r.grammar)),
@@ -62,17 +81,24 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
         include_usage=_include_usage(r),
         tools=tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
         template_kwargs=r.chat_template_kwargs,
+        n=r.n,
     )
 
 
 def completion_job(r: schemas.CompletionRequest, model: str) -> GenerationJob:
     params = schemas.sampling_params(r, *_completion_max_tokens(r))
+    params = msgspec.structs.replace(params, logprobs=schemas.completion_logprobs(r))
+    prompts = schemas.completion_prompts(r)
+    one = prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None
     return GenerationJob(
         model=model,
         params=_constrained(params, structured.constraint(json_schema=r.json_schema, grammar=r.grammar)),
-        prompt=schemas.completion_prompt(r),
+        prompt=one,
+        prompt_list=None if one is not None else tuple(prompts),
         stream=r.stream,
         include_usage=_include_usage(r),
+        n=r.n,
+        echo=r.echo,
     )
 
 
@@ -94,17 +120,27 @@ def _include_usage(r: schemas._Sampling) -> bool:
 
 
 class Generation:
-    """One job running on a model's worker. Iterate for its TokenEvents, the last one with
-    a finish_reason; errors raise. `close()` is idempotent and never blocks, so it is safe
+    """One job running on a model's worker. Iterate for its TokenEvents, each with its
+    choice's index in the response; every choice ends with an event that has a
+    finish_reason; errors raise. `close()` is idempotent and never blocks, so it is safe
     in a `finally` that runs during cancellation: it cancels the generation in the worker
-    if it has not finished, and releases the lease (the model may unload again)."""
+    if it has not finished, and releases the lease (the model may unload again).
+
+    A job of several prompts sends one Generate per prompt (each with n choices), all at
+    once; the worker runs them together, and their events are read prompt after prompt
+    (a later prompt's events wait in its channel meanwhile)."""
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
-        self._stream: RequestStream | None = None
-        self._first: TokenEvent | None = None
-        self._done = False
-        self.output: ChatOutput | None = None  # a chat's parts, once the first event is in
+        self._streams: list[RequestStream] = []
+        self._firsts: list[TokenEvent | None] = []
+        self._running: list[int] = []  # per stream, choices without their final event
+        self._n = 1
+        self._at = 0  # the stream being read
+        # A chat's parser per choice (content, reasoning, tool calls); None for completions.
+        self._tools: ToolFormat | None = None
+        self._reasoning = False
+        self._outputs: dict[int, ChatOutput] | None = None
 
     @classmethod
     async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
@@ -123,22 +159,20 @@ class Generation:
         conn = self._lease.conn
         ready = conn.ready
         messages = list(job.messages) if job.messages is not None else None
-        if ready is not None:
-            text = job.prompt
+        self._n = job.n
+        for prompt in job.prompts:
+            text = prompt if isinstance(prompt, str) else None
             if job.prompt_parts is not None:  # its strings alone bound it from below
                 text = "".join(p for p in job.prompt_parts if isinstance(p, str))
-            schemas.refuse_if_too_long(
-                ready,
-                schemas.bounded_text(text, messages),
-                ready.n_ctx_slot - 1,
-                "the prompt",
-                f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",
-                "messages" if job.chat else "prompt",
-            )
-        if job.prompt_parts is not None:
-            self._stream = conn.generate(job.params, prompt_parts=list(job.prompt_parts))
-            self._first = await self._stream.receive()
-            return
+            if ready is not None and (text is not None or messages is not None):
+                schemas.refuse_if_too_long(
+                    ready,
+                    schemas.bounded_text(text, messages),
+                    ready.n_ctx_slot - 1,
+                    "the prompt",
+                    f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",
+                    "messages" if job.chat else "prompt",
+                )
         params, tools = job.params, job.tools
         fmt = ready.tool_format if ready is not None else None
         if tools.offered and ready is not None:
@@ -152,87 +186,141 @@ class Generation:
                 params = msgspec.structs.replace(
                     params, constraint=tool_choice_constraint(fmt, tools.forced, tools.parallel)
                 )
-        self._stream = conn.generate(
-            params,
-            prompt=job.prompt,
-            messages=messages,
-            tools=list(tools.offered) if tools.offered else None,
-            template_kwargs=job.template_kwargs,
-        )
-        self._first = await self._stream.receive()
         if job.chat:
-            self.output = ChatOutput(
-                tools=fmt if tools.offered else None,
-                reasoning=ready is not None and ready.reasoning,
-                in_reasoning=self._first.in_reasoning,
+            self._tools = fmt if tools.offered else None
+            self._reasoning = ready is not None and ready.reasoning
+            self._outputs = {}
+        for prompt in job.prompts:
+            stream = conn.generate(
+                params,
+                prompt=prompt if isinstance(prompt, str) else None,
+                messages=messages,
+                prompt_parts=list(job.prompt_parts) if job.prompt_parts is not None else None,
+                tools=list(tools.offered) if tools.offered else None,
+                template_kwargs=job.template_kwargs,
+                prompt_tokens=list(prompt) if isinstance(prompt, tuple) else None,
+                n=job.n,
+                echo=job.echo,
             )
+            self._streams.append(stream)
+            self._running.append(job.n)
+        # Every prompt's first answer before any header: an error in any of them is the
+        # response's status.
+        for stream in self._streams:
+            self._firsts.append(await stream.receive())
 
     @property
     def conn(self) -> WorkerConnection:
         """The worker this generation runs on, leased until `close()`."""
         return self._lease.conn
 
+    def output(self, ev: TokenEvent) -> ChatOutput | None:
+        """The parser of `ev`'s choice (a chat's), made at its first event, which says
+        whether the output starts inside reasoning. None for a text completion."""
+        if self._outputs is None:
+            return None
+        out = self._outputs.get(ev.index)
+        if out is None:
+            out = self._outputs[ev.index] = ChatOutput(
+                tools=self._tools, reasoning=self._reasoning, in_reasoning=ev.in_reasoning
+            )
+        return out
+
     def __aiter__(self) -> Generation:
         return self
 
     async def __anext__(self) -> TokenEvent:
-        if self._done or self._stream is None:
-            raise StopAsyncIteration
-        if self._first is not None:
-            ev, self._first = self._first, None
-        else:
-            ev = await self._stream.receive()
-        self._done = ev.finish_reason is not None
-        return ev
+        while self._at < len(self._streams):
+            at = self._at
+            if not self._running[at]:
+                self._at += 1
+                continue
+            first = self._firsts[at]
+            if first is not None:
+                ev, self._firsts[at] = first, None
+            else:
+                ev = await self._streams[at].receive()
+            if ev.finish_reason is not None:
+                self._running[at] -= 1
+            if at:
+                ev = msgspec.structs.replace(ev, index=at * self._n + ev.index)
+            return ev
+        raise StopAsyncIteration
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
+        for stream in self._streams:
+            stream.close()
         self._lease.release()
 
 
-async def whole(gen: Generation, fmt: Completion, timings: bool = False) -> bytes:
-    """The response body of a non-streamed completion."""
-    parts: list[str] = []
-    last: TokenEvent | None = None
-    async for last in gen:
-        parts.append(last.text)
-    assert last is not None and last.finish_reason is not None
-    shown = last.timings if timings else None
-    out = gen.output
-    if out is None:
-        return fmt.whole("".join(parts), last.finish_reason, last.usage, shown)
-    out.feed("".join(parts))
-    out.finish()
-    return fmt.whole("", out.finish_reason(last.finish_reason), last.usage, shown, message=out.message())
-
-
-async def events(gen: Generation, fmt: Completion, include_usage: bool, timings: bool = False) -> AsyncIterator[bytes]:
-    """The SSE events of a streamed completion. A failure after the headers is a final
-    error event; the stream then ends without [DONE], so a client cannot take a cut
-    answer for a whole one."""
-    try:
-        if fmt.chat:
-            yield fmt.chunk("", first=True)
-        last: TokenEvent | None = None
-        out = gen.output
-        async for last in gen:
-            if not last.text:
-                continue
-            if out is None:
-                yield fmt.chunk(last.text, timings=last.timings if timings else None)
-            else:
-                for delta in out.feed(last.text):
-                    yield fmt.delta_chunk(delta, timings=last.timings if timings else None)
-        assert last is not None and last.finish_reason is not None
-        reason: str = last.finish_reason
+async def whole(gen: Generation, fmt: Completion, job: GenerationJob) -> bytes:
+    """The response body of a non-streamed completion of n choices per prompt."""
+    choices = Choices()
+    timings: Timings | None = None
+    async for ev in gen:
+        choices.add(ev)
+        if ev.finish_reason is not None and ev.timings is not None:
+            timings = ev.timings
+    ordered = choices.ordered()
+    for c in ordered:
+        out = gen.output(TokenEvent(id=0, index=c.index, in_reasoning=c.in_reasoning))
         if out is not None:
-            for delta in out.finish():
-                yield fmt.delta_chunk(delta, timings=last.timings if timings else None)
-            reason = out.finish_reason(reason)
-        yield fmt.chunk(None, reason, timings=last.timings if timings else None)
-        if include_usage:
-            yield fmt.usage_chunk(last.usage)
+            out.feed(c.text)
+            out.finish()
+            c.message = out.message()
+            c.finish_reason = out.finish_reason(c.finish_reason or "stop")
+    return fmt.whole_choices(ordered, choices.usage(job.n), job.logprobs, timings if job.timings else None)
+
+
+async def events(gen: Generation, fmt: Completion, job: GenerationJob) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed completion. Each choice's chunks carry its index and
+    its tokens' logprobs; a chat choice's first chunk carries the role, its last the
+    finish_reason; a chat's text passes through its choice's parser (reasoning_content,
+    tool-call deltas). A failure after the headers is a final error event; the stream then
+    ends without [DONE], so a client cannot take a cut answer for a whole one."""
+    try:
+        started: set[int] = set()
+        offsets: dict[int, int] = {}  # completions: each choice's characters so far
+        finals: dict[int, Usage] = {}
+        for i in range(job.n):  # the first prompt's choices, as before any token
+            if fmt.chat:
+                yield fmt.chunk("", first=True, index=i)
+                started.add(i)
+        async for ev in gen:
+            i = ev.index
+            timings = ev.timings if job.timings else None
+            if fmt.chat and i not in started:
+                started.add(i)
+                yield fmt.chunk("", first=True, index=i)
+            text = (ev.echo or "") + ev.text
+            lp: dict[str, object] | None = None
+            if job.logprobs and ev.logprobs:
+                if fmt.chat:
+                    lp = chat_logprobs(ev.logprobs)
+                else:  # this event's tokens start after the echoed prompt, if it is here
+                    lp, _ = completion_logprobs(ev.logprobs, offsets.get(i, 0) + len(ev.echo or ""))
+            offsets[i] = offsets.get(i, 0) + len(text)
+            out = gen.output(ev)
+            reason: str | None = ev.finish_reason
+            if out is None:
+                if text or lp is not None:
+                    yield fmt.chunk(text, index=i, logprobs=lp, timings=timings)
+            else:
+                deltas = out.feed(text) if text else []
+                if ev.finish_reason is not None:
+                    deltas += out.finish()
+                    reason = out.finish_reason(ev.finish_reason)
+                for n, delta in enumerate(deltas):
+                    # The logprobs ride with the first chunk of the text they cover.
+                    yield fmt.delta_chunk(delta, index=i, logprobs=lp if n == 0 else None, timings=timings)
+                if not deltas and lp is not None:
+                    yield fmt.delta_chunk({}, index=i, logprobs=lp, timings=timings)
+            if reason is not None:
+                yield fmt.chunk(None, reason, index=i, timings=timings)
+                if ev.usage is not None:
+                    finals[i] = ev.usage
+        if job.include_usage:
+            yield fmt.usage_chunk(merged_usage(finals, job.n))
         yield sse.DONE
     except CorralError as exc:
         yield sse.error_event(exc)

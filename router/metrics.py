@@ -59,6 +59,16 @@ class SupervisorCollector(Collector):
         for m in stats:
             restarts.add_metric([m.name], float(m.restarts))
         yield restarts
+        decoded = CounterMetricFamily(
+            "corral_model_prompt_tokens_decoded",
+            "Prompt tokens the running worker has decoded (as of its last ping); n > 1 choices "
+            "decode their shared prompt once, a cached prefix not at all.",
+            labels=["model"],
+        )
+        for m in stats:
+            if m.prompt_tokens_decoded is not None:
+                decoded.add_metric([m.name], float(m.prompt_tokens_decoded))
+        yield decoded
         yield GaugeMetricFamily(
             "corral_load_queue_length", "Requests waiting for room to load their model.",
             value=float(len(sup.admission.queued())),

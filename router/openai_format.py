@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router import sse
+from router.choices import Choice, chat_logprobs, completion_logprobs
 from router.native_format import timings_json
 from worker.protocol import Timings, Usage
 
@@ -56,24 +57,41 @@ class Completion:
         timings: Timings | None = None,
         message: dict[str, object] | None = None,
     ) -> bytes:
-        """A whole response. A chat's `message` (content, tool_calls, reasoning_content, as
-        router/chat_output.py builds it) replaces the plain message of `text`."""
-        if self.chat:
-            choice: dict[str, object] = {
-                "index": 0,
-                "message": message or {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        """A whole response of one choice. A chat's `message` (content, tool_calls,
+        reasoning_content, as router/chat_output.py builds it) replaces the plain message
+        of `text`."""
+        choice = Choice(0, parts=[text], finish_reason=finish_reason, message=message)
+        return self.whole_choices([choice], usage, logprobs=False, timings=timings)
+
+    def whole_choices(
+        self, choices: list[Choice], usage: Usage | None, logprobs: bool, timings: Timings | None = None
+    ) -> bytes:
+        """A whole response; `logprobs`: the request asked for them (else they are null)."""
+        out: list[dict[str, object]] = []
+        for c in choices:
+            lp: dict[str, object] | None = None
+            if self.chat:
+                if logprobs:
+                    lp = chat_logprobs(c.logprobs)
+                out.append(
+                    {
+                        "index": c.index,
+                        "message": c.message or {"role": "assistant", "content": c.text, "refusal": None},
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+            else:
+                if logprobs:
+                    lp, _ = completion_logprobs(c.logprobs, len(c.echo))
+                out.append({"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
         obj: dict[str, object] = {
             "id": self.id,
             "object": self.kind,
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [choice],
+            "choices": out,
             "usage": usage_json(usage),
         }
         if timings is not None:  # llama-server's extension, asked for with timings_per_token
@@ -81,9 +99,16 @@ class Completion:
         return _json.encode(obj)
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, first: bool = False, timings: Timings | None = None
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        index: int = 0,
+        logprobs: dict[str, object] | None = None,
+        timings: Timings | None = None,
     ) -> bytes:
-        """One SSE event. For chat, the first chunk carries the role."""
+        """One SSE event of choice `index`. For chat, the first chunk carries the role.
+        `logprobs`: this chunk's tokens' logprobs, already in the endpoint's shape."""
         if self.chat:
             delta: dict[str, object] = {}
             if first:
@@ -91,14 +116,14 @@ class Completion:
             if text is not None:
                 delta["content"] = text
             choice: dict[str, object] = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             obj = "text_completion"
         out: dict[str, object] = {
             "id": self.id,
@@ -113,16 +138,22 @@ class Completion:
         return self._event(out)
 
     def delta_chunk(
-        self, delta: dict[str, object], finish_reason: str | None = None, timings: Timings | None = None
+        self,
+        delta: dict[str, object],
+        finish_reason: str | None = None,
+        timings: Timings | None = None,
+        index: int = 0,
+        logprobs: dict[str, object] | None = None,
     ) -> bytes:
-        """One chat chunk with a prepared delta (reasoning_content, tool_calls)."""
+        """One chat chunk of choice `index` with a prepared delta (reasoning_content,
+        tool_calls)."""
         out: dict[str, object] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
         if timings is not None:
             out["timings"] = timings_json(timings)

@@ -13,11 +13,15 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from router import json_path, tool_schemas
+from router.prompts import Prompt, prompt_list
 from supervisor import msgspec_errors
 from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
 
 MAX_STOP_STRINGS = 16
+MAX_N = 128  # choices per prompt, as OpenAI
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs and completions' logprobs, as OpenAI's chat
+LOGIT_BIAS_RANGE = 100.0
 
 # Integers are bounded at decode time: the worker frames are msgpack, which holds at most
 # 64 bits, and an unbounded JSON integer must be a 400 naming its parameter, not a 500.
@@ -237,10 +241,8 @@ def sampling_params(
             f"but got {max_tokens} instead.",
             max_tokens_param,
         )
-    if r.n != 1:
-        raise InvalidRequest("Only n = 1 is supported.", "n")
-    if r.logit_bias:
-        raise Unsupported("logit_bias is not supported.", "logit_bias")
+    if not 1 <= r.n <= MAX_N:
+        raise InvalidRequest(f"Invalid 'n': expected a value between 1 and {MAX_N}, got {r.n}.", "n")
     if r.stream_options is not None and not r.stream:
         raise InvalidRequest(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
@@ -265,6 +267,7 @@ def sampling_params(
         stop=stops,
         ignore_eos=r.ignore_eos,
         timings_per_token=r.timings_per_token,
+        logit_bias=logit_bias(r.logit_bias),
     )
 
 
@@ -278,6 +281,52 @@ def n_predict_tokens(n_predict: int | None, param: str = "n_predict") -> int | N
     return n_predict
 
 
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's `{"token id": bias}` with its ids parsed; biases within -100..100. Ids past
+    the model's vocabulary are the worker's to refuse (it knows the vocabulary)."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()) or int(key) > 2**31 - 1:
+            raise InvalidRequest(
+                f"Invalid key in 'logit_bias': {key!r} is not a token id (a non-negative integer).",
+                "logit_bias",
+            )
+        if not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:  # NaN fails this too
+            raise InvalidRequest(
+                f"Invalid value in 'logit_bias' for token {key}: expected a value between -100 and 100, got {value}.",
+                "logit_bias",
+            )
+        out[int(key)] = value
+    return out
+
+
+def chat_logprobs(r: ChatRequest) -> int | None:
+    """How many alternatives each token's logprobs carry (None: no logprobs)."""
+    if r.top_logprobs is not None:
+        if not r.logprobs:
+            raise InvalidRequest("'logprobs' must be set to true when 'top_logprobs' is used.", "top_logprobs")
+        if not 0 <= r.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(
+                f"Invalid 'top_logprobs': expected a value between 0 and {MAX_TOP_LOGPROBS}, got {r.top_logprobs}.",
+                "top_logprobs",
+            )
+    return (r.top_logprobs or 0) if r.logprobs else None
+
+
+def completion_logprobs(r: CompletionRequest) -> int | None:
+    """The legacy API's `logprobs`: the number of alternatives (OpenAI allows 0..5; as
+    llama-server, more are allowed, up to chat's 20)."""
+    if r.logprobs is None:
+        return None
+    if not 0 <= r.logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(
+            f"Invalid 'logprobs': expected a value between 0 and {MAX_TOP_LOGPROBS}, got {r.logprobs}.", "logprobs"
+        )
+    if r.echo:
+        raise Unsupported("logprobs with echo is not supported (the prompt's tokens have none).", "echo")
+    return r.logprobs
+
+
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
@@ -285,8 +334,6 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
     """Normalise OpenAI messages (string or text-part content) for the chat template."""
     if not r.messages:
         raise InvalidRequest("'messages' must contain at least one message.", "messages")
-    if r.logprobs:
-        raise Unsupported("logprobs are not supported yet.", "logprobs")
     out: list[ChatMessage] = []
     for i, m in enumerate(r.messages):
         at = f"messages[{i}]"
@@ -351,36 +398,34 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
     return out
 
 
-def completion_prompt(r: CompletionRequest) -> str:
-    p = r.prompt
-    if isinstance(p, list):
-        if len(p) == 1 and isinstance(p[0], str):
-            p = p[0]
-        else:
-            raise Unsupported("Only a single string prompt is supported.", "prompt")
-    if r.echo:
-        raise Unsupported("echo is not supported.", "echo")
+def completion_prompts(r: CompletionRequest) -> list[Prompt]:
+    """The request's prompts: each gives n choices (choice index = prompt index * n + j)."""
+    prompts = prompt_list(r.prompt, "prompt")
+    if len(prompts) * r.n > MAX_N * 8:
+        raise InvalidRequest(f"{len(prompts)} prompts times n = {r.n} choices is too many; at most {MAX_N * 8}.", "n")
     if r.suffix:
         raise Unsupported("suffix is not supported.", "suffix")
     if r.best_of not in (None, 1):
         raise Unsupported("best_of > 1 is not supported.", "best_of")
-    if r.logprobs:
-        raise Unsupported("logprobs are not supported yet.", "logprobs")
-    return p
+    return prompts
 
 
-def embedding_inputs(r: EmbeddingRequest) -> list[str]:
+def embedding_inputs(r: EmbeddingRequest) -> list[str] | list[tuple[int, ...]]:
+    """The texts, or the token arrays, to embed (OpenAI takes either, not a mix)."""
     if r.dimensions is not None:
         raise Unsupported("dimensions is not supported.", "dimensions")
-    inputs = [r.input] if isinstance(r.input, str) else r.input
-    if not inputs:
+    if isinstance(r.input, list) and not r.input:
         raise InvalidRequest("'input' must not be empty.", "input")
-    if not all(isinstance(x, str) for x in inputs):
-        raise Unsupported("Token-array inputs are not supported; send strings.", "input")
-    for i, x in enumerate(inputs):
+    inputs = prompt_list(r.input, "input")
+    texts = [x for x in inputs if isinstance(x, str)]
+    if texts and len(texts) != len(inputs):
+        raise InvalidRequest("'input' mixes strings and token arrays; send one kind.", "input")
+    if not texts:
+        return [x for x in inputs if not isinstance(x, str)]
+    for i, x in enumerate(texts):
         if not x:
             raise InvalidRequest(f"'input[{i}]' must not be an empty string.", "input")
-    return inputs
+    return texts
 
 
 # ---- texts that certainly cannot fit -----------------------------------------------------------

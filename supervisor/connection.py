@@ -104,16 +104,19 @@ async def _answer(recv: trio.MemoryReceiveChannel[Reply]) -> Reply:
 class RequestStream:
     """One generation's tokens, as the worker sends them; errors raise.
 
-    Leaving the stream before its final event (client gone, cancellation) must call
-    `close()`, which tells the worker to stop generating; it never blocks.
+    A generation of `n` choices ends with the last of their n final events (each choice's
+    events say its `index`). Leaving the stream before then (client gone, cancellation)
+    must call `close()`, which tells the worker to stop generating every choice; it never
+    blocks.
     """
 
-    def __init__(self, conn: WorkerConnection, rid: int, recv: trio.MemoryReceiveChannel[Reply]):
+    def __init__(self, conn: WorkerConnection, rid: int, recv: trio.MemoryReceiveChannel[Reply], n: int = 1):
         self.conn, self.id, self._recv = conn, rid, recv
         self.finished = False
+        self._running = n  # choices without their final event yet
 
     async def receive(self) -> TokenEvent:
-        """The next event; the one with a finish_reason is the last."""
+        """The next event; the last choice's event with a finish_reason is the last."""
         try:
             reply = await _answer(self._recv)
         except CorralError:
@@ -123,7 +126,8 @@ class RequestStream:
             self.finished = True
             raise InternalError(f"the worker answered a generation with {type(reply).__name__}")
         if reply.finish_reason is not None:
-            self.finished = True
+            self._running -= 1
+            self.finished = self._running <= 0
         return reply
 
     def __aiter__(self) -> RequestStream:
@@ -147,6 +151,7 @@ class WorkerConnection:
         self._on_close = on_close
         self._ids = itertools.count(1)
         self._pending: dict[int, trio.MemorySendChannel[Reply]] = {}
+        self._choices: dict[int, int] = {}  # a generation's choices still running
         self._out_send, self._out_recv = trio.open_memory_channel[bytes](math.inf)
         self.ready: Ready | None = None
         self.ready_event = trio.Event()
@@ -179,19 +184,25 @@ class WorkerConnection:
         prompt_parts: list[int | str] | None = None,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        prompt_tokens: list[int] | None = None,
+        n: int = 1,
+        echo: bool = False,
     ) -> RequestStream:
-        """Queue a generation; never blocks. Iterate the stream for its events."""
+        """Queue a generation of `n` choices; never blocks. Iterate the stream for its
+        events."""
         rid, recv = self._open()
+        self._choices[rid] = n
         self.send(
             Generate(
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
-                tools=tools, template_kwargs=template_kwargs,
+                tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
             )
         )
-        return RequestStream(self, rid, recv)
+        return RequestStream(self, rid, recv, n)
 
-    async def embed(self, inputs: list[str]) -> EmbedResult:
-        reply = await self._call(lambda rid: Embed(id=rid, inputs=inputs))
+    async def embed(self, inputs: list[str], tokens: list[list[int]] | None = None) -> EmbedResult:
+        """Embed texts, or token arrays (`tokens`, with `inputs` empty)."""
+        reply = await self._call(lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens))
         assert isinstance(reply, EmbedResult)
         return reply
 
@@ -249,6 +260,7 @@ class WorkerConnection:
 
     def forget(self, rid: int, cancel: bool) -> None:
         ch = self._pending.pop(rid, None)
+        self._choices.pop(rid, None)
         if ch is not None:
             ch.close()
             if cancel and not self.closed.is_set():
@@ -294,7 +306,7 @@ class WorkerConnection:
     def _dispatch(self, frame: Frame) -> None:
         if isinstance(frame, Step):
             for ev in frame.events:
-                self._deliver(ev.id, ev, final=ev.finish_reason is not None)
+                self._deliver(ev.id, ev, final=ev.finish_reason is not None and self._last_choice(ev.id))
         elif isinstance(frame, (Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult)):
             self._deliver(frame.id, frame, final=True)
         elif isinstance(frame, Loading):
@@ -312,6 +324,15 @@ class WorkerConnection:
         elif isinstance(frame, Occupancy):
             self.active, self.queued = frame.active, frame.queued
 
+    def _last_choice(self, rid: int) -> bool:
+        """A choice of `rid` finished: was it the last one running?"""
+        left = self._choices.get(rid, 1) - 1
+        if left > 0:
+            self._choices[rid] = left
+            return False
+        self._choices.pop(rid, None)
+        return True
+
     def _deliver(self, rid: int, reply: Reply, final: bool) -> None:
         ch = self._pending.get(rid)
         if ch is None:
@@ -322,6 +343,7 @@ class WorkerConnection:
             pass  # the consumer closed its end; Cancel is on its way
         if final:
             del self._pending[rid]
+            self._choices.pop(rid, None)
             ch.close()
 
     def close(self, reason: str) -> None:
@@ -336,6 +358,7 @@ class WorkerConnection:
             _tell_gone(ch, reason)
             ch.close()
         self._pending.clear()
+        self._choices.clear()
         self._on_close()
 
 

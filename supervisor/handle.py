@@ -144,6 +144,7 @@ class ModelHandle:
             cost_bytes=self.cost(),
             threads=(pong.threads or None) if pong is not None else self.worker_threads,
             loaded=LoadedFacts.of(ready) if ready is not None else None,
+            prompt_tokens_decoded=pong.prompt_tokens_decoded if pong is not None else None,
         )
 
     # ---- clients --------------------------------------------------------------------------

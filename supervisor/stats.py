@@ -54,3 +54,6 @@ class ModelStats:
     # CPU threads per decode: the config's `threads`, or its share of the cores.
     threads: int | None
     loaded: LoadedFacts | None  # None without a ready worker
+    # Prompt tokens the running worker has fed to llama_decode, as of its last Pong (None
+    # before one): n > 1 choices decode their shared prompt once.
+    prompt_tokens_decoded: int | None = None

@@ -68,9 +68,20 @@ def prompt_tokens(g: Generate) -> int:
         for i, p in enumerate(g.prompt_parts):
             n += 1 if isinstance(p, int) else len(tokenize(p, add_special=i == 0))
         return n
+    if g.prompt_tokens is not None:
+        return len(g.prompt_tokens)
     if g.messages is not None:
         return len(tokenize("\n".join(m.content for m in g.messages)))
     return len(tokenize(g.prompt or ""))
+
+
+def prompt_text(g: Generate) -> str:
+    """A Generate's prompt as text (what `echo` gives back in the fakes)."""
+    if g.prompt_tokens is not None:
+        return " ".join(map(str, g.prompt_tokens))
+    if g.messages is not None:
+        return "\n".join(m.content for m in g.messages)
+    return g.prompt or ""
 
 
 def idle_slots(n: int, n_ctx: int) -> list[SlotState]:

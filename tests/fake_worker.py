@@ -32,7 +32,10 @@ What it does
   string; nothing is held back, so a stop string that spans words may already have been
   partly sent.
   Generate on an embeddings model -> Error(code="unsupported", param="model").
-* Cancel(id): the request leaves its slot (or the queue) and gets a final event with
+  A Generate with n > 1 runs n requests under its id, events saying their `index`; a token
+  prompt (prompt_tokens) counts its ids; with `echo`, each choice's first event carries
+  the prompt text (token prompts: the ids joined by spaces). No logprobs.
+* Cancel(id): the request (every choice of it) leaves its slot (or the queue) and gets a final event with
   finish_reason "cancelled". Unknown ids are ignored.
 * Embed: one deterministic unit vector of 16 floats per input (from sha256 of the text);
   prompt_tokens counts as above. Embed on a non-embeddings model -> Error("unsupported");
@@ -191,6 +194,8 @@ class Request:
     text: str = ""  # everything generated
     sent: int = 0  # how much of `text` has been sent
     finished: bool = field(default=False)
+    index: int = 0  # the choice, of a Generate with n > 1
+    echo: str | None = None  # the prompt text, for the choice's first event
 
 
 class Engine:
@@ -246,6 +251,7 @@ class Engine:
             self.out.send(err)
             return
         n_prompt = fake_answers.prompt_tokens(g)
+        text = fake_answers.prompt_text(g)
         if n_prompt >= self.spec.n_ctx:
             self.out.send(
                 Error(
@@ -260,19 +266,24 @@ class Engine:
             )
             return
         max_tokens = 8 if g.params.max_tokens is None else g.params.max_tokens
-        req = Request(g.id, n_prompt, max_tokens, list(g.params.stop), g.params.timings_per_token)
+        reqs = [
+            Request(
+                g.id, n_prompt, max_tokens, list(g.params.stop), g.params.timings_per_token,
+                index=i, echo=text if g.echo else None,
+            )
+            for i in range(max(g.n, 1))
+        ]
         if max_tokens <= 0:
-            self.out.send(Step(events=[self.final(req, "length")]))
+            self.out.send(Step(events=[self.final(req, "length") for req in reqs]))
             return
-        self.waiting.append(req)
+        self.waiting.extend(reqs)
 
     def cancel(self, rid: int) -> None:
         for group in (self.active, self.waiting):
-            for req in group:
+            for req in list(group):
                 if req.id == rid:
                     group.remove(req)
                     self.out.send(Step(events=[self.final(req, "cancelled")]))
-                    return
 
     def embed(self, e: Embed) -> None:
         if not self.spec.embeddings:
@@ -285,7 +296,8 @@ class Engine:
                 )
             )
             return
-        for i, text in enumerate(e.inputs):
+        inputs = [" ".join(map(str, t)) for t in e.tokens] if e.tokens is not None else e.inputs
+        for i, text in enumerate(inputs):
             if not text:
                 message = f"input[{i}] is empty"
                 error = Error(id=e.id, code="invalid_request", message=message, param="input")
@@ -294,8 +306,8 @@ class Engine:
         self.out.send(
             EmbedResult(
                 id=e.id,
-                data=[embed_vector(t) for t in e.inputs],
-                prompt_tokens=sum(len(tokenize(t)) for t in e.inputs),
+                data=[embed_vector(t) for t in inputs],
+                prompt_tokens=sum(len(tokenize(t)) for t in inputs),
             )
         )
 
@@ -305,6 +317,7 @@ class Engine:
         self, req: Request, reason: str, text: str = "", tokens: list[int] | None = None, word: str = ""
     ) -> TokenEvent:
         req.finished = True
+        echo, req.echo = req.echo, None
         return TokenEvent(
             id=req.id,
             text=text,
@@ -315,6 +328,8 @@ class Engine:
             stopping_word=word,
             timings=fake_answers.timings(req.prompt_tokens, req.n_gen, self.interval),
             id_slot=0,
+            index=req.index,
+            echo=echo,
         )
 
     def step(self) -> None:
@@ -340,7 +355,8 @@ class Engine:
             else:
                 piece, req.sent = req.text[req.sent :], len(req.text)
                 t = fake_answers.timings(req.prompt_tokens, req.n_gen, self.interval) if req.timings_per_token else None
-                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens, timings=t))
+                echo, req.echo = req.echo, None
+                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens, timings=t, index=req.index, echo=echo))
             if req.finished:
                 self.active.remove(req)
         if events:

@@ -185,14 +185,16 @@ async def _generate(
     tokens_per_sec: float,
     running: dict[int, trio.CancelScope],
 ) -> None:
-    """`max_tokens` words (8 if unset), one per step: "tok0", " tok1", ..."""
+    """`max_tokens` words (8 if unset), one per step: "tok0", " tok1", ...; each of the
+    Generate's n choices gets the same words, its events saying its index."""
     n = 8 if g.params.max_tokens is None else g.params.max_tokens
+    choices = range(max(g.n, 1))
     with trio.CancelScope() as scope:
         running[g.id] = scope
         for i in range(n):
             await trio.sleep(1.0 / tokens_per_sec)
             if i < n - 1:
-                await send(Step(events=[TokenEvent(id=g.id, text=_word(i))]))
+                await send(Step(events=[TokenEvent(id=g.id, text=_word(i), index=j) for j in choices]))
         await send(
             Step(
                 events=[
@@ -204,7 +206,9 @@ async def _generate(
                         stop_type="limit",
                         timings=fake_answers.timings(fake_answers.prompt_tokens(g), n, 1.0 / tokens_per_sec),
                         id_slot=0,
+                        index=j,
                     )
+                    for j in choices
                 ]
             )
         )

@@ -98,6 +98,11 @@ class Matcher:
         allowed = np.unpackbits(self._words.view(np.uint8), count=len(logits), bitorder="little").view(bool)
         np.copyto(logits, np.float32(-np.inf), where=~allowed)
 
+    def fork(self) -> Matcher:
+        """An independent copy in the same state: each of n choices follows its own path
+        through the grammar, and copying skips compiling it n times."""
+        return Matcher(self._m.deep_copy(), self._n_vocab)
+
     def consume(self, token: int) -> None:
         if not self._m.consume_token(token):
             raise ConstraintFailed(_short(self._m.get_error() or f"token {token} was not allowed"))

@@ -12,7 +12,8 @@ A step:
   2. requests still prefilling their prompt fill the rest of the batch, in chunks, never
      past n_batch;
   3. one llama_decode over the whole batch;
-  4. each request whose prompt is complete samples at its own batch index.
+  4. each request whose prompt is complete samples at its own batch index; the siblings of
+     an n > 1 request that joined it sample there too (worker/siblings.py).
 What goes into the batch, and what to free when the KV cache is full (purge idle caches,
 then halve the batch, then preempt the newest request), are decided in worker/step_plan.py;
 this module performs them.
@@ -35,7 +36,7 @@ import msgspec
 from worker.batch import BatchBuffer
 from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
 from worker.embeddings import embed
-from worker.logits import adjust
+from worker.logprobs import StepLogits, apply_bias, token_logprob
 from worker.model import LoadedModel
 from worker.preparer import Preparer, Work
 from worker.protocol import (
@@ -51,10 +52,12 @@ from worker.protocol import (
     StopType,
     Timings,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from worker.request import EmbedJob, Request
 from worker.sampling import SamplerChain
+from worker.siblings import CopyPrefix, Join, followers_to_detach, sibling_start
 from worker.slots import Slot, choose_slot, reusable_prefix
 from worker.step_plan import Halve, Preempt, Purge, Remedy, make_room, plan_batch
 
@@ -69,8 +72,11 @@ Inbound = Union[Request, EmbedJob, Cancel, SetThreads]
 
 
 def _pending(slot: Slot[Request]) -> int:
-    """The tokens of a slot's request that its cache does not hold yet."""
+    """The tokens of a slot's request that its cache does not hold yet (none for a sibling
+    that will share another request's prompt)."""
     assert slot.request is not None
+    if slot.request.follows is not None:
+        return 0
     return len(slot.request.tokens) - len(slot.cache)
 
 
@@ -84,7 +90,11 @@ class Engine:
         # per-request limit itself and preempts when the shared pool runs out.
         self.n_ctx_slot = m.n_ctx
         self.waiting: collections.deque[Request] = collections.deque()
-        self.by_id: dict[int, Request] = {}
+        # A Generate's id -> its requests: one, or n siblings (choice 0 first).
+        self.by_id: dict[int, list[Request]] = {}
+        # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
+        # evaluation of their prompt, and what prefix reuse saves.
+        self.prompt_tokens_decoded = 0
         self.batch = BatchBuffer(m.n_batch)
         self._clock = 0
         # Set when a request was preempted for KV space; cleared when any request finishes.
@@ -179,11 +189,13 @@ class Engine:
 
     def _handle(self, item: Inbound) -> None:
         if isinstance(item, Request):
-            self.by_id[item.id] = item
-            self.waiting.append(item)
+            # Siblings queue right behind choice 0, so that they are admitted in the same
+            # pass where slots allow and join its prompt evaluation.
+            group = [item, *item.siblings()]
+            self.by_id[item.id] = group
+            self.waiting.extend(group)
         elif isinstance(item, Cancel):
-            target = self.by_id.get(item.id)
-            if target is not None:
+            for target in list(self.by_id.get(item.id, ())):
                 if target in self.waiting:
                     self.waiting.remove(target)
                 self._finish(target, "cancelled", events=None)
@@ -205,13 +217,7 @@ class Engine:
             if slot is None:
                 return
             self.waiting.popleft()
-            keep = reusable_prefix(slot.cache, req.tokens)
-            if keep < len(slot.cache):
-                if not llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, keep, -1):
-                    # Partial removal can fail on recurrent/SWA caches: drop the sequence.
-                    llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
-                    keep = 0
-                del slot.cache[keep:]
+            keep = self._start_in(slot, req)
             if req.sampler is None:
                 req.cached = keep
                 try:
@@ -226,6 +232,41 @@ class Engine:
             req.slot = slot
             if not req.t_admitted:  # a preempted request keeps its first start
                 req.t_admitted = time.perf_counter()
+
+    def _start_in(self, slot: Slot[Request], req: Request) -> int:
+        """Make `slot`'s cache ready for `req` (as sibling_start and the prefix rules say);
+        returns the prompt tokens it need not decode."""
+        start = None
+        if req.index > 0:
+            leader = self._leader(req)
+            prefilling = (
+                leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0
+            )
+            start = sibling_start(prefilling, self.slots, slot, req.tokens)
+        if isinstance(start, Join):
+            # Its cells come from the leader once the prompt is decoded (_join).
+            llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
+            slot.cache.clear()
+            req.follows = self._leader(req)
+            return 0
+        if isinstance(start, CopyPrefix):
+            llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self.m.memory, start.source.seq_id, slot.seq_id, 0, start.n)
+            slot.cache[:] = start.source.cache[: start.n]
+            return start.n
+        keep = reusable_prefix(slot.cache, req.tokens)
+        if keep < len(slot.cache):
+            if not llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, keep, -1):
+                # Partial removal can fail on recurrent/SWA caches: drop the sequence.
+                llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
+                keep = 0
+            del slot.cache[keep:]
+        return keep
+
+    def _leader(self, req: Request) -> Request | None:
+        """Choice 0 of `req`'s Generate, while it is still in the engine."""
+        group = self.by_id.get(req.id, [])
+        return group[0] if group and group[0].index == 0 else None
 
     def _resolved(self, p: SamplingParams) -> SamplingParams:
         # llama-server's convention: repeat_last_n = -1 means the whole context.
@@ -250,6 +291,12 @@ class Engine:
         return plan
 
     def _step(self) -> None:
+        for s in self.slots:
+            f = s.request
+            if f is not None and f.follows is not None:
+                lead = f.follows
+                if followers_to_detach(lead.slot is not None, lead.n_gen > 0):
+                    f.follows = None  # it prefills the prompt itself from this step on
         budget = self.batch.capacity
         while True:
             plan = self._build(budget)
@@ -265,32 +312,68 @@ class Engine:
             if isinstance(remedy, Halve):
                 budget = max(1, budget // 2)
         events: list[TokenEvent] = []
+        joined = {
+            id(lead): [s.request for s in self.slots if s.request is not None and s.request.follows is lead]
+            for lead, _, _, wants in plan
+            if wants
+        }
+        shared = {idx for req, _, idx, wants in plan if wants and joined[id(req)]}
+        logits = StepLogits(self.m.ctx, self.m.n_vocab, shared)
         for req, n_fed, last_idx, wants in plan:
             slot = req.slot
             assert slot is not None and req.sampler is not None
-            slot.cache.extend(req.tokens[len(slot.cache) : len(slot.cache) + n_fed])
+            start = len(slot.cache)
+            slot.cache.extend(req.tokens[start : start + n_fed])
+            self.prompt_tokens_decoded += max(0, min(start + n_fed, len(req.prompt)) - start)
             if wants:
-                if not req.t_prompt_done:
-                    req.t_prompt_done = time.perf_counter()
-                if req.max_new <= 0:
-                    # llama-server's n_predict = 0: the prompt is now in the cache, and
-                    # nothing is generated.
-                    self._finish(req, "length", events, stop_type="limit")
-                    continue
-                try:
-                    # Masks and biases edit the logits in place, before the chain reads them.
-                    adjust(self.m.ctx, last_idx, self.m.n_vocab, req.logit_adjustments())
-                except Exception as exc:  # costs this request only, never the step
-                    self._constraint_failed(req, exc)
-                    continue
-                tok = req.sampler.sample(self.m.ctx, last_idx)
-                self._accept(req, tok, events)
+                followers = joined[id(req)]
+                for f in followers:  # before the leader's token can end it and free its slot
+                    self._join(req, f)
+                for r in (req, *followers):
+                    if not r.t_prompt_done:
+                        r.t_prompt_done = time.perf_counter()
+                    if r.max_new <= 0:
+                        # llama-server's n_predict = 0: the prompt is now in the cache, and
+                        # nothing is generated.
+                        self._finish(r, "length", events, stop_type="limit")
+                    else:
+                        self._sample(r, last_idx, logits, events)
         if events:
             self.emit(Step(events=events))
 
+    def _join(self, leader: Request, f: Request) -> None:
+        """Give sibling `f` the leader's prompt cells: in a unified KV cache a copy tags the
+        same cells with another sequence id, so nothing is decoded again."""
+        assert f.slot is not None and leader.slot is not None
+        n = len(leader.prompt)
+        llama_cpp.llama_memory_seq_rm(self.m.memory, f.slot.seq_id, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self.m.memory, leader.slot.seq_id, f.slot.seq_id, 0, n)
+        f.slot.cache[:] = leader.prompt
+        f.cached = n
+        f.follows = None
+
+    def _sample(self, req: Request, batch_index: int, logits: StepLogits, events: list[TokenEvent]) -> None:
+        """Sample `req`'s next token at `batch_index`: its logit_bias goes into the logits
+        buffer first, and its logprobs come from that same buffer."""
+        assert req.sampler is not None
+        view = logits.fresh(batch_index)
+        apply_bias(view, req.params.logit_bias)
+        try:
+            # The grammar's mask goes last, so that no bias can lift a token it forbids.
+            for a in req.logit_adjustments():
+                a.apply(view)
+        except Exception as exc:  # costs this request only, never the step
+            self._constraint_failed(req, exc)
+            return
+        tok = req.sampler.sample(self.m.ctx, batch_index)
+        lp = None
+        if req.logprobs is not None and req.params.logprobs is not None:
+            lp = token_logprob(view, tok, req.params.logprobs, self.m.piece)
+        self._accept(req, tok, events, lp)
+
     def _make_room(self) -> Remedy[Request]:
         """After llama_decode returned 1 (no KV space): perform what make_room decides."""
-        remedy = make_room(self.slots, self.batch.n)
+        remedy = make_room(self.slots, self.batch.n, lambda s: s.request is not None and s.request.follows is not None)
         if isinstance(remedy, Purge):
             for s in remedy.slots:
                 llama_cpp.llama_memory_seq_rm(self.m.memory, s.seq_id, -1, -1)
@@ -303,6 +386,7 @@ class Engine:
             victim.cache.clear()
             victim.request = None
             req.slot = None
+            req.follows = None
             req.preempted = True
             self._kv_full = True
             self.waiting.appendleft(req)
@@ -317,10 +401,11 @@ class Engine:
             else:
                 self._error(req, "internal", f"llama_decode failed with {rc}")
 
-    def _accept(self, req: Request, tok: int, events: list[TokenEvent]) -> None:
+    def _accept(self, req: Request, tok: int, events: list[TokenEvent], lp: TokenLogprob | None = None) -> None:
         req.n_gen += 1
         p = req.params
         if self.m.is_eog(tok) and not p.ignore_eos:
+            # The end-of-generation token is no content: no text, and no logprob.
             self._finish(req, "stop", events, tokens=[tok], flush=True, stop_type="eos")
             return
         if req.matcher is not None:
@@ -330,17 +415,21 @@ class Engine:
                 self._constraint_failed(req, exc)
                 return
         req.tokens.append(tok)
-        text, matched = req.stops.feed(req.decoder.decode(self.m.piece(tok)))
+        decoded = req.decoder.decode(self.m.piece(tok))
+        if lp is not None and req.logprobs is not None:
+            req.logprobs.push(lp, len(decoded))
+        text, matched = req.stops.feed(decoded)
         if matched:
-            self._finish(req, "stop", events, text=text, tokens=[tok], stop_type="word")
+            self._finish(req, "stop", events, text=text, tokens=[tok], stopped=True, stop_type="word")
         elif req.matcher is not None and req.matcher.stopped:
             # The grammar is complete and allows only EOS next: end here, a step sooner.
             self._finish(req, "stop", events, text=text, tokens=[tok], flush=True, stop_type="eos")
         elif req.n_gen >= req.max_new or len(req.tokens) >= self.n_ctx_slot:
             self._finish(req, "length", events, text=text, tokens=[tok], flush=True, stop_type="limit")
         else:
+            lps = req.logprobs.release(len(text)) if req.logprobs is not None else []
             timings = _timings(req) if p.timings_per_token else None
-            events.append(self._first_marked(req, TokenEvent(id=req.id, text=text, tokens=[tok], timings=timings)))
+            events.append(self._event(req, text=text, tokens=[tok], logprobs=lps, timings=timings))
 
     def _constraint_failed(self, req: Request, exc: Exception) -> None:
         """The grammar could not go on (llguidance hit a limit, or a bug): this request
@@ -358,6 +447,29 @@ class Engine:
             )
         )
 
+    def _event(
+        self,
+        req: Request,
+        text: str,
+        tokens: list[int],
+        logprobs: list[TokenLogprob],
+        finish_reason: FinishReason | None = None,
+        usage: Usage | None = None,
+        stop_type: StopType | None = None,
+        stopping_word: str = "",
+        timings: Timings | None = None,
+        id_slot: int | None = None,
+    ) -> TokenEvent:
+        """An event of `req`'s choice; its first carries the echoed prompt, if asked, and
+        says whether the output starts inside reasoning."""
+        echo, req.echo = req.echo, None
+        ev = TokenEvent(
+            id=req.id, text=text, tokens=tokens, finish_reason=finish_reason, usage=usage,
+            index=req.index, logprobs=logprobs, echo=echo, stop_type=stop_type,
+            stopping_word=stopping_word, timings=timings, id_slot=id_slot,
+        )
+        return self._first_marked(req, ev)
+
     def _finish(
         self,
         req: Request,
@@ -366,6 +478,7 @@ class Engine:
         text: str = "",
         tokens: list[int] | None = None,
         flush: bool = False,
+        stopped: bool = False,
         stop_type: StopType | None = None,
     ) -> None:
         if flush:
@@ -373,12 +486,19 @@ class Engine:
             # incomplete UTF-8 tail, a possible stop-string start) is real output.
             tail, matched = req.stops.feed(req.decoder.decode(b"", final=True))
             text += tail if matched else tail + req.stops.flush()
+            stopped = matched
         id_slot = req.slot.seq_id if req.slot is not None else None
+        lps: list[TokenLogprob] = []
+        if req.logprobs is not None:
+            # A stop string's tokens are not content: only those whose text went out count.
+            lps = req.logprobs.release(len(text)) if stopped else req.logprobs.release_all()
+            req.logprobs.drop()
         self._release(req)
-        ev = TokenEvent(
-            id=req.id,
+        ev = self._event(
+            req,
             text=text,
             tokens=tokens or [],
+            logprobs=lps,
             finish_reason=reason,
             usage=Usage(prompt_tokens=len(req.prompt), completion_tokens=req.n_gen, cached_tokens=req.cached),
             stop_type=stop_type,
@@ -386,7 +506,6 @@ class Engine:
             timings=_timings(req),
             id_slot=id_slot,
         )
-        self._first_marked(req, ev)
         if events is None:
             self.emit(Step(events=[ev]))
         else:
@@ -402,12 +521,20 @@ class Engine:
         return ev
 
     def _error(self, req: Request, code: str, message: str) -> None:
-        self._release(req)
+        # The Error ends the whole Generate for the supervisor: its other choices go too.
+        for r in list(self.by_id.get(req.id, ())) or [req]:
+            if r in self.waiting:
+                self.waiting.remove(r)
+            self._release(r)
         # A failed decode leaves this sequence's cache in an unknown state: drop it.
         self.emit(Error(id=req.id, code=code, message=message))  # type: ignore[arg-type]
 
     def _release(self, req: Request) -> None:
-        self.by_id.pop(req.id, None)
+        group = self.by_id.get(req.id)
+        if group is not None and req in group:
+            group.remove(req)
+            if not group:
+                del self.by_id[req.id]
         self._kv_full = False
         if req.sampler is not None:
             req.sampler.free()

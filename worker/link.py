@@ -92,6 +92,7 @@ class Link:
                     active=e.active if e else 0,
                     queued=e.queued if e else 0,
                     threads=e.threads if e else 0,
+                    prompt_tokens_decoded=e.prompt_tokens_decoded if e else 0,
                 )
             )
         elif isinstance(frame, SlotsQuery):

@@ -168,6 +168,11 @@ class LoadedModel:
             cap = -n
         raise RuntimeError("llama_detokenize kept asking for a larger buffer")
 
+    def output_text(self, tokens: list[int]) -> str:
+        """The text of a token prompt as output writes it (special tokens render as
+        nothing): what `echo` prepends."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
     def max_token_bytes(self) -> int | None:
         """The most bytes of input text one token can cover (see `_longest_token`)."""
         return self.token_bytes

@@ -75,6 +75,10 @@ class VocabModel(TextModel, Protocol):
         """One token's bytes, a special token's text included."""
         ...
 
+    def output_text(self, tokens: list[int]) -> str:
+        """The text of `tokens` as output writes it (what `echo` prepends)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Limit:
@@ -155,7 +159,11 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
         param,
         n_ctx_slot,
     )
-    if g.prompt_parts is not None:
+    if g.params.logit_bias:
+        check_ids(list(g.params.logit_bias), m.n_vocab, "logit_bias")
+    if g.n < 1:
+        raise RequestRejected("invalid_request", "n must be at least 1", "n")
+    if g.prompt_parts is not None or g.prompt_tokens is not None:
         return _mixed_texts(g, m, n_ctx_slot, limit)
     in_reasoning = False
     if g.messages is None:
@@ -190,27 +198,31 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
             in_reasoning = chat_formats.ends_in_reasoning(text, 64 + (len(prefill.content) if prefill else 0))
 
     def build(tokens: list[list[int]]) -> Request:
-        return _request(g, tokens[0], n_ctx_slot, param, in_reasoning)
+        return _request(g, tokens[0], n_ctx_slot, param, text if g.echo else None, in_reasoning)
 
     return Texts([_checked(text, limit, m)], build)
 
 
-def _request(g: Generate, prompt: list[int], n_ctx_slot: int, param: str, in_reasoning: bool = False) -> Request:
+def _request(
+    g: Generate, prompt: list[int], n_ctx_slot: int, param: str, echo: str | None, in_reasoning: bool = False
+) -> Request:
     if not prompt:
         raise RequestRejected("invalid_request", "the prompt is empty", param)
     room = n_ctx_slot - len(prompt)
     p = g.params
     max_new = room if p.max_tokens is None else min(p.max_tokens, room)
     return Request(
-        id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)), in_reasoning=in_reasoning
+        id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)),
+        in_reasoning=in_reasoning, n=g.n, echo=echo,
     )
 
 
 def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> Texts:
-    """Stage 1 of llama-server's mixed prompt: ids checked against the vocabulary now, the
-    strings among them tokenized in stage 2 (only a string that comes first gets BOS), and
-    the whole checked against the context once its parts are joined."""
-    parts = g.prompt_parts or []
+    """Stage 1 of a prompt with token ids: OpenAI's token arrays (`prompt_tokens`), or
+    llama-server's mixed prompt (`prompt_parts`, ids and strings). Ids are checked against
+    the vocabulary now, the strings among them tokenized in stage 2 (only a string that
+    comes first gets BOS), and the whole checked against the context once joined."""
+    parts: list[int | str] = list(g.prompt_parts if g.prompt_parts is not None else g.prompt_tokens or [])
     check_ids(parts, m.n_vocab, "prompt")
     ids = sum(1 for p in parts if isinstance(p, int))
     if ids > limit.most:
@@ -229,14 +241,16 @@ def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> T
                 prompt.extend(next(pieces))
         if len(prompt) > limit.most:
             raise limit.refuse(len(prompt))
-        return _request(g, prompt, n_ctx_slot, "prompt")
+        return _request(g, prompt, n_ctx_slot, "prompt", m.output_text(prompt) if g.echo else None)
 
     return Texts(texts, build, add_special=adds)
 
 
 
-def embed_texts(e: Embed, m: TextModel, n_batch: int) -> Texts:
+def embed_texts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
     """Stage 1 of an embedding request: every input must fit one batch."""
+    if e.tokens is not None:
+        return _embed_tokens(e, m, n_batch)
     texts = []
     for i, text in enumerate(e.inputs):
         if not text:
@@ -250,6 +264,24 @@ def embed_texts(e: Embed, m: TextModel, n_batch: int) -> Texts:
         return EmbedJob(id=e.id, inputs=tokens)
 
     return Texts(texts, build)
+
+
+def _embed_tokens(e: Embed, m: VocabModel, n_batch: int) -> Texts:
+    """Token-array inputs: checked as texts are once tokenized, and against the vocabulary."""
+    inputs = [list(t) for t in e.tokens or []]
+    if not inputs:
+        raise RequestRejected("invalid_request", "input is empty", "input")
+    for i, toks in enumerate(inputs):
+        if not toks:
+            raise RequestRejected("invalid_request", f"input[{i}] is empty", "input")
+        if len(toks) > n_batch:
+            raise Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input").refuse(len(toks))
+        check_ids(toks, m.n_vocab, "input")
+
+    def build(_: list[list[int]]) -> EmbedJob:
+        return EmbedJob(id=e.id, inputs=inputs)
+
+    return Texts([], build)
 
 
 def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int) -> Texts:

@@ -81,6 +81,12 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     constraint: Constraint | None = None
     # llama-server's timings_per_token: every event carries Timings, not only the last.
     timings_per_token: bool = False
+    # OpenAI's logit_bias with its ids parsed: added to the logits before sampling (the
+    # router bounds the values to -100..100; the worker checks the ids against its vocabulary).
+    logit_bias: dict[int, float] = {}
+    # None: no logprobs. k >= 0: each generated token's logprob and its k most likely
+    # alternatives, from the logits the sampler used (after logit_bias and any constraint).
+    logprobs: int | None = None
 
 
 class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -160,11 +166,17 @@ class WorkerSpec(ModelOptions, forbid_unknown_fields=True, frozen=True):
 
 
 class Generate(Frame):
-    """Start a generation. Exactly one of `prompt`, `messages` and `prompt_parts` is set.
+    """Start a generation. Exactly one of `prompt`, `messages`, `prompt_tokens` and
+    `prompt_parts` is set.
 
     `prompt_parts` is llama-server's mixed prompt: token ids used as they are, and strings
     tokenized in place (the first element with BOS, as llama-server's tokenize_mixed). The
     worker checks every id against its vocabulary; a bad one is a 400 naming `prompt`.
+
+    `n` choices share the prompt: the worker evaluates it once and samples each choice with
+    its own chain (seed + i where a seed is given); their events carry `index`. `echo`: the
+    first event of each choice carries the prompt's text in `echo` (the router cannot
+    detokenize a token prompt itself).
     """
 
     id: int
@@ -176,11 +188,17 @@ class Generate(Frame):
     tools: list[dict[str, Any]] | None = None
     # Extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
     template_kwargs: dict[str, Any] | None = None
+    prompt_tokens: list[int] | None = None
+    n: int = 1
+    echo: bool = False
 
 
 class Embed(Frame):
+    """Embed texts, or (when `tokens` is set, and `inputs` empty) token arrays."""
+
     id: int
     inputs: list[str]
+    tokens: list[list[int]] | None = None
 
 
 class Tokenize(Frame):
@@ -300,11 +318,31 @@ class Timings(msgspec.Struct, forbid_unknown_fields=True):
     cache_n: int = 0
 
 
+class TopLogprob(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """One candidate token: its id, its piece's bytes (the router has no vocabulary), and
+    its log-probability."""
+
+    token: int
+    piece: bytes
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """A generated token's logprob and the `top` most likely tokens at its position."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    top: list[TopLogprob] = []
+
+
 class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """What one request gained in one decode step.
 
     `text` is complete UTF-8 with anything that might still become a stop string held back.
-    A final event carries `finish_reason` and `usage`.
+    A final event carries `finish_reason` and `usage`. `index` is the choice (0 .. n-1) of
+    a Generate with n choices; each choice ends with its own final event. `logprobs` cover
+    exactly the tokens whose text is in `text` (a held-back token's come with its text).
     """
 
     id: int
@@ -323,6 +361,9 @@ class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     # reasoning block (Qwen3 and DeepSeek-R1 templates end with "<think>\n"): the output
     # starts as reasoning, before any opening tag.
     in_reasoning: bool = False
+    index: int = 0
+    logprobs: list[TokenLogprob] = []
+    echo: str | None = None  # the prompt's text, on a choice's first event when asked
 
 
 class Step(Frame):
@@ -400,6 +441,9 @@ class Pong(Frame):
     active: int = 0
     queued: int = 0
     threads: int = 0  # CPU threads per decode now; 0 while loading
+    # Prompt tokens fed to llama_decode since the worker started: n > 1 choices evaluate
+    # their shared prompt once, which this shows (a cached prefix is not decoded either).
+    prompt_tokens_decoded: int = 0
 
 
 class Occupancy(Frame):

@@ -10,6 +10,9 @@ import codecs
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from worker.logprobs import LogprobQueue
 from worker.protocol import ErrorCode, SamplingParams
 from worker.sampling import SamplerChain
 from worker.slots import Slot
@@ -47,9 +50,38 @@ class Request:
     # prompt's decoding begins) and when its first token was sampled (the prompt is done).
     t_admitted: float = 0.0
     t_prompt_done: float = 0.0
+    index: int = 0  # which of the Generate's n choices this is
+    n: int = 1  # the Generate's n: the engine splits a request into n siblings
+    echo: str | None = None  # the prompt's text, sent once with this choice's first event
+    # A sibling that will sample its first token from this request's prompt logits (and
+    # copy its prompt's KV cells) instead of evaluating the prompt itself.
+    follows: Request | None = None
+    logprobs: LogprobQueue | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = LogprobQueue()
+
+    def siblings(self) -> list[Request]:
+        """Choices 1 .. n-1 of this request (choice 0): the same prompt and parameters,
+        each with its own stop matcher and decoder; a given seed becomes seed + i, so the
+        choices differ yet repeat from run to run."""
+        out = []
+        for i in range(1, self.n):
+            p = self.params
+            if p.seed is not None:
+                p = msgspec.structs.replace(p, seed=p.seed + i)
+            out.append(
+                Request(
+                    id=self.id, params=p, prompt=list(self.prompt), max_new=self.max_new,
+                    stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
+                    in_reasoning=self.in_reasoning,
+                    matcher=self.matcher.fork() if self.matcher is not None else None,
+                )
+            )
+        self.n = 1  # split once
+        return out
 
     def logit_adjustments(self) -> list[LogitsAdjustment]:
         """What edits this request's logits before each sample (worker/logits.py), in order;

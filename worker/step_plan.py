@@ -32,7 +32,8 @@ def plan_batch(slots: Sequence[Slot[R]], pending: Callable[[Slot[R]], int], budg
     that does not fit completes over the next steps. `pending(slot)` is how many of its
     request's tokens its cache does not hold yet.
     """
-    running = [s for s in slots if s.request is not None]
+    # A slot with nothing pending is an n > 1 sibling waiting to share another's logits.
+    running = [s for s in slots if s.request is not None and pending(s) > 0]
     running.sort(key=lambda s: (pending(s) > 1, s.last_used))
     plan: list[Chunk[R]] = []
     used = 0
@@ -70,16 +71,25 @@ class Preempt(Generic[R]):
 Remedy = Union[Purge[R], Halve, Preempt[R], None]
 
 
-def make_room(slots: Sequence[Slot[R]], batch_tokens: int) -> Remedy[R]:
+def _never(_: Slot[R]) -> bool:
+    return False
+
+
+def make_room(
+    slots: Sequence[Slot[R]], batch_tokens: int, waits: Callable[[Slot[R]], bool] = _never
+) -> Remedy[R]:
     """What to free after llama_decode found no KV space (the cache is left unchanged), so
     that a retry can succeed. In order: idle slots' caches; a smaller batch, which helps only
     while prompt chunks are in it (more tokens than running requests); then the most recently
-    admitted request, while another one runs. None: nothing is left to try, and the one
+    admitted request, while another one runs (`waits(slot)`: a sibling that waits to
+    share another's prompt, never a victim). None: nothing is left to try, and the one
     running request has reached the pool's limit."""
     idle = tuple(s for s in slots if s.idle and s.cache)
     if idle:
         return Purge(idle)
-    running = [s for s in slots if not s.idle]
+    # An n > 1 sibling waiting to share its leader's prompt puts nothing in the batch and
+    # holds no cells: it does not count, and preempting it would free nothing.
+    running = [s for s in slots if not s.idle and not waits(s)]
     if batch_tokens > len(running):
         return Halve()
     if len(running) > 1:

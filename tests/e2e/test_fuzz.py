@@ -94,12 +94,7 @@ def random_request(rng: random.Random) -> tuple[str, dict[str, object], str]:
         ]
     if rng.random() < 0.1:
         body["ignore_eos"] = True
-    if rng.random() < 0.2:
-        body["n"] = rng.randint(1, 3)
-    if rng.random() < 0.15:
-        body["logit_bias"] = {str(rng.randint(0, 262_000)): rng.uniform(-100, 100) for _ in range(rng.randint(1, 4))}
-    chat = rng.random() < 0.5
-    if chat:
+    if rng.random() < 0.5:
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": text}]
         if rng.random() < 0.3:
@@ -107,22 +102,33 @@ def random_request(rng: random.Random) -> tuple[str, dict[str, object], str]:
                 {"role": "system", "content": rng.choice(WORDS)},
                 {"role": "user", "content": [{"type": "text", "text": text}]},
             ]
-        if rng.random() < 0.2:
-            body["logprobs"] = True
-            body["top_logprobs"] = rng.randint(0, 5)
-        shape = rng.random()
-        if shape < 0.1:
-            body["response_format"] = {"type": "json_object"}
-        elif shape < 0.2:
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
-        elif shape < 0.35:
-            body["tools"] = [TOOL]
-            body["tool_choice"] = rng.choice(["auto", "none", "required", {"type": "function", "function": {"name": "lookup"}}])
     else:
         path = "/v1/completions"
         body["prompt"] = text
-        if rng.random() < 0.2:
-            body["logprobs"] = rng.randint(0, 5)
+    # Issue 10, item 4: choices that share a prompt (and its KV cells, under preemption),
+    # biases, logprobs. Drawn from their own generator, so the draws above stay as they were.
+    extra = random.Random(rng.random())
+    if extra.random() < 0.3:
+        body["n"] = extra.randint(2, 5)
+    if extra.random() < 0.2:
+        body["logit_bias"] = {str(extra.randrange(262144)): extra.uniform(-100, 100) for _ in range(extra.randint(1, 5))}
+    if extra.random() < 0.3:
+        if path == "/v1/chat/completions":
+            body["logprobs"] = True
+            body["top_logprobs"] = extra.randint(0, 20)
+        else:
+            body["logprobs"] = extra.randint(0, 5)
+    # Structured output and tools: constrained sampling, with every tool_choice.
+    shape = extra.random()
+    if path == "/v1/chat/completions" and shape < 0.1:
+        body["response_format"] = {"type": "json_object"}
+    elif path == "/v1/chat/completions" and shape < 0.2:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+    elif path == "/v1/chat/completions" and shape < 0.35:
+        body["tools"] = [TOOL]
+        body["tool_choice"] = extra.choice(["auto", "none", "required", {"type": "function", "function": {"name": "lookup"}}])
+    elif shape < 0.4:
+        body["json_schema"] = SCHEMA
     cancel = rng.choices(["none", "early", "timeout"], weights=[75, 15, 10])[0]
     return path, body, cancel
 
@@ -185,20 +191,22 @@ def check(outcome: Outcome, body: dict[str, object]) -> None:
         assert doc["usage"]["completion_tokens"] <= n * int(body["max_tokens"])  # type: ignore[call-overload]
         for choice in doc["choices"]:
             assert choice["finish_reason"] in reasons
-            if "message" not in choice:
-                text = choice["text"]
-            elif choice["message"].get("tool_calls"):
+            if "message" in choice and choice["message"].get("tool_calls"):
                 assert choice["finish_reason"] == "tool_calls"
                 for call in choice["message"]["tool_calls"]:
                     assert call["function"]["name"] == "lookup"
                     json.loads(call["function"]["arguments"])  # constrained: always JSON
                 continue
-            else:
-                text = choice["message"]["content"] or ""
+            text = (choice["message"]["content"] or "") if "message" in choice else choice["text"]
             for stop in body.get("stop", []):  # type: ignore[union-attr]
                 assert stop not in text
-            if "response_format" in body and choice["finish_reason"] == "stop" and not body.get("stop"):
-                assert isinstance(json.loads(text), dict)  # constrained: whole JSON when not cut
+            constrained = "response_format" in body or "json_schema" in body
+            if constrained and choice["finish_reason"] == "stop" and not body.get("stop"):
+                assert isinstance(json.loads(text), dict), text  # whole JSON when not cut
+            if "logprobs" in body and "message" in choice:
+                content = choice["logprobs"]["content"]
+                # The logprobs cover the text's tokens, and no token past it.
+                assert text.startswith(b"".join(bytes(t["bytes"]) for t in content).decode(errors="replace"))
 
 
 def test_random_requests_never_crash_or_hang(fuzz_server: Server) -> None:

@@ -60,8 +60,10 @@ class FakeHandle:
         self.released += 1
 
 
-def job(stream: bool = False) -> GenerationJob:
-    return GenerationJob(model="m", params=SamplingParams(max_tokens=4), prompt="hi", stream=stream)
+def job(stream: bool = False, include_usage: bool = False) -> GenerationJob:
+    return GenerationJob(
+        model="m", params=SamplingParams(max_tokens=4), prompt="hi", stream=stream, include_usage=include_usage
+    )
 
 
 def tokens(*texts: str) -> list[TokenEvent | CorralError]:
@@ -101,7 +103,7 @@ async def test_an_error_before_the_first_token_releases_everything_and_raises() 
 
 async def test_whole_joins_the_text_and_reports_the_finish() -> None:
     gen, _ = await started(tokens("Hel", "lo"))
-    body = json.loads(await whole(gen, Completion("m", chat=False)))
+    body = json.loads(await whole(gen, Completion("m", chat=False), job()))
     assert body["choices"][0]["text"] == "Hello"
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["completion_tokens"] == 2
@@ -113,7 +115,7 @@ def data_lines(chunks: list[bytes]) -> list[str]:
 
 async def test_events_stream_role_text_finish_usage_and_done() -> None:
     gen, _ = await started(tokens("a", "b"))
-    chunks = [c async for c in events(gen, Completion("m", chat=True), include_usage=True)]
+    chunks = [c async for c in events(gen, Completion("m", chat=True), job(stream=True, include_usage=True))]
     assert all(c.startswith(b"data: ") and c.endswith(b"\n\n") for c in chunks)
     lines = data_lines(chunks)
     assert lines[-1] == "[DONE]"
@@ -127,7 +129,7 @@ async def test_events_stream_role_text_finish_usage_and_done() -> None:
 async def test_a_failure_mid_stream_is_a_final_error_event_without_done() -> None:
     """A cut answer must not look whole: no [DONE] after the error event."""
     gen, _ = await started([TokenEvent(id=1, text="a"), WorkerCrashed("worker died")])
-    chunks = [c async for c in events(gen, Completion("m", chat=False), include_usage=False)]
+    chunks = [c async for c in events(gen, Completion("m", chat=False), job(stream=True))]
     last = json.loads(data_lines(chunks)[-1])
     assert last["error"]["code"] == "worker_crashed"
     assert b"[DONE]" not in b"".join(chunks)

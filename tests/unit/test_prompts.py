@@ -248,3 +248,68 @@ def test_tools_on_a_model_that_cannot_take_them_are_refused() -> None:
     with pytest.raises(RequestRejected) as info:
         prepare(g, FakeModel(template=Template()))
     assert info.value.param == "tools"
+
+
+# ---- token prompts, logit_bias ids, n, echo (issue 10, item 4) -------------------------------
+
+
+class VocabModel(FakeModel):
+    n_vocab = 300
+
+    def output_text(self, tokens: list[int]) -> str:
+        return "".join(chr(t) for t in tokens if t >= 32)
+
+
+def test_a_token_prompt_is_taken_as_sent_and_echoed_as_text() -> None:
+    m = VocabModel()
+    g = Generate(id=3, params=SamplingParams(), prompt_tokens=[2, 72, 105], echo=True, n=2)
+    r = prepare(g, m)
+    assert isinstance(r, Request)
+    assert r.prompt == [2, 72, 105] and r.echo == "Hi" and r.n == 2
+    assert m.tokenized == []  # nothing to tokenize
+
+
+@pytest.mark.parametrize(
+    ("frame", "param"),
+    [
+        (Generate(id=1, params=SamplingParams(), prompt_tokens=[5, 300]), "prompt"),
+        (Generate(id=1, params=SamplingParams(), prompt_tokens=[-1]), "prompt"),
+        (Generate(id=1, params=SamplingParams(), prompt_tokens=[]), "prompt"),
+        (Generate(id=1, params=SamplingParams(logit_bias={300: 1.0}), prompt="x"), "logit_bias"),
+        (Generate(id=1, params=SamplingParams(logit_bias={-2: 1.0}), prompt="x"), "logit_bias"),
+        (Generate(id=1, params=SamplingParams(), prompt="x", n=0), "n"),
+        (Embed(id=1, inputs=[], tokens=[[1, 300]]), "input"),
+        (Embed(id=1, inputs=[], tokens=[[]]), "input"),
+        (Embed(id=1, inputs=[], tokens=[]), "input"),
+    ],
+)
+def test_ids_outside_the_vocabulary_are_refused_naming_the_parameter(frame: Generate | Embed, param: str) -> None:
+    with pytest.raises(RequestRejected) as info:
+        prepare(frame, VocabModel())
+    assert info.value.param == param
+
+
+def test_a_token_prompt_longer_than_the_context_is_refused() -> None:
+    with pytest.raises(RequestRejected) as info:
+        prepare(Generate(id=1, params=SamplingParams(), prompt_tokens=[5] * 10), VocabModel(), n_ctx_slot=10)
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_token_inputs_embed_as_sent() -> None:
+    job = prepare(Embed(id=4, inputs=[], tokens=[[1, 2], [3]]), VocabModel())
+    assert isinstance(job, EmbedJob) and job.inputs == [[1, 2], [3]]
+
+
+def test_siblings_share_the_prompt_with_their_own_seed_and_stop_matcher() -> None:
+    g = Generate(id=5, params=SamplingParams(seed=10, stop=["x"]), prompt="hey", n=3, echo=True)
+    r = prepare(g, VocabModel())
+    assert isinstance(r, Request)
+    sibs = r.siblings()
+    assert [s.index for s in sibs] == [1, 2]
+    assert [s.params.seed for s in sibs] == [11, 12]
+    assert all(s.prompt == r.prompt and s.prompt is not r.prompt for s in sibs)
+    assert all(s.stops is not r.stops and s.stops.stops == ("x",) for s in sibs)
+    assert all(s.echo == "hey" for s in sibs)
+    assert r.siblings() == []  # split once
+    unseeded = prepare(Generate(id=6, params=SamplingParams(), prompt="a", n=2), VocabModel())
+    assert isinstance(unseeded, Request) and unseeded.siblings()[0].params.seed is None

@@ -308,8 +308,8 @@ def test_unknown_nested_fields_rejected() -> None:
     }
     with pytest.raises(p.ProtocolError, match="mirostat"):
         p.decode_to_worker(msgspec.msgpack.encode(gen))
-    step = {"type": "Step", "events": [{"id": 1, "text": "a", "logprobs": []}]}
-    with pytest.raises(p.ProtocolError, match="logprobs"):
+    step = {"type": "Step", "events": [{"id": 1, "text": "a", "logits": []}]}
+    with pytest.raises(p.ProtocolError, match="logits"):
         p.decode_from_worker(msgspec.msgpack.encode(step))
     usage = {
         "type": "Step",

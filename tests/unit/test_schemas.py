@@ -175,7 +175,8 @@ def test_request_sampling_defaults_are_the_protocols(kind: type[msgspec.Struct])
     shared = [f for f in msgspec.structs.fields(SamplingParams) if f.name in request_defaults]
     assert {f.name for f in shared} >= {"temperature", "top_p", "top_k", "min_p", "repeat_penalty"}
     for f in shared:
-        if f.name not in ("max_tokens", "stop", "seed"):  # request shapes differ from the frame's
+        # Request shapes differ from the frame's for these.
+        if f.name not in ("max_tokens", "stop", "seed", "logit_bias", "logprobs"):
             assert request_defaults[f.name] == f.default, f.name
 
 
@@ -230,8 +231,13 @@ def test_stop_string_and_list() -> None:
         ({"repeat_penalty": -1}, "repeat_penalty"),
         ({"top_k": -1}, "top_k"),
         ({"repeat_last_n": -2}, "repeat_last_n"),
-        ({"n": 2}, "n"),
+        ({"n": 129}, "n"),
         ({"n": 0}, "n"),
+        ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"-5": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"5": 100.5}}, "logit_bias"),
+        ({"logit_bias": {"5": -101}}, "logit_bias"),
+        ({"logit_bias": {"99999999999": 1}}, "logit_bias"),
         ({"stop": ""}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop": [str(i) for i in range(s.MAX_STOP_STRINGS + 1)]}, "stop"),
@@ -268,7 +274,9 @@ def test_max_tokens_below_one(value: int) -> None:
         {"stream": True, "stream_options": {"include_usage": True}},
         {"max_tokens": 1},
         {"n": 1},
+        {"n": 128},
         {"logit_bias": {}},
+        {"logit_bias": {"0": -100, "262143": 100}},
     ],
 )
 def test_sampling_params_boundaries_accepted(fields: dict[str, Any]) -> None:
@@ -276,11 +284,46 @@ def test_sampling_params_boundaries_accepted(fields: dict[str, Any]) -> None:
     s.sampling_params(r, r.max_tokens)
 
 
-def test_logit_bias_unsupported() -> None:
-    r = chat(logit_bias={"123": 5.0})
-    with pytest.raises(Unsupported) as info:
-        s.sampling_params(r, None)
+def test_logit_bias_reaches_the_worker_with_int_ids() -> None:
+    r = chat(logit_bias={"123": 5.0, "7": -100})
+    assert s.sampling_params(r, None).logit_bias == {123: 5.0, 7: -100.0}
+
+
+def test_logit_bias_nan_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.logit_bias({"1": float("nan")})
     assert info.value.param == "logit_bias"
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [({}, None), ({"logprobs": False}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 5}, 5),
+     ({"logprobs": True, "top_logprobs": 20}, 20)],
+)
+def test_chat_logprobs(fields: dict[str, Any], want: int | None) -> None:
+    assert s.chat_logprobs(chat(**fields)) == want
+
+
+@pytest.mark.parametrize(
+    "fields", [{"top_logprobs": 3}, {"logprobs": False, "top_logprobs": 3}, {"logprobs": True, "top_logprobs": 21},
+               {"logprobs": True, "top_logprobs": -1}],
+)
+def test_chat_top_logprobs_refused(fields: dict[str, Any]) -> None:
+    """OpenAI refuses top_logprobs without logprobs: true."""
+    with pytest.raises(InvalidRequest) as info:
+        s.chat_logprobs(chat(**fields))
+    assert info.value.param == "top_logprobs"
+
+
+@pytest.mark.parametrize(("value", "ok"), [(None, True), (0, True), (5, True), (20, True), (21, False), (-1, False)])
+def test_completion_logprobs_range(value: int | None, ok: bool) -> None:
+    r = completion(prompt="x", logprobs=value)
+    if ok:
+        assert s.completion_logprobs(r) == value
+    else:
+        with pytest.raises(InvalidRequest) as info:
+            s.completion_logprobs(r)
+        assert info.value.param == "logprobs"
 
 
 # ---- chat_messages ------------------------------------------------------------------------------
@@ -405,73 +448,73 @@ def test_missing_messages_rejected() -> None:
     assert info.value.param == "messages"
 
 
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [
-        ({"logprobs": True}, "logprobs"),
-    ],
-)
-def test_chat_unsupported_features(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(Unsupported) as info:
-        s.chat_messages(chat(**fields))
-    assert info.value.param == param
-
-
 def test_chat_accepted_no_op_features() -> None:
     r = chat(tools=[], logprobs=False, response_format={"type": "text"}, user="u", store=False)
     assert s.chat_messages(r) == [ChatMessage(role="user", content="hi")]
 
 
-# ---- completion_prompt --------------------------------------------------------------------------
-
-
-def test_completion_prompt_string() -> None:
-    assert s.completion_prompt(completion(prompt="Once upon")) == "Once upon"
-
-
-def test_completion_prompt_single_item_list() -> None:
-    assert s.completion_prompt(completion(prompt=["Once upon"])) == "Once upon"
-
-
-def test_completion_prompt_default_empty() -> None:
-    assert s.completion_prompt(completion()) == ""
+# ---- completion_prompts -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "prompt",
+    ("prompt", "want"),
     [
-        [1, 2, 3],  # token array
-        [[1, 2], [3]],  # several token arrays
-        ["a", "b"],  # several prompts
-        [],  # no prompt at all
+        ("Once upon", ["Once upon"]),
+        (["Once upon"], ["Once upon"]),
+        (["a", "b"], ["a", "b"]),
+        ([1, 2, 3], [(1, 2, 3)]),
+        ([[1, 2], [3]], [(1, 2), (3,)]),
+        (["a", [3]], ["a", (3,)]),
     ],
 )
-def test_completion_prompt_rejects_non_single_string(prompt: Any) -> None:
-    with pytest.raises(Unsupported) as info:
-        s.completion_prompt(completion(prompt=prompt))
-    assert info.value.param == "prompt"
+def test_completion_prompt_shapes(prompt: Any, want: list[Any]) -> None:
+    assert s.completion_prompts(completion(prompt=prompt)) == want
+
+
+def test_completion_prompt_default_empty() -> None:
+    assert s.completion_prompts(completion()) == [""]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [
+        ([], "prompt"),
+        ([[]], "prompt[0]"),
+        ([-1, 2], "prompt"),
+        ([True], "prompt[0]"),
+        (["a", 1.5], "prompt[1]"),
+        ([[1, "x"]], "prompt[0]"),
+        ([[2**31]], "prompt[0]"),
+        (["x"] * 129, "prompt"),
+    ],
+)
+def test_completion_prompt_bad_shapes_name_the_entry(prompt: Any, param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        s.completion_prompts(completion(prompt=prompt))
+    assert info.value.param == param
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"echo": True}, "echo"),
         ({"suffix": "end"}, "suffix"),
         ({"best_of": 2}, "best_of"),
-        ({"logprobs": 3}, "logprobs"),
     ],
 )
 def test_completion_unsupported_features(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(Unsupported) as info:
-        s.completion_prompt(completion(prompt="x", **fields))
+        s.completion_prompts(completion(prompt="x", **fields))
     assert info.value.param == param
 
 
+def test_completion_echo_with_logprobs_unsupported() -> None:
+    with pytest.raises(Unsupported) as info:
+        s.completion_logprobs(completion(prompt="x", echo=True, logprobs=1))
+    assert info.value.param == "echo"
+
+
 def test_completion_accepted_no_op_features() -> None:
-    assert (
-        s.completion_prompt(completion(prompt="x", echo=False, suffix="", best_of=1, logprobs=0))
-        == "x"
-    )
+    assert s.completion_prompts(completion(prompt="x", echo=True, suffix="", best_of=1, logprobs=0)) == ["x"]
 
 
 # ---- embedding_inputs ---------------------------------------------------------------------------
@@ -498,11 +541,16 @@ def test_embedding_empty_string(value: Any) -> None:
     assert info.value.param == "input"
 
 
-@pytest.mark.parametrize("value", [[1, 2, 3], [[1, 2]], ["a", 1]])
-def test_embedding_token_arrays_unsupported(value: Any) -> None:
-    with pytest.raises(Unsupported) as info:
+@pytest.mark.parametrize(("value", "want"), [([1, 2, 3], [(1, 2, 3)]), ([[1, 2], [5]], [(1, 2), (5,)])])
+def test_embedding_token_arrays(value: Any, want: list[Any]) -> None:
+    assert s.embedding_inputs(embedding(input=value)) == want
+
+
+@pytest.mark.parametrize("value", [["a", [1]], ["a", 1], [[1], []], [[-1]]])
+def test_embedding_bad_or_mixed_inputs(value: Any) -> None:
+    with pytest.raises(InvalidRequest) as info:
         s.embedding_inputs(embedding(input=value))
-    assert info.value.param == "input"
+    assert info.value.param.startswith("input")
 
 
 def test_embedding_dimensions_unsupported() -> None:
