@@ -33,14 +33,14 @@ import logging
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Callable, Protocol, Union
+from typing import Callable, Protocol, Union
 
+import msgspec
+
+from worker.constraint import Matcher, as_lark
 from worker.prompts import Prepared, TextModel, Texts, pooling_problem, texts_for
 from worker.protocol import Constraint, Embed, Error, Frame, Generate, Tokenize
 from worker.request import EmbedJob, Request, RequestRejected
-
-if TYPE_CHECKING:
-    from worker.constraint import Matcher
 
 log = logging.getLogger("worker.prepare")
 
@@ -48,7 +48,7 @@ Work = Union[Generate, Embed, Tokenize]
 Ready = Union[Request, EmbedJob]
 # Compiles a request's constraint (worker.constraint.Constraints.matcher in the worker);
 # raises RequestRejected naming the parameter when it does not compile.
-Compile = Callable[[Constraint], "Matcher"]
+Compile = Callable[[Constraint], Matcher]
 
 # How much lower than the decode threads the tokenizing thread runs (nice is -20..19).
 NICE = 10
@@ -156,6 +156,11 @@ class Preparer:
             problem = pooling_problem(self.m.pooling or "")
             if problem is not None:
                 raise RequestRejected("unsupported", problem, "model")
+        if isinstance(frame, Generate) and frame.params.constraint is not None:
+            # GBNF converts in Python, holding the GIL: here, at full priority (as_lark).
+            lark = as_lark(frame.params.constraint)
+            if lark is not frame.params.constraint:
+                frame = msgspec.structs.replace(frame, params=msgspec.structs.replace(frame.params, constraint=lark))
         return texts_for(frame, self.m, self.n_ctx_slot, self.m.n_batch)
 
     def _compile(self, c: Constraint) -> Matcher:
