@@ -4,7 +4,8 @@ Generate, Embed and Tokenize frames come here first, and pass two threads in tur
 (worker/prompts.py says what each stage does):
 
 - **render** (normal priority) renders the chat template and refuses a text that is
-  certainly too long from its byte length. This work holds the GIL. A thread that holds the
+  certainly too long from its byte length; a GBNF constraint is converted to Lark here,
+  since the converter is Python (worker/constraint.as_lark). This work holds the GIL. A thread that holds the
   GIL must not be starved of CPU, or the engine thread would wait on it: a priority
   inversion that, at low priority, froze a stream for 13 steps on a 15 MB prompt.
 - **tokenize** (nice +`NICE`) runs llama.cpp's tokenizer, which drops the GIL, and checks
