@@ -150,7 +150,8 @@ class LlamaCheckFirst(Stepper):
         self.full = np.zeros(m.n_vocab, dtype=TOKEN_DATA)
         self.full["id"] = np.arange(m.n_vocab, dtype=np.int32)
         self.one = np.zeros(1, dtype=TOKEN_DATA)
-        self.rejected = 0
+        self.rejected = 0  # sampled tokens the grammar refused: each cost a full pass
+        self.checked = 0
 
     def start(self) -> None:
         if self.grammar is not None:
@@ -166,6 +167,7 @@ class LlamaCheckFirst(Stepper):
     def next(self, ctx: llama_cpp.llama_context_p, idx: int) -> int:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, idx), shape=(self.m.n_vocab,))
         tok = int(np.argmax(logits))
+        self.checked += 1
         self.one["id"], self.one["logit"] = tok, logits[tok]
         self._apply(self.one)
         if not np.isfinite(self.one["logit"][0]):
@@ -264,6 +266,7 @@ def main() -> None:
               f"generating {rows[s.name]['gen_tok_s']:6.1f} tok/s  ({n_tokens / a.requests:.0f} tok/request, parses={valid})",
               flush=True)
     g = next(x for x in steppers if isinstance(x, Guidance))
+    cf = next(x for x in steppers if isinstance(x, LlamaCheckFirst))
     base = float(rows["unconstrained"]["gen_tok_s"])
     result = {
         "machine": platform.processor() or platform.machine(),
@@ -274,6 +277,7 @@ def main() -> None:
         "setup_s": {"llguidance_tokenizer": t_tok, "llguidance_grammar": t_gram, "llguidance_matcher": t_matcher, "llama_grammar_init": t_gbnf},
         "engines": rows,
         "llguidance_mask_ms_per_token": g.apply_s / max(g.applied, 1) * 1e3,
+        "check_first_rejected_fraction": cf.rejected / max(cf.checked, 1),
         "throughput_vs_unconstrained": {k: float(v["gen_tok_s"]) / base for k, v in rows.items()},
     }
     OUT.mkdir(parents=True, exist_ok=True)
@@ -285,6 +289,8 @@ def main() -> None:
         f"matcher {t_matcher * 1e3:.1f} ms; llama.cpp grammar init {t_gbnf * 1e3:.1f} ms.", "",
         f"llguidance: filling and applying the mask costs {result['llguidance_mask_ms_per_token']:.3f} ms a token "
         "(of its constrain+sample figure below).", "",
+        f"llama-check-first: the grammar refused the unconstrained choice for "
+        f"{result['check_first_rejected_fraction']:.0%} of tokens, each then costing a full pass.", "",
         "| engine | constrain+sample ms/token | generation tok/s (decode included, prefill not) | vs unconstrained | output parses |",
         "|---|---|---|---|---|",
     ]

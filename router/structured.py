@@ -28,6 +28,10 @@ from worker.protocol import Constraint
 
 # What json_object means, as a schema: llguidance then allows exactly one JSON object.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# The longest GBNF grammar taken. The worker converts GBNF in Python at about 4 µs a byte,
+# holding the GIL that its decoding thread needs, so a 10 MB grammar would slow every
+# stream on the model for most of a minute; real grammars run to a few kilobytes.
+MAX_GRAMMAR_CHARS = 128 * 1024
 
 
 def constraint(
@@ -46,6 +50,10 @@ def constraint(
     if json_schema is not None:
         asked.append(_schema(json_schema, "json_schema"))
     if grammar:
+        if len(grammar) > MAX_GRAMMAR_CHARS:
+            raise InvalidRequest(
+                f"Invalid 'grammar': at most {MAX_GRAMMAR_CHARS} characters, got {len(grammar)}.", "grammar"
+            )
         asked.append(Constraint(kind="gbnf", source=grammar, param="grammar"))
     if len(asked) > 1:
         first, second = asked[0].param, asked[1].param

@@ -26,6 +26,7 @@ import llama_cpp
 import llguidance
 import llguidance.llamacpp
 import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark
 
 from worker.logits import Logits
 from worker.protocol import JSON_LAYOUT, Constraint
@@ -56,6 +57,21 @@ def grammar_of(c: Constraint) -> str:
     if c.kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(c.source)
     return llguidance.grammar_from("gbnf", c.source)
+
+
+def as_lark(c: Constraint) -> Constraint:
+    """A GBNF constraint converted to Lark; any other kind as it is.
+
+    llguidance converts GBNF in pure Python (about 4 µs a byte), holding the GIL. So this
+    runs on the render thread, at full priority: on the low-priority tokenize thread a large
+    grammar would hold the GIL while starved of CPU, and the engine thread would wait on it
+    (worker/preparer.py). The router also caps a grammar's length."""
+    if c.kind != "gbnf":
+        return c
+    try:
+        return Constraint(kind="lark", source=any_to_lark(c.source), param=c.param)
+    except Exception as exc:  # the converter raises what its parser meets, not one type
+        raise RequestRejected("invalid_request", f"{c.param}: invalid GBNF grammar: {_short(str(exc))}", c.param) from None
 
 
 def describe(c: Constraint) -> str:

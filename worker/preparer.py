@@ -4,7 +4,8 @@ Generate, Embed, Tokenize, Detokenize and Render frames come here first, and pas
 (worker/prompts.py says what each stage does):
 
 - **render** (normal priority) renders the chat template and refuses a text that is
-  certainly too long from its byte length. This work holds the GIL. A thread that holds the
+  certainly too long from its byte length; a GBNF constraint is converted to Lark here,
+  since the converter is Python (worker/constraint.as_lark). This work holds the GIL. A thread that holds the
   GIL must not be starved of CPU, or the engine thread would wait on it: a priority
   inversion that, at low priority, froze a stream for 13 steps on a 15 MB prompt.
 - **tokenize** (nice +`NICE`) runs llama.cpp's tokenizer, which drops the GIL, and checks
@@ -33,14 +34,14 @@ import logging
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Callable, Protocol, Union
+from typing import Callable, Protocol, Union
 
+import msgspec
+
+from worker.constraint import Matcher, as_lark
 from worker.prompts import Prepared, Texts, VocabModel, pooling_problem, texts_for
 from worker.protocol import Constraint, Detokenize, Embed, Error, Frame, Generate, Render, Tokenize
 from worker.request import EmbedJob, Request, RequestRejected
-
-if TYPE_CHECKING:
-    from worker.constraint import Matcher
 
 log = logging.getLogger("worker.prepare")
 
@@ -48,7 +49,7 @@ Work = Union[Generate, Embed, Tokenize, Detokenize, Render]
 Ready = Union[Request, EmbedJob]
 # Compiles a request's constraint (worker.constraint.Constraints.matcher in the worker);
 # raises RequestRejected naming the parameter when it does not compile.
-Compile = Callable[[Constraint], "Matcher"]
+Compile = Callable[[Constraint], Matcher]
 
 # How much lower than the decode threads the tokenizing thread runs (nice is -20..19).
 NICE = 10
@@ -156,6 +157,11 @@ class Preparer:
             problem = pooling_problem(self.m.pooling or "")
             if problem is not None:
                 raise RequestRejected("unsupported", problem, "model")
+        if isinstance(frame, Generate) and frame.params.constraint is not None:
+            # GBNF converts in Python, holding the GIL: here, at full priority (as_lark).
+            lark = as_lark(frame.params.constraint)
+            if lark is not frame.params.constraint:
+                frame = msgspec.structs.replace(frame, params=msgspec.structs.replace(frame.params, constraint=lark))
         return texts_for(frame, self.m, self.n_ctx_slot, self.m.n_batch)
 
     def _compile(self, c: Constraint) -> Matcher:

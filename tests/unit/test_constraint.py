@@ -12,7 +12,7 @@ import llguidance
 import numpy as np
 import pytest
 
-from worker.constraint import ConstraintFailed, Constraints, Matcher
+from worker.constraint import ConstraintFailed, Constraints, Matcher, as_lark
 from worker.preparer import Preparer
 from worker.protocol import Constraint, Error, Frame, Generate, SamplingParams
 from worker.request import EmbedJob, Request, RequestRejected
@@ -202,3 +202,29 @@ def test_a_grammar_that_does_not_compile_is_an_error_frame_naming_it(constraints
 def test_without_a_compiler_a_constraint_is_unsupported() -> None:
     out = prepare(constrained(Constraint("gbnf", 'root ::= "a"', "grammar")), None)
     assert isinstance(out, Error) and out.code == "unsupported" and out.param == "grammar"
+
+
+def test_gbnf_becomes_lark_before_the_tokenize_stage(constraints: Constraints) -> None:
+    c = as_lark(Constraint("gbnf", 'root ::= "ab"', "grammar"))
+    assert c.kind == "lark" and c.param == "grammar"
+    m = constraints.matcher(c)
+    assert allowed(m) == {tok("a")}
+    other = Constraint("json_schema", "{}", "json_schema")
+    assert as_lark(other) is other
+    with pytest.raises(RequestRejected) as info:
+        as_lark(Constraint("gbnf", "root ::= nowhere", "grammar"))
+    assert info.value.param == "grammar"
+
+
+def test_the_render_stage_hands_gbnf_over_as_lark(constraints: Constraints) -> None:
+    seen: list[Constraint] = []
+
+    def compile_(c: Constraint) -> Matcher:
+        seen.append(c)
+        return constraints.matcher(c)
+
+    out = prepare(constrained(Constraint("gbnf", 'root ::= "a"', "grammar")), compile_)
+    assert isinstance(out, Request)
+    assert [c.kind for c in seen] == ["lark"]
+    out = prepare(constrained(Constraint("gbnf", "root ::= (((", "grammar")), compile_)
+    assert isinstance(out, Error) and out.param == "grammar"

@@ -182,3 +182,11 @@ def test_constraint_survives_the_wire() -> None:
     params = generation.chat_job(chat(response_format={"type": "json_object"}), "m").params
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=type(params))
     assert back.constraint == params.constraint
+
+
+def test_a_grammar_past_the_cap_is_a_400_naming_it() -> None:
+    ok = 'root ::= "a"' + " " * (structured.MAX_GRAMMAR_CHARS - 12)
+    assert structured.constraint(grammar=ok) is not None
+    with pytest.raises(InvalidRequest) as info:
+        structured.constraint(grammar=ok + " ")
+    assert info.value.param == "grammar"
