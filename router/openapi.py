@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from router import schemas
+from router import native_schemas, schemas
 
 
 class ErrorDetail(msgspec.Struct):
@@ -30,6 +30,21 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
+class NativeErrorDetail(msgspec.Struct):
+    code: int  # the HTTP status, as llama-server writes it
+    message: str
+    type: str
+    param: str | None = None  # Corral's addition: the parameter to fix
+    n_prompt_tokens: int | None = None  # exceed_context_size_error only
+    n_ctx: int | None = None
+
+
+class NativeErrorBody(msgspec.Struct):
+    """Every error on llama-server's own routes (router/errors.py, native_envelope)."""
+
+    error: NativeErrorDetail
+
+
 @dataclass(frozen=True)
 class Operation:
     method: str
@@ -38,6 +53,7 @@ class Operation:
     body: type[msgspec.Struct] | None = None
     streams: bool = False  # may answer text/event-stream (when the body asks to stream)
     path_params: tuple[str, ...] = ()
+    native: bool = False  # llama-server's route: its error shape, not OpenAI's
 
 
 # Each route is listed once, with its /v1 prefix; the same route answers without it.
@@ -47,7 +63,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/embeddings", "Embeddings", schemas.EmbeddingRequest),
     Operation("get", "/v1/models", "List the configured models"),
     Operation("get", "/v1/models/{model}", "One model, by name or alias", path_params=("model",)),
-    Operation("post", "/tokenize", "Tokenize a text (llama-server's route)", schemas.TokenizeRequest),
+    Operation("post", "/completion", "llama-server's completion", native_schemas.NativeCompletionRequest,
+              streams=True, native=True),
+    Operation("post", "/tokenize", "Tokenize a text (llama-server's route)", schemas.TokenizeRequest, native=True),
+    Operation("post", "/detokenize", "Token ids to text (llama-server's route)", native_schemas.DetokenizeRequest,
+              native=True),
+    Operation("post", "/apply-template", "Render a chat with the model's template (llama-server's route)",
+              native_schemas.ApplyTemplateRequest, native=True),
 )
 
 _REF = "#/components/schemas/{name}"
@@ -55,11 +77,12 @@ _REF = "#/components/schemas/{name}"
 
 def document(version: str = "0.1.0") -> dict[str, Any]:
     bodies = [op.body for op in OPERATIONS if op.body is not None]
-    refs, components = msgspec.json.schema_components([*bodies, ErrorBody], ref_template=_REF)
-    by_type = dict(zip([*bodies, ErrorBody], refs))
-    error = {"application/json": {"schema": by_type[ErrorBody]}}
+    kinds = [*bodies, ErrorBody, NativeErrorBody]
+    refs, components = msgspec.json.schema_components(kinds, ref_template=_REF)
+    by_type = dict(zip(kinds, refs))
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
+        error = {"application/json": {"schema": by_type[NativeErrorBody if op.native else ErrorBody]}}
         ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if op.streams:
             ok["text/event-stream"] = {"schema": {"type": "string"}}
@@ -68,7 +91,7 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
             "responses": {
                 "200": {"description": "Success", "content": ok},
-                "4XX": {"description": "A client error, in OpenAI's error JSON", "content": error},
+                "4XX": {"description": "A client error, in the route's error JSON", "content": error},
                 "5XX": {"description": "A server or worker error, in the same JSON", "content": error},
             },
         }

@@ -43,6 +43,7 @@ slots = 4
 n_ctx = {N_CTX}
 n_batch = 256
 chat_template = "gemma"
+tool_format = "generic"
 """
 
 WORDS = (

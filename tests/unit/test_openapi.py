@@ -33,10 +33,13 @@ def test_ignored_fields_are_in_the_chat_schema_and_the_description() -> None:
 def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
     doc = openapi.document()
     assert _schema(doc, "ErrorDetail")["required"] == ["message", "type", "param", "code"]
+    native = {op.path for op in openapi.OPERATIONS if op.native}
+    assert {"/completion", "/tokenize", "/detokenize", "/apply-template"} <= native
     for path, methods in doc["paths"].items():  # type: ignore[attr-defined]
         for op in methods.values():
             ref = op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"]
-            assert ref == "#/components/schemas/ErrorBody", path
+            want = "NativeErrorBody" if path in native else "ErrorBody"
+            assert ref == f"#/components/schemas/{want}", path
 
 
 def test_the_error_schema_matches_what_the_router_sends() -> None:
@@ -44,3 +47,7 @@ def test_the_error_schema_matches_what_the_router_sends() -> None:
 
     body = msgspec.json.encode(envelope("m", "invalid_request_error", None, None))
     msgspec.json.decode(body, type=openapi.ErrorBody)  # raises if the shapes drift apart
+    from router.errors import native_envelope
+
+    native = msgspec.json.encode(native_envelope(400, "m", "prompt"))
+    assert msgspec.json.decode(native, type=openapi.NativeErrorBody).error.code == 400
