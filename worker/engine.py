@@ -81,7 +81,7 @@ def _pending(slot: Slot[Request]) -> int:
 
 
 class Engine:
-    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False) -> None:
+    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False, swa_full: bool = True) -> None:
         self.m = m
         self.emit = emit
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
@@ -95,6 +95,7 @@ class Engine:
         # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
         # evaluation of their prompt, and what prefix reuse saves.
         self.prompt_tokens_decoded = 0
+        self.swa_full = swa_full  # whether a sibling may copy cells from any slot (siblings.py)
         self.batch = BatchBuffer(m.n_batch)
         self._clock = 0
         # Set when a request was preempted for KV space; cleared when any request finishes.
@@ -242,7 +243,7 @@ class Engine:
             prefilling = (
                 leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0
             )
-            start = sibling_start(prefilling, self.slots, slot, req.tokens)
+            start = sibling_start(prefilling, self.slots, slot, req.tokens, may_copy=self.swa_full)
         if isinstance(start, Join):
             # Its cells come from the leader once the prompt is decoded (_join).
             llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)

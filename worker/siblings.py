@@ -44,12 +44,22 @@ SiblingStart = Union[Join, CopyPrefix[R], None]
 
 
 def sibling_start(
-    leader_prefilling: bool, slots: Sequence[Slot[R]], chosen: Slot[R], prompt: Sequence[int]
+    leader_prefilling: bool,
+    slots: Sequence[Slot[R]],
+    chosen: Slot[R],
+    prompt: Sequence[int],
+    may_copy: bool = True,
 ) -> SiblingStart[R]:
     """How a sibling admitted into `chosen` starts. `leader_prefilling`: its leader holds a
-    slot and has not sampled its first token (so its prompt logits are still to come)."""
+    slot and has not sampled its first token (so its prompt logits are still to come).
+    `may_copy`: another slot's cells are whole (the KV cache keeps the full history of
+    sliding-window layers, swa_full); otherwise a slot far past the prompt may have
+    dropped the window cells a copy would need, and only Join (the same cells the leader
+    itself goes on from) is safe."""
     if leader_prefilling:
         return Join()
+    if not may_copy:
+        return None
     own = reusable_prefix(chosen.cache, prompt)
     best: Slot[R] | None = None
     best_n = own

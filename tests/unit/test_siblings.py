@@ -37,6 +37,13 @@ def test_a_late_sibling_copies_the_longest_cached_prefix_from_any_slot() -> None
     assert start == CopyPrefix(leader, len(PROMPT) - 1)
 
 
+def test_without_whole_sliding_window_history_a_late_sibling_copies_nothing() -> None:
+    leader = slot(0, PROMPT + [9, 9], req=Req("leader", 8))
+    chosen = slot(1)
+    assert sibling_start(False, [leader, chosen], chosen, PROMPT, may_copy=False) is None
+    assert sibling_start(True, [leader, chosen], chosen, PROMPT, may_copy=False) == Join()
+
+
 def test_a_late_sibling_prefills_when_its_own_slot_holds_as_much() -> None:
     chosen = slot(1, PROMPT)
     assert sibling_start(False, [slot(0, PROMPT[:2]), chosen], chosen, PROMPT) is None
