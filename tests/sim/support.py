@@ -28,6 +28,16 @@ def sim_supervisor(
     return Supervisor(config, launcher=launcher, cores=cores), launcher
 
 
+async def until_busy(handle: ModelHandle) -> None:
+    """Wait until the handle is READY with a request in flight. READY alone is not enough:
+    trio may run the waiter before the request's task has taken its lease, and a model
+    with nothing in flight unloads at once instead of draining."""
+    await until_state(handle, State.READY)
+    with trio.fail_after(86_400):
+        while handle.in_flight == 0:
+            await trio.sleep(0.01)
+
+
 async def until_state(handle: ModelHandle, *states: State) -> float:
     """Wait (on the virtual clock) until the handle is in one of `states`; returns when.
     A state that never comes fails after a virtual day instead of hanging the suite."""

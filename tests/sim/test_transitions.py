@@ -16,7 +16,7 @@ from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.lifecycle import TRANSITIONS, State, check
 from supervisor.supervisor import Supervisor
 from tests.harness import make_config, running
-from tests.sim.support import complete, sim_supervisor, until_state
+from tests.sim.support import complete, sim_supervisor, until_busy, until_state
 from tests.behaviour import Behaviour
 
 S = State
@@ -88,7 +88,7 @@ async def unload_with_a_request_in_flight(tmp_path: Path) -> None:
     async with running(sup):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(complete, sup, "a")
-            await until_state(sup.resolve("a"), S.READY)
+            await until_busy(sup.resolve("a"))
             sup.resolve("a").request_unload()
         await until_state(sup.resolve("a"), S.STOPPED)
 
@@ -100,7 +100,7 @@ async def reload_restores_a_draining_models_config(tmp_path: Path) -> None:
     async with running(sup):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(complete, sup, "a")
-            await until_state(sup.resolve("a"), S.READY)
+            await until_busy(sup.resolve("a"))
             sup.reload(make_config(tmp_path, {"a": {"slots": 2}}))
             await until_state(sup.resolve("a"), S.DRAINING)
             sup.reload(make_config(tmp_path, models))
@@ -115,7 +115,7 @@ async def worker_dies_while_draining(tmp_path: Path) -> None:
     async with running(sup):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(expect_crash, sup)
-            await until_state(sup.resolve("a"), S.READY)
+            await until_busy(sup.resolve("a"))
             sup.resolve("a").request_unload()
         await until_state(sup.resolve("a"), S.STOPPED)
 
