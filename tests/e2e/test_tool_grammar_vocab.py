@@ -61,7 +61,7 @@ PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     ("fmt", "parallel", "text"),
     [
         ("generic", False, '{"tool_calls": [' + PARIS + "]}"),
-        ("generic", True, '{"tool_calls":[' + PARIS + ',{"name":"now","arguments":{}}]}'),
+        ("generic", True, '{"tool_calls": [' + PARIS + ', {"name": "now", "arguments": {}}]}'),
         ("hermes", False, "<tool_call>\n" + PARIS + "\n</tool_call>"),
         ("hermes", True, "<tool_call>\n" + PARIS + "\n</tool_call>\n<tool_call>\n" + PARIS + "\n</tool_call>"),
         ("mistral", True, "[TOOL_CALLS][" + PARIS + ", " + PARIS + "]"),
@@ -78,6 +78,9 @@ def test_a_valid_call_is_accepted(tokenizer: llguidance.LLTokenizer, fmt: ToolFo
         ("generic", False, '{"tool_calls": [{"name": "get_weather", "arguments": {"town": "Paris"}}]}'),  # schema
         ("generic", False, '{"tool_calls": [' + PARIS + ", " + PARIS + "]}"),  # two calls, parallel off
         ("generic", False, '{"tool_calls": [{"name": "delete_all", "arguments": {}}]}'),  # undeclared function
+        # Free whitespace: a forced call is laid out compactly (JSON_LAYOUT), or a small
+        # model pads it with newlines until max_tokens.
+        ("generic", False, '{"tool_calls":[\n' + PARIS + "]}"),
         ("hermes", False, "Sure! <tool_call>\n" + PARIS + "\n</tool_call>"),  # text instead of a call
         ("hermes", False, "<tool_call>\n" + PARIS + "\n</tool_call>\n<tool_call>\n" + PARIS + "\n</tool_call>"),
         ("mistral", False, "[TOOL_CALLS][" + PARIS + ", " + PARIS + "]"),
