@@ -36,7 +36,7 @@ import msgspec
 from worker.batch import BatchBuffer
 from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
 from worker.embeddings import embed
-from worker.logprobs import StepLogits, apply_bias, token_logprob
+from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
 from worker.preparer import Preparer, Work
 from worker.protocol import (
@@ -354,21 +354,25 @@ class Engine:
         f.follows = None
 
     def _sample(self, req: Request, batch_index: int, logits: StepLogits, events: list[TokenEvent]) -> None:
-        """Sample `req`'s next token at `batch_index`: its logit_bias goes into the logits
-        buffer first, and its logprobs come from that same buffer."""
+        """Sample `req`'s next token at `batch_index`: its bias and grammar mask edit the
+        logits buffer first, and its logprobs come from that same buffer. A request that
+        does none of these, at an index no other choice shares, leaves the buffer alone."""
         assert req.sampler is not None
-        view = logits.fresh(batch_index)
-        apply_bias(view, req.params.logit_bias)
-        try:
-            # The grammar's mask goes last, so that no bias can lift a token it forbids.
-            for a in req.logit_adjustments():
-                a.apply(view)
-        except Exception as exc:  # costs this request only, never the step
-            self._constraint_failed(req, exc)
-            return
+        edits = req.logit_adjustments()
+        wants_logprobs = req.logprobs is not None and req.params.logprobs is not None
+        view = None
+        if edits or wants_logprobs or logits.shared(batch_index):
+            view = logits.fresh(batch_index)
+            try:
+                for a in edits:
+                    a.apply(view)
+            except Exception as exc:  # costs this request only, never the step
+                self._constraint_failed(req, exc)
+                return
         tok = req.sampler.sample(self.m.ctx, batch_index)
         lp = None
-        if req.logprobs is not None and req.params.logprobs is not None:
+        if wants_logprobs and view is not None:
+            assert req.params.logprobs is not None
             lp = token_logprob(view, tok, req.params.logprobs, self.m.piece)
         self._accept(req, tok, events, lp)
 

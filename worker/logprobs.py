@@ -1,5 +1,5 @@
 """The logits a request samples from: logit_bias applied in place, and logprobs read from
-the very same buffer.
+the very same buffer (the edits themselves are worker/logits.py's).
 
 llama.cpp's samplers read the logits through `llama_get_logits_ith`, which hands out a
 writable pointer into the context's output buffer. Editing that buffer before the chain
@@ -25,23 +25,8 @@ from typing import Callable
 import llama_cpp
 import numpy as np
 
+from worker.logits import logits_at
 from worker.protocol import TokenLogprob, TopLogprob
-
-
-def logits_at(ctx: llama_cpp.llama_context_p, batch_index: int, n_vocab: int) -> np.ndarray:
-    """A writable view of the logits at `batch_index`, valid until the next decode. The
-    caller guarantees that the batch entry had its logits flag set."""
-    ptr = llama_cpp.llama_get_logits_ith(ctx, batch_index)
-    return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
-
-
-def apply_bias(logits: np.ndarray, bias: dict[int, float]) -> None:
-    """Add OpenAI's logit_bias in place. The preparing thread has checked every id against
-    the vocabulary; a value of -100 all but bans a token, as OpenAI documents."""
-    if not bias:
-        return
-    ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-    logits[ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
 
 
 def log_softmax_at(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
@@ -86,6 +71,10 @@ class StepLogits:
     def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int, shared: set[int]) -> None:
         self._ctx, self._n_vocab, self._shared = ctx, n_vocab, shared
         self._pristine: dict[int, np.ndarray] = {}
+
+    def shared(self, batch_index: int) -> bool:
+        """Whether several choices sample at `batch_index`."""
+        return batch_index in self._shared
 
     def fresh(self, batch_index: int) -> np.ndarray:
         """The logits at `batch_index` as the decode left them, writable in place."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from worker.logits import LogitBias, LogitsAdjustment
 from worker.logprobs import LogprobQueue
 from worker.protocol import ErrorCode, SamplingParams
 from worker.sampling import SamplerChain
@@ -20,7 +21,6 @@ from worker.stops import StopMatcher
 
 if TYPE_CHECKING:  # worker.constraint imports this module for RequestRejected
     from worker.constraint import Matcher
-    from worker.logits import LogitsAdjustment
 
 
 @dataclass(eq=False)
@@ -62,6 +62,7 @@ class Request:
         self.tokens = list(self.prompt)
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs = LogprobQueue()
+        self._bias = LogitBias(self.params.logit_bias) if self.params.logit_bias else None
 
     def siblings(self) -> list[Request]:
         """Choices 1 .. n-1 of this request (choice 0): the same prompt and parameters,
@@ -84,9 +85,15 @@ class Request:
         return out
 
     def logit_adjustments(self) -> list[LogitsAdjustment]:
-        """What edits this request's logits before each sample (worker/logits.py), in order;
-        the grammar's mask comes last, so that nothing can lift a token it forbids."""
-        return [] if self.matcher is None else [self.matcher]
+        """What edits this request's logits before each sample (worker/logits.py), in order:
+        its logit_bias, then the grammar's mask, so that no bias can lift a token the
+        grammar forbids."""
+        edits: list[LogitsAdjustment] = []
+        if self._bias is not None:
+            edits.append(self._bias)
+        if self.matcher is not None:
+            edits.append(self.matcher)
+        return edits
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from worker.logprobs import LogprobQueue, apply_bias, log_softmax_at, token_logprob
+from worker.logits import LogitBias
+from worker.logprobs import LogprobQueue, log_softmax_at, token_logprob
 from worker.protocol import TokenLogprob
 
 
@@ -40,10 +41,10 @@ def test_the_log_softmax_survives_huge_logits_and_banned_tokens() -> None:
 
 def test_bias_is_added_in_place_and_changes_the_argmax() -> None:
     logits = np.array([0.0, 5.0, 4.0], dtype=np.float32)
-    apply_bias(logits, {1: -100.0, 2: 0.5})
+    LogitBias({1: -100.0, 2: 0.5}).apply(logits)
     assert logits.tolist() == [0.0, -95.0, 4.5]
     assert int(np.argmax(logits)) == 2
-    apply_bias(logits, {})
+    LogitBias({}).apply(logits)
     assert logits.tolist() == [0.0, -95.0, 4.5]
 
 
