@@ -200,10 +200,14 @@ def client_factory():
 
 def test_fake_worker_speaks_the_protocol(client_factory, start_log: StartLog) -> None:
     spec = WorkerSpec(name="m", path="/dummy", slots=2, n_ctx=64)
-    c = client_factory(spec)
-    c.send(Ping(seq=1))  # answered while it loads
+    # A ping sent while it loads is answered before Ready. With no load delay the answer
+    # raced Ready and came after it (a CI run failed on that), so the load takes a second here
+    # and the ping goes out once loading has begun.
+    c = client_factory(spec, {"FAKE_LOAD_DELAY": "1"})
+    assert c.recv() == Loading(progress=0.0)
+    c.send(Ping(seq=1))
     before, ready = c.until_ready()
-    assert Pong(seq=1) in before
+    assert before[0] == Pong(seq=1)
     assert [f for f in before if isinstance(f, Loading)][-1] == Loading(progress=1.0)
     assert (ready.n_ctx, ready.n_ctx_slot, ready.slots, ready.embeddings) == (64, 64, 2, False)
     assert start_log.entries() == [("m", c.proc.pid)]
