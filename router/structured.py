@@ -11,7 +11,7 @@ Three parameters can ask for one:
 At most one of them may constrain a request: two would be two grammars for one output, and
 llama-server too refuses json_schema with grammar. The worker compiles what this returns and
 answers 400 naming the same parameter when it does not compile (worker/constraint.py), so
-nothing here parses a schema or a grammar.
+nothing here parses a grammar; a schema is only walked, to narrow it.
 
 Pure: no I/O, tested without a model.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from router.schema_rewrite import SchemaTooDeep, narrowed
 from router.schemas import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema
 from supervisor.errors import InvalidRequest
 from worker.protocol import Constraint
@@ -64,4 +65,10 @@ def constraint(
 
 
 def _schema(schema: dict[str, Any], param: str) -> Constraint:
+    """A JSON schema constraint, narrowed as llama-server narrows it: objects closed to
+    undeclared keys, integers bounded (router/schema_rewrite.py)."""
+    try:
+        schema = narrowed(schema)
+    except SchemaTooDeep as exc:
+        raise InvalidRequest(f"Invalid '{param}': {exc}.", param) from None
     return Constraint(kind="json_schema", source=msgspec.json.encode(schema).decode(), param=param)

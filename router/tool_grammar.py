@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from router.schema_rewrite import SchemaTooDeep, narrowed, relocated
+from supervisor.errors import InvalidRequest
 from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
 from worker.protocol import JSON_LAYOUT, Constraint, ToolFormat
 
@@ -19,18 +21,26 @@ _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
-    """A tool's parameters schema; a function that declares none takes any object."""
+    """A tool's parameters schema as sent; a function that declares none takes any object."""
     params = tool["function"].get("parameters")
     return params if isinstance(params, dict) and params else _ANY_OBJECT
 
 
-def call_schema(tool: dict[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
-    """The JSON schema of one call to `tool`: its name, and arguments matching its schema."""
+def call_schema(tool: dict[str, Any], arguments_key: str = "arguments", at: str = "") -> dict[str, Any]:
+    """The JSON schema of one call to `tool`: its name, and arguments matching its schema,
+    narrowed as structured output is (router/schema_rewrite.py). `at` is where this
+    schema sits in the grammar's JSON document: the arguments' local `$ref`s are rewritten
+    to point there."""
+    try:
+        arguments = relocated(narrowed(parameters_of(tool)), f"{at}/properties/{arguments_key}")
+    except SchemaTooDeep as exc:
+        name = tool["function"]["name"]
+        raise InvalidRequest(f"Invalid 'tools': the parameters of {name!r}: {exc}.", "tools") from None
     return {
         "type": "object",
         "properties": {
             "name": {"const": tool["function"]["name"]},
-            arguments_key: parameters_of(tool),
+            arguments_key: arguments,
         },
         "required": ["name", arguments_key],
         "additionalProperties": False,
@@ -72,7 +82,12 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
         more = ' (", " call_json)*' if parallel else ""
         rules = [f'start: {_lark_string(MISTRAL_PREFIX + "[")} call_json{more} "]"', *_alternatives(tools, "arguments")]
     else:
-        items: dict[str, Any] = {"anyOf": [call_schema(t) for t in tools]} if len(tools) > 1 else call_schema(tools[0])
+        at = "/properties/tool_calls/items"
+        items: dict[str, Any] = (
+            {"anyOf": [call_schema(t, at=f"{at}/anyOf/{i}") for i, t in enumerate(tools)]}
+            if len(tools) > 1
+            else call_schema(tools[0], at=at)
+        )
         calls: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
         if not parallel:
             calls["maxItems"] = 1

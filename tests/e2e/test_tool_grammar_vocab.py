@@ -28,6 +28,19 @@ TOOLS: list[dict[str, Any]] = [
         },
     },
     {"type": "function", "function": {"name": "now"}},
+    # What pydantic writes for a nested model: a local $ref into the schema's own $defs.
+    {
+        "type": "function",
+        "function": {
+            "name": "book",
+            "parameters": {
+                "type": "object",
+                "properties": {"place": {"$ref": "#/$defs/Place"}},
+                "required": ["place"],
+                "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+            },
+        },
+    },
 ]
 
 
@@ -48,13 +61,18 @@ def tokenizer() -> Iterator[llguidance.LLTokenizer]:
     llama_cpp.llama_model_free(model)
 
 
-def accepts(tok: llguidance.LLTokenizer, fmt: ToolFormat, parallel: bool, text: str) -> bool:
-    matcher = llguidance.LLMatcher(tok, llguidance.grammar_from("lark", tool_choice_grammar(fmt, TOOLS, parallel)))
+def accepts(
+    tok: llguidance.LLTokenizer, fmt: ToolFormat, parallel: bool, text: str, tools: list[dict[str, Any]] = TOOLS
+) -> bool:
+    grammar = llguidance.grammar_from("lark", tool_choice_grammar(fmt, tools, parallel))
+    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+    matcher = llguidance.LLMatcher(tok, grammar)
     ok = matcher.consume_tokens(tok.tokenize_str(text))
     return ok and not matcher.is_error() and matcher.is_accepting()
 
 
 PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+BOOK = '{"name": "book", "arguments": {"place": {"city": "Paris"}}}'
 
 
 @pytest.mark.parametrize(
@@ -66,6 +84,13 @@ PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
         ("hermes", True, "<tool_call>\n" + PARIS + "\n</tool_call>\n<tool_call>\n" + PARIS + "\n</tool_call>"),
         ("mistral", True, "[TOOL_CALLS][" + PARIS + ", " + PARIS + "]"),
         ("llama3", False, '{"name": "now", "parameters": {}}'),
+        # a function that declares no parameters takes any object
+        ("generic", False, '{"tool_calls": [{"name": "now", "arguments": {"any": 1}}]}'),
+        # a $ref into the parameters' own $defs, wherever the format puts the arguments
+        ("generic", False, '{"tool_calls": [' + BOOK + "]}"),
+        ("hermes", False, "<tool_call>\n" + BOOK + "\n</tool_call>"),
+        ("mistral", False, "[TOOL_CALLS][" + BOOK + "]"),
+        ("llama3", False, '{"name": "book", "parameters": {"place": {"city": "Paris"}}}'),
     ],
 )
 def test_a_valid_call_is_accepted(tokenizer: llguidance.LLTokenizer, fmt: ToolFormat, parallel: bool, text: str) -> None:
@@ -85,7 +110,17 @@ def test_a_valid_call_is_accepted(tokenizer: llguidance.LLTokenizer, fmt: ToolFo
         ("hermes", False, "<tool_call>\n" + PARIS + "\n</tool_call>\n<tool_call>\n" + PARIS + "\n</tool_call>"),
         ("mistral", False, "[TOOL_CALLS][" + PARIS + ", " + PARIS + "]"),
         ("llama3", False, '{"name": "get_weather", "parameters": {}}'),  # required city missing
+        # keys the parameters do not declare, as llama-server refuses them (schema_rewrite)
+        ("generic", False, '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]}'),
+        ("hermes", False, '<tool_call>\n{"name": "book", "arguments": {"place": {"city": "Paris", "zip": 1}}}\n</tool_call>'),
+        ("mistral", False, '[TOOL_CALLS][{"name": "book", "arguments": {"place": {"city": 5}}}]'),  # the $def's type
     ],
 )
 def test_an_invalid_call_is_refused(tokenizer: llguidance.LLTokenizer, fmt: ToolFormat, parallel: bool, text: str) -> None:
     assert not accepts(tokenizer, fmt, parallel, text)
+
+
+def test_a_lone_tool_with_refs_in_the_generic_format(tokenizer: llguidance.LLTokenizer) -> None:
+    # One tool is not wrapped in anyOf: its arguments sit at another place in the document.
+    assert accepts(tokenizer, "generic", False, '{"tool_calls": [' + BOOK + "]}", TOOLS[2:])
+    assert not accepts(tokenizer, "generic", False, '{"tool_calls": [{"name": "book", "arguments": {"place": {}}}]}', TOOLS[2:])

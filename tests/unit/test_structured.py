@@ -28,6 +28,9 @@ def completion(**fields: Any) -> s.CompletionRequest:
 
 
 SCHEMA = {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}
+# What the worker is sent for SCHEMA: its object closed to undeclared keys, as llama-server
+# closes it (router/schema_rewrite.py).
+SENT = {**SCHEMA, "additionalProperties": False}
 
 
 # ---- decoding response_format -------------------------------------------------------------------
@@ -100,11 +103,12 @@ def test_json_object_is_the_any_object_schema() -> None:
     assert c == Constraint(kind="json_schema", source='{"type":"object"}', param="response_format")
 
 
-def test_json_schema_format_carries_its_schema() -> None:
+def test_json_schema_format_carries_its_schema_closed() -> None:
     fmt = s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n", schema=SCHEMA))
     c = structured.constraint(fmt)
     assert c is not None and c.kind == "json_schema" and c.param == "response_format"
-    assert json.loads(c.source) == SCHEMA
+    assert json.loads(c.source) == SENT
+    assert "additionalProperties" not in SCHEMA  # the client's schema is left as it sent it
 
 
 def test_json_schema_format_without_a_schema_is_any_object() -> None:
@@ -114,7 +118,7 @@ def test_json_schema_format_without_a_schema_is_any_object() -> None:
 
 def test_json_schema_extension() -> None:
     c = structured.constraint(json_schema=SCHEMA)
-    assert c is not None and c.param == "json_schema" and json.loads(c.source) == SCHEMA
+    assert c is not None and c.param == "json_schema" and json.loads(c.source) == SENT
 
 
 def test_grammar_extension_is_gbnf() -> None:
@@ -157,7 +161,7 @@ def test_text_format_with_a_grammar_is_the_grammar() -> None:
 def test_chat_job_carries_the_constraint() -> None:
     job = generation.chat_job(chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}), "m")
     c = job.params.constraint
-    assert c is not None and c.param == "response_format" and json.loads(c.source) == SCHEMA
+    assert c is not None and c.param == "response_format" and json.loads(c.source) == SENT
 
 
 def test_chat_job_without_structured_output_has_none() -> None:
@@ -190,3 +194,16 @@ def test_a_grammar_past_the_cap_is_a_400_naming_it() -> None:
     with pytest.raises(InvalidRequest) as info:
         structured.constraint(grammar=ok + " ")
     assert info.value.param == "grammar"
+
+
+def test_a_schema_nested_past_the_walk_limit_is_a_400_naming_it() -> None:
+    deep: dict[str, Any] = {"type": "integer"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}}
+    for kw, param in (({"json_schema": deep}), "json_schema"), (
+        {"response_format": s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n", schema=deep))},
+        "response_format",
+    ):
+        with pytest.raises(InvalidRequest) as info:
+            structured.constraint(**kw)
+        assert info.value.param == param and "nested" in str(info.value)
