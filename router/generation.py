@@ -80,7 +80,7 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
         stream=r.stream,
         include_usage=_include_usage(r),
         tools=tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
-        template_kwargs=r.chat_template_kwargs,
+        template_kwargs=schemas.chat_template_kwargs(r.chat_template_kwargs),
         n=r.n,
     )
 

@@ -84,8 +84,15 @@ class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ApplyTemplateRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """What shapes a chat's prompt, as llama-server's /apply-template reads it from a chat
+    body: the messages, the tools offered and the extra template variables."""
+
     messages: list[dict[str, Any]]
     model: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class SlotsQuery(msgspec.Struct, forbid_unknown_fields=True):

@@ -398,6 +398,25 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
     return out
 
 
+# Template variables the worker sets from the request itself; chat_template_kwargs may not
+# set them too (a second `messages` broke rendering, and `tools` passed the template a
+# value the request never offered).
+TEMPLATE_OWN_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def chat_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The request's extra chat template variables, without the ones Corral sets itself."""
+    for key in TEMPLATE_OWN_VARIABLES:
+        if kwargs is not None and key in kwargs:
+            raise InvalidRequest(
+                f"Invalid 'chat_template_kwargs.{key}': Corral sets this template variable from the "
+                f"request itself ({', '.join(TEMPLATE_OWN_VARIABLES)}); send messages and tools as "
+                "their own parameters.",
+                f"chat_template_kwargs.{key}",
+            )
+    return kwargs
+
+
 def completion_prompts(r: CompletionRequest) -> list[Prompt]:
     """The request's prompts: each gives n choices (choice index = prompt index * n + j)."""
     prompts = prompt_list(r.prompt, "prompt")

@@ -226,9 +226,17 @@ class WorkerConnection:
         reply = await self._call(lambda rid: Detokenize(id=rid, tokens=tokens))
         return _expect(reply, DetokenizeResult).content
 
-    async def render(self, messages: list[ChatMessage]) -> str:
-        """The messages rendered by the model's chat template, generation prompt included."""
-        reply = await self._call(lambda rid: Render(id=rid, messages=messages))
+    async def render(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The messages rendered by the model's chat template, generation prompt included,
+        as a chat request with these tools and template variables would have them."""
+        reply = await self._call(
+            lambda rid: Render(id=rid, messages=messages, tools=tools, template_kwargs=template_kwargs)
+        )
         return _expect(reply, Rendered).prompt
 
     async def slots(self) -> list[SlotState]:

@@ -78,8 +78,15 @@ def describe(c: Constraint) -> str:
     return {"json_schema": "JSON schema", "lark": "grammar", "gbnf": "GBNF grammar"}[c.kind]
 
 
+# llguidance marks some errors for its own logs; a client has no use for the marker.
+_LOG_MARKER = "<non-verbose/>"
+NOTHING_ALLOWED = "the grammar allows no token here"
+
+
 def _short(message: str) -> str:
-    message = " ".join(message.split())
+    message = " ".join(message.replace(_LOG_MARKER, "").split())
+    if message == "NoExtensionBias":  # llguidance's name for a mask with nothing in it
+        return NOTHING_ALLOWED
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
@@ -108,7 +115,7 @@ class Matcher:
         if not self._words.any():
             # Nothing allowed, not even EOS: llama.cpp's dist sampler over all -inf is
             # undefined, so this ends the request instead.
-            raise ConstraintFailed("the grammar allows no token here")
+            raise ConstraintFailed(NOTHING_ALLOWED)
         # One bit per token, lowest bit first; unpacking and a masked copy take about
         # 0.2 ms on 262k logits (boolean indexing or putmask take 0.25 ms or more).
         allowed = np.unpackbits(self._words.view(np.uint8), count=len(logits), bitorder="little").view(bool)

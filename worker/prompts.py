@@ -20,7 +20,7 @@ Pure logic over the `TextModel` protocol, so it is tested with a fake tokenizer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, Union
+from typing import Any, Callable, Protocol, Sequence, Union
 
 from worker import chat_formats
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
@@ -168,25 +168,12 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
     in_reasoning = False
     if g.messages is None:
         text = g.prompt or ""
-    elif m.template is None:
-        raise RequestRejected(
-            "unsupported",
-            "this model has no chat template; set chat_template in its config or use "
-            "/v1/completions",
-            "messages",
-        )
     else:
-        fmt = m.template.format
-        if g.tools and fmt.tools is None:
-            raise RequestRejected(
-                "unsupported",
-                "this model's built-in chat template cannot take tools; set tool_format = "
-                '"generic" or a Jinja chat_template in its config',
-                "tools",
-            )
+        template = _chat_template(m, g.tools)
+        fmt = template.format
         bound = m.max_token_bytes()
         try:
-            text = m.template.render(g.messages, limit.most * bound if bound else None, g.tools, g.template_kwargs)
+            text = template.render(g.messages, limit.most * bound if bound else None, g.tools, g.template_kwargs)
         except TemplateTooLong as exc:
             raise limit.refuse(fewest_tokens(exc.n_bytes, bound), at_least=True) from None
         except TemplateError as exc:
@@ -317,15 +304,30 @@ def detokenize_texts(d: Detokenize, m: VocabModel) -> Texts:
     return Texts([], lambda _: DetokenizeResult(id=d.id, content=m.detokenize(d.tokens)))
 
 
+def _chat_template(m: TextModel, tools: list[dict[str, Any]] | None) -> ChatTemplate:
+    """The model's chat template, if it can render a chat with these tools."""
+    if m.template is None:
+        raise RequestRejected(
+            "unsupported",
+            "this model has no chat template; set chat_template in its config or use "
+            "/v1/completions",
+            "messages",
+        )
+    if tools and m.template.format.tools is None:
+        raise RequestRejected(
+            "unsupported",
+            "this model's built-in chat template cannot take tools; set tool_format = "
+            '"generic" or a Jinja chat_template in its config',
+            "tools",
+        )
+    return m.template
+
+
 def render_texts(r: Render, m: TextModel) -> Texts:
     """POST /apply-template: the chat template rendered here, in stage 1 (it holds the GIL);
     nothing is tokenized."""
-    if m.template is None:
-        raise RequestRejected(
-            "unsupported", "this model has no chat template; set chat_template in its config", "messages"
-        )
     try:
-        prompt = m.template.render(r.messages)
+        prompt = _chat_template(m, r.tools).render(r.messages, tools=r.tools, template_kwargs=r.template_kwargs)
     except TemplateError as exc:
         raise RequestRejected("invalid_request", f"chat template: {exc}", "messages") from None
     return Texts([], lambda _: Rendered(id=r.id, prompt=prompt))

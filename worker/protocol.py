@@ -218,10 +218,13 @@ class Detokenize(Frame):
 
 class Render(Frame):
     """Render messages with the model's chat template, generation prompt included
-    (llama-server's /apply-template); answered with Rendered."""
+    (llama-server's /apply-template); answered with Rendered. `tools` and
+    `template_kwargs` as in Generate: the prompt a chat request with them would get."""
 
     id: int
     messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
 
 
 class SlotsQuery(Frame):

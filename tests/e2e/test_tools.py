@@ -226,3 +226,36 @@ def test_assistant_prefill_is_continued(client: openai.OpenAI, server: Server) -
         timeout=60,
     )
     assert two.status_code == 400 and two.json()["error"]["param"] == "messages"
+
+
+def test_apply_template_with_tools_is_the_prompt_a_chat_with_them_gets(server: Server, client: openai.OpenAI) -> None:
+    # llama-server's /apply-template reads a chat body: tools shape the prompt too.
+    body = {"model": "tools", "messages": ASK, "tools": TOOLS}
+    r = httpx.post(server.url + "/apply-template", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert "get_weather" in prompt and "get_time" in prompt
+    plain = httpx.post(server.url + "/apply-template", json={"model": "tools", "messages": ASK}, timeout=60).json()["prompt"]
+    assert "get_weather" not in plain
+    # The same prompt, token for token, as the chat request's.
+    tokens = httpx.post(server.url + "/tokenize", json={"model": "tools", "content": prompt, "add_special": True}, timeout=60)
+    chat = client.chat.completions.create(model="tools", messages=ASK, tools=TOOLS, max_tokens=1)
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(tokens.json()["tokens"])
+    # tool_choice "none" offers none, as in a chat
+    none = httpx.post(server.url + "/apply-template", json={**body, "tool_choice": "none"}, timeout=60).json()["prompt"]
+    assert none == plain
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "plain", "messages": ASK, "tools": TOOLS}, "tools"),  # a built-in template without generic
+        ({"model": "tools", "messages": ASK, "tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"model": "tools", "messages": ASK, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+    ],
+)
+def test_apply_template_refuses_what_a_chat_refuses(server: Server, body: dict[str, Any], param: str) -> None:
+    r = httpx.post(server.url + "/apply-template", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param  # llama-server's error shape on its own route
+    assert r.json()["error"]["code"] == 400

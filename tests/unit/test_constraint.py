@@ -12,7 +12,7 @@ import llguidance
 import numpy as np
 import pytest
 
-from worker.constraint import ConstraintFailed, Constraints, Matcher, as_lark
+from worker.constraint import NOTHING_ALLOWED, ConstraintFailed, Constraints, Matcher, as_lark
 from worker.preparer import Preparer
 from worker.protocol import Constraint, Error, Frame, Generate, SamplingParams
 from worker.request import EmbedJob, Request, RequestRejected
@@ -99,6 +99,14 @@ def test_a_forbidden_token_fails_the_matcher(constraints: Constraints) -> None:
         m.consume(tok("z"))
     with pytest.raises(ConstraintFailed):  # and it stays failed: the engine ends the request
         m.apply(np.zeros(N_VOCAB, dtype=np.float32))
+
+
+def test_a_schema_with_no_finite_answer_fails_in_words_a_client_can_read(constraints: Constraints) -> None:
+    # {"$ref": "#"} compiles, but no JSON value matches it: the first mask is empty.
+    m = constraints.matcher(Constraint("json_schema", '{"$ref": "#"}', "response_format"))
+    with pytest.raises(ConstraintFailed) as info:
+        allowed(m)
+    assert str(info.value) == NOTHING_ALLOWED  # not llguidance's "NoExtensionBias <non-verbose/>"
 
 
 def test_json_schema_writes_compact_json_with_python_separators(constraints: Constraints) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from router import generation
 from router import schemas as s
 from router.tool_schemas import tool_request
 from supervisor.errors import InvalidRequest
@@ -105,3 +106,14 @@ def test_two_final_assistant_messages_are_refused() -> None:
 
 def test_chat_template_kwargs_are_accepted() -> None:
     assert chat(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("key", s.TEMPLATE_OWN_VARIABLES)
+def test_chat_template_kwargs_cannot_set_what_the_request_sets(key: str) -> None:
+    # A second `messages` broke rendering with a 400 naming messages; `tools` handed the
+    # template tools the request never offered.
+    with pytest.raises(InvalidRequest) as info:
+        generation.chat_job(chat(chat_template_kwargs={"enable_thinking": False, key: 1}), "m")
+    assert info.value.param == f"chat_template_kwargs.{key}"
+    job = generation.chat_job(chat(chat_template_kwargs={"enable_thinking": False}), "m")
+    assert job.template_kwargs == {"enable_thinking": False}
