@@ -4,14 +4,17 @@ Generate, Embed, Tokenize, Detokenize and Render frames come here first, and pas
 (worker/prompts.py says what each stage does):
 
 - **render** (normal priority) renders the chat template and refuses a text that is
-  certainly too long from its byte length; a GBNF constraint is converted to Lark here,
-  since the converter is Python (worker/constraint.as_lark). This work holds the GIL. A thread that holds the
-  GIL must not be starved of CPU, or the engine thread would wait on it: a priority
-  inversion that, at low priority, froze a stream for 13 steps on a 15 MB prompt.
+  certainly too long from its byte length. A request with a constraint (structured output)
+  has it compiled here (worker/constraint.py): a GBNF grammar converted to Lark, which is
+  Python, then compiled by llguidance, which builds its view of the vocabulary on a
+  model's first constrained request (seconds, most of it holding the GIL). A grammar that
+  does not compile is thus a 400 before the request can take a slot, and compiling never
+  runs on the step loop. All of this holds the GIL. A thread that holds the GIL must not be
+  starved of CPU, or the engine thread would wait on it: a priority inversion that, at low
+  priority, froze a stream for 13 steps on a 15 MB prompt, and for 14 s while the
+  vocabulary was built at nice +10 with both cores busy (the constrained request took 54 s).
 - **tokenize** (nice +`NICE`) runs llama.cpp's tokenizer, which drops the GIL, and checks
-  exact counts. A request with a constraint (structured output) has its grammar compiled
-  here too (worker/constraint.py), so that a grammar that does not compile is a 400 before
-  the request can take a slot, and compiling never stalls the step loop. On a machine whose cores the decode threads fill, tokenizing a long prompt
+  exact counts. On a machine whose cores the decode threads fill, tokenizing a long prompt
   then takes only the time that decoding leaves over, instead of stretching every decode
   step. Measured with the demo model: a 150 KB prompt stretched a running stream's step
   6.7 times at full priority, and 1.7 times at nice +10.
@@ -82,7 +85,8 @@ class Preparer:
         self._deliver = deliver  # the engine's inbox: thread-safe, never blocks
         self._emit = emit  # the link's writer: thread-safe, never blocks
         self._to_render: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
-        self._to_tokenize: queue.SimpleQueue[tuple[int, Texts] | None] = queue.SimpleQueue()
+        # Each request's texts, and its compiled constraint where it has one.
+        self._to_tokenize: queue.SimpleQueue[tuple[int, Texts, Matcher | None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pending: set[int] = set()
         self._cancelled: set[int] = set()
@@ -124,7 +128,10 @@ class Preparer:
             if self._dropped(frame.id):
                 continue
             try:
-                self._to_tokenize.put((frame.id, self._texts(frame)))
+                texts, frame = self._texts(frame)
+                constraint = frame.params.constraint if isinstance(frame, Generate) else None
+                matcher = self._compile(constraint) if constraint is not None else None
+                self._to_tokenize.put((frame.id, texts, matcher))
             except Exception as exc:
                 self._hand_over(frame.id, _error(frame.id, exc))
         self._to_tokenize.put(None)
@@ -135,18 +142,19 @@ class Preparer:
         except OSError as exc:  # not Linux, or a sandbox that forbids it: run at par
             log.warning("could not lower the tokenizing thread's priority: %s", exc)
         while (item := self._to_tokenize.get()) is not None:
-            rid, texts = item
+            rid, texts, matcher = item
             if self._dropped(rid):
                 continue
             try:
                 out: Prepared = texts.tokenize(self.m)
-                if isinstance(out, Request) and out.params.constraint is not None:
-                    out.matcher = self._compile(out.params.constraint)
+                if isinstance(out, Request):
+                    out.matcher = matcher
             except Exception as exc:
                 out = _error(rid, exc)
             self._hand_over(rid, out)
 
-    def _texts(self, frame: Work) -> Texts:
+    def _texts(self, frame: Work) -> tuple[Texts, Work]:
+        """Stage 1 of `frame`, and the frame as prepared (a GBNF constraint now Lark)."""
         if isinstance(frame, Generate) and self.embeddings:
             raise RequestRejected("unsupported", "this model serves embeddings only (embeddings = true)", "model")
         if isinstance(frame, Embed):
@@ -162,7 +170,7 @@ class Preparer:
             lark = as_lark(frame.params.constraint)
             if lark is not frame.params.constraint:
                 frame = msgspec.structs.replace(frame, params=msgspec.structs.replace(frame.params, constraint=lark))
-        return texts_for(frame, self.m, self.n_ctx_slot, self.m.n_batch)
+        return texts_for(frame, self.m, self.n_ctx_slot, self.m.n_batch), frame
 
     def _compile(self, c: Constraint) -> Matcher:
         if self._constrain is None:

@@ -10,8 +10,9 @@ import threading
 import pytest
 
 from worker.chat_template import ChatTemplate
-from worker.preparer import NICE, Preparer
-from worker.protocol import Embed, Error, Frame, Generate, SamplingParams, Tokenize, TokenizeResult
+from worker.constraint import Matcher
+from worker.preparer import NICE, Compile, Preparer
+from worker.protocol import Constraint, Embed, Error, Frame, Generate, SamplingParams, Tokenize, TokenizeResult
 from worker.request import EmbedJob, Request
 
 WAIT = 5.0
@@ -42,11 +43,11 @@ class GatedModel:
 
 
 class Harness:
-    def __init__(self, model: GatedModel, embeddings: bool = False) -> None:
+    def __init__(self, model: GatedModel, embeddings: bool = False, constrain: Compile | None = None) -> None:
         self.model = model
         self.delivered: queue.SimpleQueue[Request | EmbedJob] = queue.SimpleQueue()
         self.emitted: queue.SimpleQueue[Frame] = queue.SimpleQueue()
-        self.prep = Preparer(model, 4096, embeddings, self.delivered.put, self.emitted.put)
+        self.prep = Preparer(model, 4096, embeddings, self.delivered.put, self.emitted.put, constrain)
         self.prep.start()
 
     def settle(self) -> None:
@@ -176,3 +177,24 @@ def test_a_prompt_over_the_byte_bound_is_refused_before_the_tokenizing_thread() 
     assert isinstance(err, Error) and err.id == 2 and err.code == "context_length_exceeded"
     h.model.gate.set()
     assert h.delivered.get(timeout=WAIT).id == 1
+
+
+def test_constraints_compile_at_full_priority_and_ride_with_their_request() -> None:
+    """Compiling holds the GIL (a model's first constrained request builds llguidance's view
+    of the vocabulary: about 2 s of it). At nice +10 on a busy machine that froze the model's
+    streams for 14 s and took the request 54 s, so it runs on the render thread."""
+    compiled_on: list[int] = []
+    matcher = object()
+
+    def constrain(c: Constraint) -> Matcher:
+        compiled_on.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return matcher  # type: ignore[return-value]
+
+    h = Harness(GatedModel(), constrain=constrain)
+    c = Constraint(kind="json_schema", source="{}", param="response_format")
+    h.prep.submit(Generate(id=1, params=SamplingParams(max_tokens=3, constraint=c), prompt="x"))
+    h.prep.submit(generate(2, "y"))
+    first, second = h.delivered.get(timeout=WAIT), h.delivered.get(timeout=WAIT)
+    assert isinstance(first, Request) and isinstance(second, Request)
+    assert first.matcher is matcher and second.matcher is None
+    assert compiled_on == [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]
