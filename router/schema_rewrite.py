@@ -115,7 +115,8 @@ def narrowed(schema: dict[str, Any]) -> dict[str, Any]:
             isinstance(props, dict)
             and "additionalProperties" not in out
             and "patternProperties" not in out
-            and (not isinstance(required, list) or all(r in props for r in required))
+            # (a malformed `required` is the engine's to refuse: leave it open)
+            and (not isinstance(required, list) or all(isinstance(r, str) and r in props for r in required))
         ):
             out["additionalProperties"] = False
         if _is_integer(out):

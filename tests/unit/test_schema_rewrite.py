@@ -15,6 +15,8 @@ from typing import Any
 import jsonschema
 import llguidance
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.schema_rewrite import MAX_DEPTH, SAFE_INTEGER, SchemaTooDeep, narrowed, relocated
 
@@ -103,6 +105,25 @@ def test_integers_without_bounds_get_the_safe_integer_range(schema: dict[str, An
     assert out == {**schema, **bounds}
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {}, "required": [[1]]},
+        {"properties": {}, "required": [{"a": 1}]},
+        {"properties": [1]},
+        {"items": [True, 5, None]},
+        {"$defs": {"a": 5}},
+        {"type": [["integer"]]},
+        {"type": {"a": 1}},
+        {"anyOf": "x", "oneOf": 3},
+    ],
+)
+def test_malformed_schemas_pass_through_for_the_engine_to_refuse(schema: dict[str, Any]) -> None:
+    # A TypeError here would be a 500; llguidance names what is wrong with a 400 instead.
+    assert narrowed(schema) == schema
+    assert relocated(schema, "/x") == schema
+
+
 def test_data_in_const_enum_default_and_examples_is_left_as_sent() -> None:
     data = {"properties": {"p": 1}, "$ref": "#/x"}
     schema = {"type": "object", "properties": {"a": {"const": data, "enum": [data], "default": data, "examples": [data]}}}
@@ -188,3 +209,23 @@ def test_a_schema_past_the_depth_limit_raises_schema_too_deep(rewrite: Any) -> N
     for _ in range(MAX_DEPTH - 1):
         shallow = {"type": "array", "items": shallow}
     rewrite(shallow)  # just under the limit: rewritten
+
+
+KEYWORDS = ["type", "properties", "required", "items", "prefixItems", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+            "additionalProperties", "minimum", "maximum", "const", "enum", "not", "integer", "object"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.sampled_from(KEYWORDS + ["#", "#/a"]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(KEYWORDS), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(st.dictionaries(st.sampled_from(KEYWORDS), json_values, max_size=6))
+@settings(max_examples=400, deadline=None)
+def test_any_json_object_is_rewritten_without_error(schema: dict[str, Any]) -> None:
+    # Whatever a client sends as a schema, the rewrites return a dict (a TypeError would be
+    # a 500) and leave the client's copy alone.
+    before = copy.deepcopy(schema)
+    assert isinstance(narrowed(schema), dict)
+    assert isinstance(relocated(schema, "/properties/arguments"), dict)
+    assert schema == before
