@@ -1,7 +1,6 @@
 """Admin routes: what each model is doing, and load / unload / reset.
 
-These routes have no authentication yet: the server binds to 127.0.0.1 by default, and an
-admin key arrives with the security work.
+They need an admin key, or, with none configured, a client on loopback (router/auth.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, bodies, connections, metrics, native, openapi, schemas, sse
+from router import admin, auth, bodies, connections, cors, metrics, native, openapi, schemas, sse
 from router.errors import render, render_config_error, render_http, render_native, to_native
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
 from router.openai_format import Completion
@@ -45,6 +45,10 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     started = int(time.time())
+    # Preflights are answered before keys are checked: browsers send none with them.
+    cors.install(app, config.server.cors_origins)
+    auth.install(app, supervisor)
+    resolve = auth.scoped_resolve(supervisor)  # the models the request's key may use
 
     def json_response(obj: object, status: int = 200) -> Response:
         return Response(_json.encode(obj), status=status, content_type="application/json")
@@ -98,7 +102,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     @app.get("/v1/models")
     @app.get("/models")
     async def list_models() -> Response:
-        data = [model_entry(h) for h in supervisor.handles.values()]
+        data = [model_entry(h) for h in supervisor.handles.values() if auth.visible(h)]
         return json_response({"object": "list", "data": data})
 
     @app.get("/v1/models/<path:model>")
@@ -106,7 +110,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def retrieve_model(model: str) -> Response:
         """The openai client's `models.retrieve`: a name or an alias, answered with the
         model it names. Loads nothing."""
-        return json_response(model_entry(supervisor.resolve(model)))
+        return json_response(model_entry(resolve(model)))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
@@ -123,7 +127,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return await _generate(handle, completion_job(r, r.model or handle.name))
 
     def _generating_model(model: str | None) -> ModelHandle:
-        handle = supervisor.resolve(model)
+        handle = resolve(model)
         if handle.spec.embeddings:
             raise Unsupported(
                 f"The model `{model or handle.name}` serves embeddings only; use /v1/embeddings.", "model"
@@ -134,7 +138,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     @app.post("/embeddings")
     async def embeddings() -> Response:
         r: schemas.EmbeddingRequest = schemas.decode(await bodies.read_body(), schemas.EmbeddingRequest)
-        handle = supervisor.resolve(r.model)
+        handle = resolve(r.model)
         if not handle.spec.embeddings:
             raise Unsupported(
                 f"The model `{r.model or handle.name}` does not serve embeddings "
@@ -156,7 +160,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     admin.register(app, supervisor)
     metrics.register(app, supervisor)
-    native.register(app, supervisor.resolve)  # None: the default model
+    native.register(app, resolve)  # None: the default model
 
     return app
 

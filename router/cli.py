@@ -22,6 +22,7 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from router.app import create_app
+from router.auth import refuse_bind
 from supervisor.config import Config, ConfigError, load
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
@@ -48,6 +49,8 @@ async def serve(
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
+    if cfg.server.tls_cert is not None:
+        hc.certfile, hc.keyfile = cfg.server.tls_cert, cfg.server.tls_key
     hc.graceful_timeout = 30.0
     stop = trio.Event()
     # SIGHUP is caught from here on, before READY=1: systemd >= 262 requires it of a
@@ -144,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load(args.config)
     except ConfigError as exc:
         _print_problems(exc)
+        return 1
+    if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
+        print(f"{args.config}: {why}", file=sys.stderr)
         return 1
     try:
         trio.run(partial(serve, cfg))

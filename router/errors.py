@@ -22,6 +22,8 @@ _MAP: dict[type[e.CorralError], HttpError] = {
     e.InvalidRequest: HttpError(400, "invalid_request_error", None),
     e.Unsupported: HttpError(400, "invalid_request_error", "unsupported_parameter"),
     e.ContextOverflow: HttpError(400, "invalid_request_error", "context_length_exceeded"),
+    e.Unauthorized: HttpError(401, "invalid_request_error", "invalid_api_key"),
+    e.Forbidden: HttpError(403, "invalid_request_error", "insufficient_permissions"),
     e.ModelNotFound: HttpError(404, "invalid_request_error", "model_not_found"),
     e.WorkerCrashed: HttpError(502, "server_error", "worker_crashed"),
     e.WorkerUnavailable: HttpError(503, "server_error", "model_unavailable"),
@@ -45,6 +47,8 @@ def render(exc: e.CorralError) -> tuple[bytes, int, dict[str, str]]:
     """Body, status and headers for an error response."""
     h = classify(exc)
     headers = {"content-type": "application/json"}
+    if isinstance(exc, e.Unauthorized):
+        headers["www-authenticate"] = 'Bearer realm="corral"'
     if isinstance(exc, e.WorkerUnavailable):
         headers["x-should-retry"] = "true" if exc.retry else "false"
         if exc.retry and exc.retry_after is not None:

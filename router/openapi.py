@@ -115,5 +115,13 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             "accepts and ignores: " + ", ".join(sorted(schemas.IGNORED)) + ".",
         },
         "paths": paths,
-        "components": {"schemas": components},
+        # A key, once the server has any (router/auth.py); `{}`: a server without keys.
+        "security": [{"bearer": []}, {"x-api-key": []}, {}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
     }

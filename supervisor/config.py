@@ -7,6 +7,7 @@ error is reported as `key.path: what is wrong`, so that `corral config check`, s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -20,6 +21,8 @@ from msgspec.structs import replace
 
 from supervisor import msgspec_errors
 from supervisor.capacity import parse_size
+from supervisor import keys
+from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
 from worker.protocol import ModelOptions, options_of
 
@@ -34,6 +37,21 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Where a request that names no model goes (a name or an alias). Without it, a request
     # must name its model. Applies on reload, unlike the keys above.
     default_model: str | None = None
+    # Keys (supervisor/keys.py). With any API key, every route but /health needs a key.
+    # /admin/* and /metrics need an admin key; with none configured, they answer loopback
+    # clients only. All three apply on reload, and a reload re-reads the file.
+    api_keys: list[str | ApiKeyTable] = []
+    api_keys_file: str | None = None
+    admin_keys: list[str] = []
+    # Serving on an address other than loopback with no API key is refused unless this is
+    # set: anyone who can reach the port could use the models and reload the config.
+    allow_insecure_bind: bool = False
+    # HTTPS: a PEM certificate (chain) and its private key, both or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # Origins a browser page may call Corral from ("https://app.example", or "*"); none by
+    # default, so no other site's page can read an answer.
+    cors_origins: list[str] = []
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -117,6 +135,8 @@ class Config:
     supervisor: SupervisorConfig
     models: dict[str, ModelSpec]
     source: Path | None = None
+    # Every key from api_keys, api_keys_file, CORRAL_API_KEYS and admin_keys.
+    keys: Keyring = Keyring()
 
     def resolve(self, name: str) -> ModelSpec | None:
         """The model a request's `model` field names, by name or alias."""
@@ -147,8 +167,9 @@ def _format_msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> str
     return f"{path or '(top level)'}: {msg[0].lower() + msg[1:] if msg else msg}"
 
 
-def parse(text: str, base_dir: Path, source: str = "") -> Config:
-    """Parse and validate config text. Raises ConfigError naming every problem found."""
+def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None = None) -> Config:
+    """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value. Raises
+    ConfigError naming every problem found."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -157,6 +178,8 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
         raise ConfigError(["(syntax): arrays or tables nested too deeply"], source) from exc
     file = _convert(raw, source)
     problems = list(_check(file, base_dir))
+    keyring, key_problems = _keys(file, base_dir, api_keys_env)
+    problems += key_problems
     if problems:
         raise ConfigError(problems, source)
     default_idle = file.supervisor.idle_timeout
@@ -174,7 +197,38 @@ def parse(text: str, base_dir: Path, source: str = "") -> Config:
         )
         for name, m in file.models.items()
     }
-    return Config(file.server, file.supervisor, models)
+    srv = file.server
+    # Paths in [server] are relative to the config file, as model paths are.
+    server = replace(
+        srv,
+        tls_cert=None if srv.tls_cert is None else str(_resolve(srv.tls_cert, base_dir)),
+        tls_key=None if srv.tls_key is None else str(_resolve(srv.tls_key, base_dir)),
+        api_keys_file=None if srv.api_keys_file is None else str(_resolve(srv.api_keys_file, base_dir)),
+    )
+    return Config(server, file.supervisor, models, keys=keyring)
+
+
+def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, list[str]]:
+    """The keyring from api_keys, admin_keys, the keys file and CORRAL_API_KEYS, and what
+    is wrong with them (no problem quotes a key)."""
+    srv = file.server
+    sources: list[KeySource] = list(keys.from_config(srv.api_keys, srv.admin_keys))
+    problems: list[str] = []
+    if srv.api_keys_file is not None:
+        path = _resolve(srv.api_keys_file, base_dir)
+        try:
+            sources += keys.from_file(path)
+        except KeyFileError as exc:
+            problems.append(f"server.api_keys_file: {exc}")
+        except UnicodeDecodeError:
+            problems.append(f"server.api_keys_file: {path} is not UTF-8 text")
+        except OSError as exc:
+            problems.append(f"server.api_keys_file: cannot read {path}: {exc.strerror}")
+    sources += keys.from_env(env)
+    problems += keys.problems(sources)
+    names = {alias: name for name, m in file.models.items() for alias in (name, *m.aliases)}
+    keyring, unknown = keys.keyring(sources, names)
+    return keyring, problems + unknown
 
 
 class _Sections(msgspec.Struct, forbid_unknown_fields=True):
@@ -226,8 +280,8 @@ def from_bytes(data: bytes, path: str | os.PathLike[str]) -> Config:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:  # TOML is UTF-8; anything else must not escape a SIGHUP
         raise ConfigError([f"(file): not UTF-8 text (byte {exc.start})"], str(path)) from exc
-    cfg = parse(text, p.parent, str(path))
-    return Config(cfg.server, cfg.supervisor, cfg.models, p)
+    cfg = parse(text, p.parent, str(path), os.environ.get(keys.ENV))
+    return dataclasses.replace(cfg, source=p)
 
 
 def _resolve(path: str, base_dir: Path) -> Path:
@@ -244,6 +298,10 @@ def _seconds(value: float) -> bool:
     """A duration: TOML allows nan and inf, and either would break a timer (0 already
     means "never" where that makes sense)."""
     return math.isfinite(value) and value >= 0
+
+
+# An Origin header's value (RFC 6454): scheme, host and an optional port, nothing more.
+_ORIGIN = re.compile(r"\*|[a-z][a-z0-9+.-]*://[^/?#\s]+")
 
 
 def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
@@ -277,6 +335,17 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
     ):
         if not _seconds(value := getattr(sup, key)):
             yield f"supervisor.{key}: must be a finite number >= 0, got {value}"
+    if (srv.tls_cert is None) != (srv.tls_key is None):
+        yield "server.tls_cert: tls_cert and tls_key go together: set both, or neither"
+    for key in ("tls_cert", "tls_key"):
+        if (value := getattr(srv, key)) is not None and not _resolve(value, base_dir).is_file():
+            yield f"server.{key}: no such file: {_resolve(value, base_dir)}"
+    for i, origin in enumerate(srv.cors_origins):
+        if not _ORIGIN.fullmatch(origin):
+            yield (
+                f"server.cors_origins[{i}]: {origin!r} is not an origin: scheme://host[:port] "
+                'with no path (as a browser sends it), or "*"'
+            )
     if not file.models:
         yield "models: at least one [models.NAME] table is required"
     default = srv.default_model

@@ -36,6 +36,14 @@ class ContextOverflow(CorralError):
         self.n_ctx = n_ctx
 
 
+class Unauthorized(CorralError):
+    """No API key, or one that is not configured (401 invalid_api_key)."""
+
+
+class Forbidden(CorralError):
+    """A valid key, or a client, that may not use this route (403)."""
+
+
 class ModelNotFound(CorralError):
     """No model or alias by that name (404)."""
 

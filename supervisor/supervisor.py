@@ -38,6 +38,15 @@ log = logging.getLogger("corral.supervisor")
 RELOAD_GIVE_UP = 10.0
 
 
+def no_model() -> InvalidRequest:
+    """A request that names no model, on a server without a default_model."""
+    return InvalidRequest("Missing required parameter: 'model' (this server has no default_model).", "model")
+
+
+def unknown_model(model: str) -> ModelNotFound:
+    return ModelNotFound(f"The model `{model}` does not exist.", "model")
+
+
 class Supervisor:
     def __init__(
         self,
@@ -238,13 +247,10 @@ class Supervisor:
         if model is None:
             model = self.config.server.default_model
             if model is None:
-                raise InvalidRequest(
-                    "Missing required parameter: 'model' (this server has no default_model).",
-                    "model",
-                )
+                raise no_model()
         spec = self.config.resolve(model)
         if spec is None:
-            raise ModelNotFound(f"The model `{model}` does not exist.", "model")
+            raise unknown_model(model)
         return self.handles[spec.name]
 
     @property

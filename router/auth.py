@@ -1,0 +1,159 @@
+"""Who may use which route and which model: API keys, admin keys, loopback.
+
+Three kinds of route:
+- `/health` is open, so that load balancers and systemd checks need no key;
+- `/admin/*` and `/metrics` need an admin key. With no admin key configured, they answer
+  clients on loopback only (behind a reverse proxy every client is loopback: configure
+  admin keys there);
+- everything else (the OpenAI and llama-server routes, `/openapi.json`, and addresses that
+  match no route, so that an unauthenticated client cannot even map the routes) needs an
+  API or admin key once any API key is configured.
+
+A key limited to some models sees only those: every other model answers as a model that
+does not exist, so a key cannot probe the config. The decision (`authorize`) is pure; the
+hook around it reads the request and keeps the key in `g` for the request's later steps.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import Enum
+from typing import Callable
+
+from quart import g, request
+from quart_trio import QuartTrio
+
+from supervisor.errors import Forbidden, Unauthorized
+from supervisor.handle import ModelHandle
+from supervisor.keys import Key, Keyring
+from supervisor.supervisor import Supervisor, no_model, unknown_model
+
+
+class Access(Enum):
+    OPEN = "open"
+    API = "api"
+    ADMIN = "admin"
+
+
+def access_of(path: str) -> Access:
+    if path == "/health":
+        return Access.OPEN
+    if path == "/metrics" or path == "/admin" or path.startswith("/admin/"):
+        return Access.ADMIN
+    return Access.API
+
+
+def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The key a request sends: `Authorization: Bearer KEY` (the openai clients), or
+    `x-api-key: KEY` (Anthropic-style clients and some proxies)."""
+    if authorization is not None:
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    if x_api_key is not None and x_api_key.strip():
+        return x_api_key.strip()
+    return None
+
+
+MISSING = "You didn't provide an API key. Send it as `Authorization: Bearer KEY` or `x-api-key: KEY`."
+INCORRECT = "Incorrect API key provided."
+
+
+def authorize(ring: Keyring, access: Access, presented: str | None, loopback: bool) -> Key | None:
+    """The key a request acts with (None: it needs none, and sent none that matches).
+    Raises Unauthorized or Forbidden."""
+    if access is Access.OPEN:
+        return None
+    key = ring.match(presented) if presented is not None else None
+    if access is Access.ADMIN:
+        if not ring.admin_keys_configured:
+            if not loopback:
+                raise Forbidden("/admin and /metrics answer loopback clients only while no admin_keys are configured.")
+            return key
+        if key is None:
+            raise Unauthorized(INCORRECT if presented is not None else MISSING)
+        if not key.admin:
+            raise Forbidden("This key is not an admin key: /admin and /metrics need one.")
+        return key
+    if key is None and ring.api_keys_required:
+        raise Unauthorized(INCORRECT if presented is not None else MISSING)
+    # Without required keys, a key the client sends anyway (the openai client always sends
+    # one) is ignored unless it is configured.
+    return key
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether a peer address is on this machine's loopback. No address at all is a Unix
+    socket or an in-process client: local too."""
+    if not address:
+        return True
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def current_key() -> Key | None:
+    """The key of the request being served (None: no key)."""
+    key: Key | None = g.get("corral_key")
+    return key
+
+
+def scoped_resolve(supervisor: Supervisor) -> Callable[[str | None], ModelHandle]:
+    """supervisor.resolve, as the current request's key sees the models: one outside its
+    scope answers exactly as one that does not exist."""
+
+    def resolve(model: str | None) -> ModelHandle:
+        handle = supervisor.resolve(model)
+        key = current_key()
+        if key is not None and not key.may_use(handle.name):
+            raise no_model() if model is None else unknown_model(model)
+        return handle
+
+    return resolve
+
+
+def visible(handle: ModelHandle) -> bool:
+    """Whether the current request's key may see `handle` (in /v1/models)."""
+    key = current_key()
+    return key is None or key.may_use(handle.name)
+
+
+def install(app: QuartTrio, supervisor: Supervisor) -> None:
+    """Check every request before its route runs. Keys are read from the supervisor's
+    config at each request, so a reload's keys apply at once."""
+
+    @app.before_request
+    async def check_key() -> None:
+        g.corral_key = authorize(
+            supervisor.config.keys,
+            access_of(request.path),
+            presented_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
+            is_loopback(peer_address()),
+        )
+
+
+def peer_address() -> str | None:
+    """The connection's peer, from the ASGI scope. Not `request.remote_addr`: Quart
+    builds that from a Remote-Addr header that it sets first and the client's own headers
+    then join, which is one reordering away from a client naming its own address."""
+    client = request.scope.get("client")
+    return str(client[0]) if client else None
+
+
+def refuse_bind(host: str, ring: Keyring, allow_insecure_bind: bool) -> str | None:
+    """Why `corral serve` must not listen on `host` (None: it may). Any address other
+    than loopback, with no API key, lets every host that reaches the port generate,
+    unload models and read the config's errors."""
+    # (an empty host is every interface)
+    if allow_insecure_bind or ring.api_keys_required or host == "localhost" or (host and is_loopback(host)):
+        return None
+    return (
+        f"refusing to serve on {host!r} with no API key: any host that can reach it could use "
+        "the models. Set [server] api_keys (or api_keys_file, or the CORRAL_API_KEYS "
+        'environment variable), or bind host = "127.0.0.1", or, on a network you trust, '
+        "set allow_insecure_bind = true."
+    )

@@ -1,0 +1,74 @@
+"""CORS: which browser pages may call Corral, from `[server] cors_origins`.
+
+Off by default: no response carries Access-Control-Allow-Origin, so a page on another site
+cannot read an answer (and cannot use a key the browser does not have anyway). With
+origins configured:
+- a preflight (OPTIONS with Origin and Access-Control-Request-Method) from an allowed
+  origin is answered 204 before any key is checked, since browsers never send credentials
+  on a preflight; it allows the headers the page asked for (the openai JS client sends
+  its own x-stainless-* headers), for 10 minutes;
+- every other response to an allowed origin, errors included, carries the origin, so the
+  page can read a 401 or a 429 and its Retry-After.
+
+Written here rather than taken from quart-cors: the preflight must be answered ahead of
+the key check, which that extension's hooks would run after. Pure except `install`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+METHODS = "GET, POST, OPTIONS"
+# What a page may read besides the CORS-safelisted headers.
+EXPOSED = "retry-after, x-request-id, x-should-retry"
+MAX_AGE = "600"
+
+
+def allowed(origin: str | None, origins: Sequence[str]) -> str | None:
+    """The Access-Control-Allow-Origin value for a request from `origin`, or None."""
+    if origin is None or not origins:
+        return None
+    if "*" in origins:
+        return "*"
+    return origin if origin in origins else None
+
+
+def preflight_headers(allow: str, requested_headers: str | None) -> dict[str, str]:
+    headers = {
+        "access-control-allow-origin": allow,
+        "access-control-allow-methods": METHODS,
+        "access-control-max-age": MAX_AGE,
+        "vary": "Origin",
+    }
+    if requested_headers:
+        headers["access-control-allow-headers"] = requested_headers
+    return headers
+
+
+def install(app: QuartTrio, origins: Sequence[str]) -> None:
+    """Answer preflights and mark responses for `origins`. Registered before the key
+    check (router/auth.py), so a preflight never meets it."""
+    if not origins:
+        return
+
+    @app.before_request
+    async def preflight() -> Response | None:
+        if request.method != "OPTIONS" or "access-control-request-method" not in request.headers:
+            return None
+        allow = allowed(request.headers.get("origin"), origins)
+        if allow is None:
+            return None  # not an allowed origin: the route answers as usual, without CORS
+        headers = preflight_headers(allow, request.headers.get("access-control-request-headers"))
+        return Response(b"", status=204, headers=headers)
+
+    @app.after_request
+    async def mark(response: Response) -> Response:
+        allow = allowed(request.headers.get("origin"), origins)
+        if allow is not None and "access-control-allow-origin" not in response.headers:
+            response.headers["access-control-allow-origin"] = allow
+            response.headers["access-control-expose-headers"] = EXPOSED
+            response.headers.add("vary", "Origin")
+        return response

@@ -1,0 +1,169 @@
+"""Keys: where they come from, how they match, and that no problem quotes one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import keys
+from supervisor.config import ConfigError, load, parse
+from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
+from tests.harness import config_text
+
+ALICE = "sk-alice-0123456789"
+BOB = "sk-bob-abcdefghijkl"
+ROOT = "sk-admin-zyxwvutsrq"
+
+
+def _ring(*sources: KeySource) -> Keyring:
+    ring, bad = keys.keyring(sources, {"a": "a", "alias-a": "a", "b": "b"})
+    assert bad == []
+    return ring
+
+
+def test_match_finds_the_key_that_was_sent_and_nothing_else() -> None:
+    ring = _ring(KeySource("server.api_keys[0]", ALICE, "alice", None), KeySource("server.api_keys[1]", BOB, None, None))
+    alice = ring.match(ALICE)
+    assert alice is not None and alice.name == "alice"
+    bob = ring.match(BOB)
+    assert bob is not None and bob.name == "api_keys[1]"  # named by where it is configured
+    for wrong in ("", ALICE[:-1], ALICE + "x", ALICE.upper(), f"Bearer {ALICE}"):
+        assert ring.match(wrong) is None
+    assert ring.api_keys_required and not ring.admin_keys_configured
+
+
+def test_keys_are_kept_as_digests_only() -> None:
+    ring = _ring(KeySource("server.api_keys[0]", ALICE, None, None))
+    assert ALICE not in repr(ring) and ALICE.encode() not in repr(ring).encode()
+    assert ring.keys[0].digest == keys.digest(ALICE)
+
+
+def test_scopes_resolve_aliases_to_model_names() -> None:
+    ring = _ring(KeySource("server.api_keys[0]", ALICE, None, ("alias-a",)))
+    key = ring.match(ALICE)
+    assert key is not None and key.models == frozenset({"a"})
+    assert key.may_use("a") and not key.may_use("b")
+
+
+def test_a_scope_naming_an_unknown_model_is_a_problem() -> None:
+    _, bad = keys.keyring([KeySource("server.api_keys[0]", ALICE, None, ("a", "nope"))], {"a": "a"})
+    assert bad == ["server.api_keys[0].models: 'nope' is neither a model nor an alias in [models]"]
+
+
+def test_admin_keys_alone_do_not_require_keys_on_inference_routes() -> None:
+    ring = _ring(*keys.from_config([], [ROOT]))
+    assert ring.admin_keys_configured and not ring.api_keys_required
+    root = ring.match(ROOT)
+    assert root is not None and root.admin and root.models is None and root.name == "admin_keys[0]"
+
+
+def test_config_entries_strings_and_tables() -> None:
+    sources = list(keys.from_config([ALICE, ApiKeyTable(key=BOB, name="bob", models=["a"])], [ROOT]))
+    assert [(s.where, s.name, s.models, s.admin) for s in sources] == [
+        ("server.api_keys[0]", None, None, False),
+        ("server.api_keys[1]", "bob", ("a",), False),
+        ("server.admin_keys[0]", None, None, True),
+    ]
+
+
+def test_environment_keys_split_on_commas_and_spaces() -> None:
+    sources = list(keys.from_env(f" {ALICE},{BOB}  {ROOT} ,"))
+    assert [s.key for s in sources] == [ALICE, BOB, ROOT]
+    assert [s.where for s in sources] == ["CORRAL_API_KEYS[0]", "CORRAL_API_KEYS[1]", "CORRAL_API_KEYS[2]"]
+    assert list(keys.from_env(None)) == [] and list(keys.from_env("")) == []
+
+
+def test_keys_file_lines() -> None:
+    text = f"# team keys\n\n{ALICE} name=alice models=a,b\n  {BOB}\n#{ROOT}\n"
+    sources = list(keys.parse_file(text, "server.api_keys_file"))
+    assert [(s.where, s.key, s.name, s.models) for s in sources] == [
+        ("server.api_keys_file:3", ALICE, "alice", ("a", "b")),
+        ("server.api_keys_file:4", BOB, None, None),
+    ]
+
+
+@pytest.mark.parametrize("line", [f"{ALICE} owner=x", f"{ALICE} name", f"{ALICE} name=", f"{ALICE} {BOB}"])
+def test_a_bad_keys_file_line_is_named_without_quoting_it(line: str) -> None:
+    with pytest.raises(KeyFileError) as exc:
+        list(keys.parse_file(f"{BOB}\n{line}\n", "keys.txt"))
+    assert str(exc.value).startswith("keys.txt:2: ")
+    assert ALICE not in str(exc.value) and BOB not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("short", "at least 8 characters"),
+        ("has space in it", "printable ASCII without spaces"),
+        ("tab\there-123", "printable ASCII without spaces"),
+        ("clé-secrète-123", "printable ASCII without spaces"),
+    ],
+)
+def test_malformed_keys_are_problems_that_do_not_quote_them(key: str, problem: str) -> None:
+    found = list(keys.problems([KeySource("server.api_keys[0]", key, None, None)]))
+    assert len(found) == 1 and found[0].startswith("server.api_keys[0]: ") and problem in found[0]
+    assert key not in found[0]
+
+
+def test_the_same_key_twice_and_the_same_name_twice_are_problems() -> None:
+    found = list(
+        keys.problems(
+            [
+                KeySource("server.api_keys[0]", ALICE, "team", None),
+                KeySource("server.api_keys_file:2", ALICE, None, None),
+                KeySource("server.api_keys[1]", BOB, "team", None),
+            ]
+        )
+    )
+    assert found == [
+        "server.api_keys_file:2: the same key as server.api_keys[0]",
+        "server.api_keys[1].name: 'team' is already the name of server.api_keys[0]",
+    ]
+
+
+def _write(tmp_path: Path, server: dict[str, object]) -> Path:
+    (tmp_path / "dummy.gguf").touch()
+    path = tmp_path / "config.toml"
+    path.write_text(config_text({"a": {"aliases": ["alias-a"]}, "b": {}}, server))
+    return path
+
+
+def test_load_gathers_config_file_and_environment_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "keys.txt").write_text(f"{BOB} name=bob models=alias-a\n")
+    monkeypatch.setenv("CORRAL_API_KEYS", "sk-from-the-env-1")
+    cfg = load(_write(tmp_path, {"api_keys": [ALICE], "api_keys_file": "keys.txt", "admin_keys": [ROOT]}))
+    names = {k.name: (k.admin, k.models) for k in cfg.keys.keys}
+    assert names == {
+        "api_keys[0]": (False, None),
+        "admin_keys[0]": (True, None),
+        "bob": (False, frozenset({"a"})),
+        "CORRAL_API_KEYS[0]": (False, None),
+    }
+    assert cfg.server.api_keys_file == str(tmp_path / "keys.txt")  # resolved beside the config
+
+
+def test_key_problems_are_config_errors_without_the_keys(tmp_path: Path) -> None:
+    (tmp_path / "keys.txt").write_text(f"{ALICE} colour=red\n")
+    path = _write(tmp_path, {"api_keys": [ALICE, "tiny"], "api_keys_file": "keys.txt", "admin_keys": [ALICE]})
+    with pytest.raises(ConfigError) as exc:
+        load(path)
+    text = str(exc.value)
+    assert "server.api_keys[1]: a key must be at least 8 characters" in text
+    assert "server.admin_keys[0]: the same key as server.api_keys[0]" in text
+    assert "server.api_keys_file: keys.txt:1: after the key, only name=NAME and models=A,B may follow" in text
+    assert ALICE not in text and "tiny" not in text
+
+
+def test_a_missing_keys_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load(_write(tmp_path, {"api_keys_file": "nope.txt"}))
+    assert any(p.startswith("server.api_keys_file: cannot read") for p in exc.value.problems)
+
+
+def test_a_key_table_with_an_unknown_field_is_a_config_error(tmp_path: Path) -> None:
+    text = config_text({"a": {}}).replace("[server]\n", f'[server]\napi_keys = [{{ key = "{ALICE}", owner = "x" }}]\n')
+    (tmp_path / "dummy.gguf").touch()
+    with pytest.raises(ConfigError) as exc:
+        parse(text, tmp_path)
+    assert exc.value.problems == ["server.api_keys[0].owner: unknown key"]
