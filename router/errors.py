@@ -25,6 +25,7 @@ _MAP: dict[type[e.CorralError], HttpError] = {
     e.Unauthorized: HttpError(401, "invalid_request_error", "invalid_api_key"),
     e.Forbidden: HttpError(403, "invalid_request_error", "insufficient_permissions"),
     e.ModelNotFound: HttpError(404, "invalid_request_error", "model_not_found"),
+    e.Overloaded: HttpError(429, "rate_limit_error", "rate_limit_exceeded"),
     e.WorkerCrashed: HttpError(502, "server_error", "worker_crashed"),
     e.WorkerUnavailable: HttpError(503, "server_error", "model_unavailable"),
     e.InternalError: HttpError(500, "server_error", "internal_error"),
@@ -36,6 +37,12 @@ def classify(exc: e.CorralError) -> HttpError:
         if cls in _MAP:
             return _MAP[cls]
     return _MAP[e.InternalError]
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    """Retry-After in whole seconds (RFC 9110), and retry-after-ms, which the openai
+    clients read first, for waits shorter than a second's rounding."""
+    return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(max(1, round(seconds * 1000)))}
 
 
 def envelope(message: str, type_: str, param: str | None, code: str | None) -> dict[str, object]:
@@ -52,7 +59,10 @@ def render(exc: e.CorralError) -> tuple[bytes, int, dict[str, str]]:
     if isinstance(exc, e.WorkerUnavailable):
         headers["x-should-retry"] = "true" if exc.retry else "false"
         if exc.retry and exc.retry_after is not None:
-            headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
+            headers.update(_retry_after(exc.retry_after))
+    if isinstance(exc, e.Overloaded):
+        headers["x-should-retry"] = "true"
+        headers.update(_retry_after(exc.retry_after))
     body = msgspec.json.encode(envelope(exc.message, h.type, exc.param, h.code))
     return body, h.status, headers
 
@@ -64,6 +74,7 @@ _NATIVE_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    429: "unavailable_error",  # llama-server sends no 429; its nearest is "unavailable"
     501: "not_supported_error",
     503: "unavailable_error",
 }

@@ -23,6 +23,7 @@ from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
+from supervisor.slot_queue import Ticket
 from worker.protocol import ChatMessage, Constraint, SamplingParams, Timings, TokenEvent, ToolFormat, Usage
 
 
@@ -132,6 +133,7 @@ class Generation:
 
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
+        self._ticket: Ticket | None = None  # its slots, once its turn has come
         self._streams: list[RequestStream] = []
         self._firsts: list[TokenEvent | None] = []
         self._running: list[int] = []  # per stream, choices without their final event
@@ -149,6 +151,8 @@ class Generation:
         response has committed to a status."""
         gen = cls(await handle.acquire())
         try:
+            # Each choice of each prompt runs in a slot of its own.
+            gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n)
             await gen._begin(job)
         except BaseException:
             gen.close()
@@ -250,6 +254,8 @@ class Generation:
     def close(self) -> None:
         for stream in self._streams:
             stream.close()
+        if self._ticket is not None:
+            self._ticket.release()
         self._lease.release()
 
 

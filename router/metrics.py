@@ -23,6 +23,7 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("slots", "slots", "Slots (concurrent sequences) of the model's worker."),
     ("slots_busy", "slots_busy", "Slots decoding a request right now."),
     ("worker_queued", "queued", "Requests queued inside the worker for a free slot."),
+    ("waiting", "waiting", "Requests in line for a slot (bounded by max_queue)."),
     ("in_flight", "in_flight", "Requests holding a lease on the model."),
     ("rss_bytes", "rss_bytes", "Resident memory of the model's worker process."),
     ("cost_bytes", "cost_bytes", "What the model counts for against memory_budget."),

@@ -90,6 +90,11 @@ class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
     idle_timeout: float | None = None  # overrides [supervisor] idle_timeout
     preload: bool = False  # load at start instead of on the first request
     pinned: bool = False  # never unloaded for idleness
+    # Requests waiting for a slot (supervisor/slot_queue.py): beyond max_queue a request
+    # gets 429 at once (None: no bound); after queue_timeout seconds in line, 503 (0: no
+    # limit).
+    max_queue: int | None = None
+    queue_timeout: float = 0.0
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -127,6 +132,8 @@ class ModelSpec(ModelOptions, frozen=True):
     idle_timeout: float
     preload: bool = False
     pinned: bool = False
+    max_queue: int | None = None
+    queue_timeout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,8 @@ def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None 
             idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
             preload=m.preload,
             pinned=m.pinned,
+            max_queue=m.max_queue,
+            queue_timeout=m.queue_timeout,
             # The worker's options pass as written, except a template file's path: it is
             # relative to the config file, which the worker knows nothing of.
             **options_of(replace(m, chat_template=_template(m.chat_template, base_dir))),
@@ -373,6 +382,10 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
+        if m.max_queue is not None and m.max_queue < 0:
+            yield f"{at}.max_queue: must be >= 0 (0: no waiting at all), got {m.max_queue}"
+        if not _seconds(m.queue_timeout):
+            yield f"{at}.queue_timeout: must be a finite number >= 0 (0: no limit), got {m.queue_timeout}"
         if m.idle_timeout is not None and not _seconds(m.idle_timeout):
             yield f"{at}.idle_timeout: must be a finite number >= 0, got {m.idle_timeout}"
         if m.pooling is not None and not m.embeddings:

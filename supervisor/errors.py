@@ -57,6 +57,14 @@ class WorkerUnavailable(CorralError):
         self.retry_after = retry_after  # seconds, sent as Retry-After
 
 
+class Overloaded(CorralError):
+    """The model's line for a slot is full (429 rate_limit_error, with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message, None)
+        self.retry_after = retry_after
+
+
 class WorkerCrashed(CorralError):
     """The worker died or broke the protocol while a request was in flight (502)."""
 

@@ -30,6 +30,7 @@ from supervisor.lease import Lease, LoadAttempt
 from supervisor.errors import WorkerUnavailable
 from supervisor.lifecycle import State
 from supervisor.replan import Immediate, Planner
+from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.stats import LoadedFacts, ModelStats
 
 # The states in which a model holds memory and CPU: from spawn until its process is gone.
@@ -94,6 +95,7 @@ class ModelHandle:
 
         # Written by clients: requests in flight, and what they ask of the run loop.
         self.in_flight = 0
+        self.slot_queue = SlotQueue(spec.name)  # generations in line for the worker's slots
         self.last_used: float = 0.0  # trio clock: the last request's end, or the last load
         self.last_used_wall: float | None = None  # time.time() of the last request's end
         self._attempt: LoadAttempt | None = None  # the load that waiters share
@@ -135,6 +137,7 @@ class ModelHandle:
             slots=ready.slots if ready is not None else self.spec.slots,
             slots_busy=conn.active if conn is not None else 0,
             queued=conn.queued if conn is not None else 0,
+            waiting=self.slot_queue.waiting,
             in_flight=self.in_flight,
             last_used=self.last_used_wall,
             load_seconds=self.load_seconds,
@@ -167,6 +170,12 @@ class ModelHandle:
         response holds its lease past the handler that took it, hence no context manager.
         """
         return Lease(await self._acquire(), self._release)
+
+    async def take_slots(self, conn: WorkerConnection, slots: int) -> Ticket:
+        """`slots` of the leased worker `conn`'s slots, first come first served, within
+        the model's max_queue and queue_timeout. Raises Overloaded or WorkerUnavailable."""
+        self.slot_queue.resize(conn.ready.slots if conn.ready is not None else self.spec.slots)
+        return await self.slot_queue.take(slots, self.spec.max_queue, self.spec.queue_timeout)
 
     async def ensure_ready(self) -> None:
         """Load the model if it is not loaded, and return once it is ready. Raises like

@@ -42,6 +42,7 @@ class ModelStats:
     slots: int  # the worker's, once Ready; the config's before
     slots_busy: int  # as the worker last reported (it reports every change)
     queued: int  # waiting inside the worker for a slot, or still being prepared
+    waiting: int  # in the router's line for a slot (supervisor/slot_queue.py)
     in_flight: int  # requests holding a lease
     last_used: float | None  # time.time() when the last inference request ended
     load_seconds: float | None

@@ -20,7 +20,7 @@ from tests.process.support import (
 from worker.protocol import SamplingParams
 
 FIELDS = {
-    "name", "aliases", "state", "pid", "rss_bytes", "slots", "slots_busy", "queued",
+    "name", "aliases", "state", "pid", "rss_bytes", "slots", "slots_busy", "queued", "waiting",
     "in_flight", "last_used", "load_seconds", "restarts", "last_error", "pinned",
     "cost_bytes", "threads", "loaded", "prompt_tokens_decoded",
 }

@@ -15,6 +15,7 @@ from router import sse
 from router.generation import Generation, GenerationJob, events, whole
 from router.openai_format import Completion
 from supervisor.errors import ContextOverflow, CorralError, WorkerCrashed
+from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.lease import Lease
 from worker.protocol import SamplingParams, TokenEvent, Usage
 
@@ -52,9 +53,14 @@ class FakeHandle:
     def __init__(self, stream: FakeStream) -> None:
         self.conn = FakeConn(stream)
         self.released = 0
+        self.slot_queue = SlotQueue("m")
+        self.slot_queue.resize(4)
 
     async def acquire(self) -> Lease:
         return Lease(self.conn, self._release)  # type: ignore[arg-type]
+
+    async def take_slots(self, conn: object, slots: int) -> Ticket:
+        return await self.slot_queue.take(slots, None, 0)
 
     def _release(self) -> None:
         self.released += 1
@@ -87,9 +93,10 @@ async def test_iterates_to_the_final_event_then_stops() -> None:
 
 async def test_close_gives_back_the_lease_and_the_stream_once() -> None:
     gen, handle = await started(tokens("a", "b"))
+    assert handle.slot_queue.busy == 1
     gen.close()
     gen.close()
-    assert handle.released == 1
+    assert handle.released == 1 and handle.slot_queue.busy == 0
     assert handle.conn.stream.closed >= 1  # RequestStream.close() is itself idempotent
 
 
@@ -98,7 +105,7 @@ async def test_an_error_before_the_first_token_releases_everything_and_raises() 
     handle = FakeHandle(FakeStream([ContextOverflow("too long", "prompt")]))
     with pytest.raises(ContextOverflow):
         await Generation.start(handle, job())  # type: ignore[arg-type]
-    assert handle.released == 1 and handle.conn.stream.closed == 1
+    assert handle.released == 1 and handle.conn.stream.closed == 1 and handle.slot_queue.busy == 0
 
 
 async def test_whole_joins_the_text_and_reports_the_finish() -> None:

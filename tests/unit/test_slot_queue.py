@@ -1,0 +1,196 @@
+"""The slot line: arrival order, the max_queue bound, queue_timeout, and Retry-After."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from supervisor.errors import Overloaded, WorkerUnavailable
+from supervisor.slot_queue import RETRY_AFTER_MAX, SlotQueue, Ticket
+
+
+def _queue(capacity: int) -> SlotQueue:
+    q = SlotQueue("m")
+    q.resize(capacity)
+    return q
+
+
+async def test_free_slots_are_taken_at_once_and_given_back() -> None:
+    q = _queue(2)
+    a = await q.take(1, None, 0)
+    b = await q.take(1, None, 0)
+    assert q.busy == 2 and q.waiting == 0
+    a.release()
+    a.release()  # idempotent
+    assert q.busy == 1
+    b.release()
+    assert q.busy == 0
+
+
+async def test_waiters_get_slots_in_arrival_order() -> None:
+    q = _queue(1)
+    first = await q.take(1, None, 0)
+    order: list[int] = []
+    tickets: list[Ticket] = []
+
+    async def wait(i: int) -> None:
+        t = await q.take(1, None, 0)
+        order.append(i)
+        tickets.append(t)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(5):
+            nursery.start_soon(wait, i)
+            await trio.testing.wait_all_tasks_blocked()
+        assert q.waiting == 5 and order == []
+        first.release()
+        for expected in range(5):
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == list(range(expected + 1))
+            tickets[-1].release()
+    assert q.busy == 0 and q.waiting == 0
+
+
+async def test_a_big_request_is_not_overtaken_by_small_ones() -> None:
+    q = _queue(2)
+    small = await q.take(1, None, 0)
+    order: list[str] = []
+
+    async def wait(name: str, slots: int) -> None:
+        t = await q.take(slots, None, 0)
+        order.append(name)
+        await trio.sleep(0.01)
+        t.release()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, "big", 2)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(wait, "small", 1)  # one slot is free, but "big" came first
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [] and q.waiting == 2
+        small.release()
+    assert order == ["big", "small"]
+
+
+async def test_more_slots_than_the_model_has_take_all_of_them() -> None:
+    q = _queue(2)
+    t = await q.take(8, None, 0)
+    assert t.slots == 2 and q.busy == 2
+    t.release()
+
+
+async def test_past_max_queue_a_request_is_refused_at_once_with_an_estimate() -> None:
+    q = _queue(1)
+    running = await q.take(1, None, 0)
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(q.take, 1, 2, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(Overloaded) as exc:
+            await q.take(1, 2, 0)
+        assert "max_queue = 2" in exc.value.message
+        # One hold assumed to take a second, and three holds (two waiting, then this one)
+        # ahead on one slot.
+        assert exc.value.retry_after == pytest.approx(3.0)
+        # The next refused client is told to come a hold later: it is behind the first.
+        with pytest.raises(Overloaded) as second:
+            await q.take(1, 2, 0)
+        assert second.value.retry_after == pytest.approx(4.0)
+        nursery.cancel_scope.cancel()
+    running.release()
+    assert q.waiting == 0 and q.busy == 0
+
+
+async def test_max_queue_zero_means_no_waiting() -> None:
+    q = _queue(1)
+    t = await q.take(1, 0, 0)
+    with pytest.raises(Overloaded):
+        await q.take(1, 0, 0)
+    t.release()
+    (await q.take(1, 0, 0)).release()
+
+
+async def test_queue_timeout_gives_up_with_a_503_and_leaves_the_line(autojump_clock: trio.abc.Clock) -> None:
+    q = _queue(1)
+    running = await q.take(1, None, 0)
+    with pytest.raises(WorkerUnavailable) as exc:
+        await q.take(1, None, 2.5)
+    assert "queue_timeout = 2.5s" in exc.value.message and exc.value.retry_after is not None
+    assert q.waiting == 0
+    running.release()
+    assert q.busy == 0
+
+
+async def test_a_waiter_that_leaves_lets_the_next_one_in() -> None:
+    q = _queue(2)
+    held = await q.take(1, None, 0)
+    got: list[int] = []
+
+    async def big() -> None:
+        await q.take(2, None, 0)
+
+    async def small() -> None:
+        t = await q.take(1, None, 0)
+        got.append(t.slots)
+
+    leaving = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_run_in, leaving, big)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(small)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # behind "big"
+        leaving.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+    assert got == [1] and q.busy == 2
+    held.release()
+
+
+async def _run_in(scope: trio.CancelScope, f) -> None:  # type: ignore[no-untyped-def]
+    with scope:
+        await f()
+
+
+async def test_a_grant_that_meets_a_cancelled_client_is_given_back() -> None:
+    q = _queue(1)
+    held = await q.take(1, None, 0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(q.take, 1, None, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        # The waiter is cancelled, and the slot granted to it before it runs again: it
+        # must not keep it.
+        nursery.cancel_scope.cancel()
+        held.release()
+    assert q.busy == 0 and q.waiting == 0
+
+
+async def test_retry_after_follows_recent_hold_times(autojump_clock: trio.abc.Clock) -> None:
+    q = _queue(2)
+    for _ in range(30):
+        t = await q.take(1, None, 0)
+        await trio.sleep(4.0)
+        t.release()
+    assert q.mean_hold == pytest.approx(4.0, rel=0.01)
+    assert q.retry_after() == pytest.approx(4.0, rel=0.01)  # a slot is free within a hold
+    for _ in range(30):
+        t = await q.take(1, None, 0)
+        await trio.sleep(500.0)
+        t.release()
+    assert q.retry_after() == RETRY_AFTER_MAX
+
+
+async def test_a_smaller_worker_after_a_restart_still_serves_the_line() -> None:
+    q = _queue(4)
+    held = await q.take(4, None, 0)
+    got: list[int] = []
+
+    async def wait() -> None:
+        got.append((await q.take(3, None, 0)).slots)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        q.resize(2)
+        held.release()
+    assert got == [2]
