@@ -19,7 +19,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import admin, auth, bodies, connections, cors, metrics, native, openapi, schemas, sse
+from router import access_log, admin, auth, bodies, connections, cors, metrics, native, openapi, schemas, sse
 from router.errors import render, render_config_error, render_http, render_native, to_native
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
 from router.openai_format import Completion
@@ -156,6 +156,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
             for i, v in enumerate(result.data)
         ]
         usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+        if (record := access_log.current()) is not None:
+            record.prompt_tokens, record.generated_tokens = result.prompt_tokens, 0
         return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
 
     admin.register(app, supervisor)

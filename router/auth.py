@@ -23,6 +23,7 @@ from typing import Callable
 from quart import g, request
 from quart_trio import QuartTrio
 
+from router import access_log
 from supervisor.errors import Forbidden, Unauthorized
 from supervisor.handle import ModelHandle
 from supervisor.keys import Key, Keyring
@@ -111,6 +112,8 @@ def scoped_resolve(supervisor: Supervisor) -> Callable[[str | None], ModelHandle
         key = current_key()
         if key is not None and not key.may_use(handle.name):
             raise no_model() if model is None else unknown_model(model)
+        if (record := access_log.current()) is not None:
+            record.model = handle.name
         return handle
 
     return resolve
@@ -128,12 +131,14 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
 
     @app.before_request
     async def check_key() -> None:
-        g.corral_key = authorize(
+        key = g.corral_key = authorize(
             supervisor.config.keys,
             access_of(request.path),
             presented_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
             is_loopback(peer_address()),
         )
+        if key is not None and (record := access_log.current()) is not None:
+            record.key = key.name
 
 
 def peer_address() -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from functools import partial
@@ -26,6 +27,7 @@ from router.auth import refuse_bind
 from supervisor.config import Config, ConfigError, load
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
+from worker import log_format
 
 log = logging.getLogger("corral")
 
@@ -49,6 +51,9 @@ async def serve(
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
+    # hypercorn's messages through our logging (its own handler would print every line
+    # twice, and not as JSON); the access log is Corral's own (router/access_log.py).
+    hc.errorlog = logging.getLogger("hypercorn.error")
     if cfg.server.tls_cert is not None:
         hc.certfile, hc.keyfile = cfg.server.tls_cert, cfg.server.tls_key
     hc.graceful_timeout = 30.0
@@ -139,15 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: ok ({len(cfg.models)} model(s): {names})")
         return 0
 
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
     try:
         cfg = load(args.config)
     except ConfigError as exc:
         _print_problems(exc)
         return 1
+    log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
+    os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
     if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
         print(f"{args.config}: {why}", file=sys.stderr)
         return 1

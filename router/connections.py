@@ -33,6 +33,8 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
+from router import access_log
+
 # How long an early answer waits for the rest of a request body before it gives up on the
 # connection. Generous for a body that is on its way, short enough that a stalled sender
 # cannot hold the answer back.
@@ -50,10 +52,15 @@ def complete_sends(send: ASGISendCallable) -> ASGISendCallable:
 
 
 class HTTPConnection(TrioASGIHTTPConnection):
-    """quart-trio's HTTP connection, with sends that cannot be cancelled halfway."""
+    """quart-trio's HTTP connection, with sends that cannot be cancelled halfway, and an
+    access log line for every request once its answer is done (router/access_log.py)."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        await super().__call__(receive, complete_sends(send))
+        record = access_log.begin(self.scope)
+        try:
+            await super().__call__(receive, complete_sends(access_log.watching(record, send)))
+        finally:
+            access_log.end(record)
 
 
 async def _read_rest_of_body(response: Response) -> Response:

@@ -8,12 +8,13 @@ gives both back, whichever way the response ends.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import msgspec
 
-from router import schemas, sse, structured, tool_schemas
+from router import access_log, schemas, sse, structured, tool_schemas
 from router.chat_output import ChatOutput
 from router.choices import Choices, chat_logprobs, completion_logprobs, merged_usage
 from router.openai_format import Completion
@@ -134,6 +135,7 @@ class Generation:
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
         self._ticket: Ticket | None = None  # its slots, once its turn has come
+        self._record: access_log.Record | None = None  # the access log's, to fill in
         self._streams: list[RequestStream] = []
         self._firsts: list[TokenEvent | None] = []
         self._running: list[int] = []  # per stream, choices without their final event
@@ -150,6 +152,7 @@ class Generation:
         event, so that an error such as context_length_exceeded raises here, before a
         response has committed to a status."""
         gen = cls(await handle.acquire())
+        gen._record = access_log.current()
         try:
             # Each choice of each prompt runs in a slot of its own.
             gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n)
@@ -205,6 +208,7 @@ class Generation:
                 prompt_tokens=list(prompt) if isinstance(prompt, tuple) else None,
                 n=job.n,
                 echo=job.echo,
+                request_id=self._record.id if self._record is not None else None,
             )
             self._streams.append(stream)
             self._running.append(job.n)
@@ -212,6 +216,9 @@ class Generation:
         # response's status.
         for stream in self._streams:
             self._firsts.append(await stream.receive())
+        if self._record is not None:
+            self._record.first_token = time.monotonic()
+            self._record.prompt_tokens = self._record.generated_tokens = 0
 
     @property
     def conn(self) -> WorkerConnection:
@@ -246,10 +253,20 @@ class Generation:
                 ev = await self._streams[at].receive()
             if ev.finish_reason is not None:
                 self._running[at] -= 1
+                if self._record is not None and ev.usage is not None:
+                    self._count(ev.usage, first_choice=self._running[at] == self._n - 1)
             if at:
                 ev = msgspec.structs.replace(ev, index=at * self._n + ev.index)
             return ev
         raise StopAsyncIteration
+
+    def _count(self, usage: Usage, first_choice: bool) -> None:
+        """A choice's usage into the access log: its generated tokens, and its prompt's
+        tokens once per prompt (the choices of a prompt share it)."""
+        assert self._record is not None
+        self._record.generated_tokens = (self._record.generated_tokens or 0) + usage.completion_tokens
+        if first_choice:
+            self._record.prompt_tokens = (self._record.prompt_tokens or 0) + usage.prompt_tokens
 
     def close(self) -> None:
         for stream in self._streams:

@@ -14,7 +14,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import msgspec
 from msgspec.structs import replace
@@ -52,6 +52,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Origins a browser page may call Corral from ("https://app.example", or "*"); none by
     # default, so no other site's page can read an answer.
     cors_origins: list[str] = []
+    # "text" or "json" (one object a line) for the server's and its workers' logs, the
+    # access log included.
+    log_format: Literal["text", "json"] = "text"
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

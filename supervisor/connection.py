@@ -187,6 +187,7 @@ class WorkerConnection:
         prompt_tokens: list[int] | None = None,
         n: int = 1,
         echo: bool = False,
+        request_id: str | None = None,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events."""
@@ -196,6 +197,7 @@ class WorkerConnection:
             Generate(
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
+                request_id=request_id,
             )
         )
         return RequestStream(self, rid, recv, n)

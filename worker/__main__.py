@@ -10,6 +10,7 @@ import sys
 import msgspec
 import trio
 
+from worker import log_format
 from worker.link import serve
 from worker.protocol import WorkerSpec
 
@@ -20,11 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="WorkerSpec as JSON")
     args = ap.parse_args(argv)
     spec = msgspec.json.decode(args.spec, type=WorkerSpec)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s worker[{spec.name}] %(levelname)s %(message)s",
-    )
+    log_format.configure(logging.INFO, log_format.from_environment(), model=spec.name)
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides when a
     # worker stops, so the worker ignores it instead of dying mid-request.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

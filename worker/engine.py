@@ -224,7 +224,7 @@ class Engine:
                 try:
                     req.sampler = SamplerChain(self._resolved(req.params), self.m.n_vocab)
                 except Exception as exc:
-                    log.exception("sampler chain for request %d", req.id)
+                    log.exception("sampler chain for request %s", req.label)
                     self._error(req, "internal", f"could not build the sampler: {exc}")
                     continue
             self._clock += 1
@@ -395,7 +395,7 @@ class Engine:
             req.preempted = True
             self._kv_full = True
             self.waiting.appendleft(req)
-            log.info("KV cache full: preempted request %d (%d tokens, resumes later)", req.id, len(req.tokens))
+            log.info("KV cache full: preempted request %s (%d tokens, resumes later)", req.label, len(req.tokens))
         return remedy
 
     def _fail_plan(self, plan: list[tuple[Request, int, int, bool]], rc: int) -> None:
@@ -441,7 +441,7 @@ class Engine:
         ends with an error that names its constraint's parameter; the others go on."""
         c = req.params.constraint
         if not isinstance(exc, ConstraintFailed):
-            log.exception("constraint of request %d", req.id, exc_info=exc)
+            log.exception("constraint of request %s", req.label, exc_info=exc)
         self._release(req)
         self.emit(
             Error(

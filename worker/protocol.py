@@ -191,6 +191,8 @@ class Generate(Frame):
     prompt_tokens: list[int] | None = None
     n: int = 1
     echo: bool = False
+    # The HTTP request's id (x-request-id), for the worker's log lines about it.
+    request_id: str | None = None
 
 
 class Embed(Frame):

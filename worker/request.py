@@ -51,6 +51,7 @@ class Request:
     t_admitted: float = 0.0
     t_prompt_done: float = 0.0
     index: int = 0  # which of the Generate's n choices this is
+    request_id: str | None = None  # the HTTP request's id, for log lines
     n: int = 1  # the Generate's n: the engine splits a request into n siblings
     echo: str | None = None  # the prompt's text, sent once with this choice's first event
     # A sibling that will sample its first token from this request's prompt logits (and
@@ -77,12 +78,17 @@ class Request:
                 Request(
                     id=self.id, params=p, prompt=list(self.prompt), max_new=self.max_new,
                     stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
-                    in_reasoning=self.in_reasoning,
+                    in_reasoning=self.in_reasoning, request_id=self.request_id,
                     matcher=self.matcher.fork() if self.matcher is not None else None,
                 )
             )
         self.n = 1  # split once
         return out
+
+    @property
+    def label(self) -> str:
+        """How log lines name this request: the HTTP request's id where known."""
+        return f"{self.id} ({self.request_id})" if self.request_id else str(self.id)
 
     def logit_adjustments(self) -> list[LogitsAdjustment]:
         """What edits this request's logits before each sample (worker/logits.py), in order:
