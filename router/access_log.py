@@ -19,10 +19,11 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from hypercorn.typing import ASGISendCallable, ASGISendEvent, HTTPScope
 from quart import has_request_context, request
+from quart_trio import QuartTrio
 
 log = logging.getLogger("corral.access")
 
@@ -51,6 +52,12 @@ class Record:
     generated_tokens: int | None = None
     first_token: float | None = None  # time.monotonic() of the first token
     complete: bool = False  # the whole answer went out
+    # For the metrics (router/request_metrics.py), not the log line:
+    route: str | None = None  # the route's rule ("/v1/models/<path:model>"); None: no route
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    load_wait: float | None = None  # seconds waiting for the model to load (or for room)
+    slot_wait: float | None = None  # seconds in line for a slot
+    ended: float | None = None  # time.monotonic() when the answer was done
 
     def fields(self, now: float) -> dict[str, Any]:
         return {
@@ -111,9 +118,27 @@ def watching(record: Record, send: ASGISendCallable) -> ASGISendCallable:
     return send_and_note
 
 
-def end(record: Record) -> None:
-    f = record.fields(time.monotonic())
+def end(record: Record, hooks: Iterable[Callable[[Record], None]] = ()) -> None:
+    """Write the record's line, and hand it to `hooks`."""
+    record.ended = time.monotonic()
+    f = record.fields(record.ended)
     log.info("%s", line(f), extra={"fields": f})
+    for hook in hooks:
+        hook(record)
+
+
+# app.extensions key: functions called with each finished request's Record (the metrics).
+DONE_HOOKS = "corral.request_done"
+
+
+def install(app: QuartTrio) -> None:
+    """Note each request's route for the metrics; `end` then calls app's DONE_HOOKS."""
+    app.extensions.setdefault(DONE_HOOKS, [])
+
+    @app.before_request
+    async def note_route() -> None:
+        if (record := current()) is not None and request.url_rule is not None:
+            record.route = request.url_rule.rule
 
 
 def current() -> Record | None:

@@ -45,6 +45,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     started = int(time.time())
+    access_log.install(app)
     # Preflights are answered before keys are checked: browsers send none with them.
     cors.install(app, config.server.cors_origins)
     auth.install(app, supervisor)

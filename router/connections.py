@@ -60,7 +60,7 @@ class HTTPConnection(TrioASGIHTTPConnection):
         try:
             await super().__call__(receive, complete_sends(access_log.watching(record, send)))
         finally:
-            access_log.end(record)
+            access_log.end(record, self.app.extensions.get(access_log.DONE_HOOKS, ()))
 
 
 async def _read_rest_of_body(response: Response) -> Response:

@@ -151,11 +151,16 @@ class Generation:
         """Take a lease (loading the model if needed), send the job, and wait for its first
         event, so that an error such as context_length_exceeded raises here, before a
         response has committed to a status."""
+        record = access_log.current()
+        asked = time.monotonic()
         gen = cls(await handle.acquire())
-        gen._record = access_log.current()
+        gen._record = record
         try:
+            leased = time.monotonic()
             # Each choice of each prompt runs in a slot of its own.
             gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n)
+            if record is not None:
+                record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
             await gen._begin(job)
         except BaseException:
             gen.close()
@@ -267,6 +272,7 @@ class Generation:
         self._record.generated_tokens = (self._record.generated_tokens or 0) + usage.completion_tokens
         if first_choice:
             self._record.prompt_tokens = (self._record.prompt_tokens or 0) + usage.prompt_tokens
+            self._record.cached_tokens += usage.cached_tokens
 
     def close(self) -> None:
         for stream in self._streams:

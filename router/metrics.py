@@ -1,8 +1,9 @@
-"""`GET /metrics`: the supervisor's view of every model, in Prometheus' text format.
+"""`GET /metrics`: every model's state and requests, in Prometheus' text format.
 
-The numbers are read from the supervisor when Prometheus scrapes, from the same snapshot
-as `/admin/models`, so nothing is counted on the request path and a scrape never touches a
-model's idle timer.
+Two kinds of series. The models' state is read from the supervisor when Prometheus
+scrapes, from the same snapshot as `/admin/models`, and a scrape never touches a model's
+idle timer. What requests did (counts, tokens, latencies) is counted as each request ends
+(router/request_metrics.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from prometheus_client.registry import Collector
 from quart import Response
 from quart_trio import QuartTrio
 
+from router import access_log
+from router.request_metrics import RequestMetrics
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
 
@@ -30,6 +33,7 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("threads", "threads", "CPU threads per decode step."),
     ("load_seconds", "load_seconds", "How long the last load took."),
     ("last_used_timestamp_seconds", "last_used", "When the last inference request ended (Unix time)."),
+    ("kv_cells_used", "kv_cells_used", "KV cells the worker's slots hold (as of its last ping)."),
 )
 
 
@@ -83,6 +87,8 @@ class SupervisorCollector(Collector):
 def register(app: QuartTrio, supervisor: Supervisor) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SupervisorCollector(supervisor))
+    # Request series, fed as each request ends (router/request_metrics.py).
+    app.extensions.setdefault(access_log.DONE_HOOKS, []).append(RequestMetrics(registry).observe)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -148,6 +148,7 @@ class ModelHandle:
             threads=(pong.threads or None) if pong is not None else self.worker_threads,
             loaded=LoadedFacts.of(ready) if ready is not None else None,
             prompt_tokens_decoded=pong.prompt_tokens_decoded if pong is not None else None,
+            kv_cells_used=pong.kv_cells_used if pong is not None else None,
         )
 
     # ---- clients --------------------------------------------------------------------------

@@ -58,3 +58,4 @@ class ModelStats:
     # Prompt tokens the running worker has fed to llama_decode, as of its last Pong (None
     # before one): n > 1 choices decode their shared prompt once.
     prompt_tokens_decoded: int | None = None
+    kv_cells_used: int | None = None  # as of the last Pong

@@ -129,6 +129,12 @@ class Engine:
         return sum(1 for s in self.slots if not s.idle)
 
     @property
+    def kv_cells_used(self) -> int:
+        """Cells the slots' caches hold. Read from the link's thread for a Pong: a sum of
+        list lengths, each read whole."""
+        return sum(len(s.cache) for s in self.slots)
+
+    @property
     def queued(self) -> int:
         """Requests waiting for a slot, or still being prepared."""
         return len(self.waiting) + self.prep.pending

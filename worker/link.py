@@ -93,6 +93,7 @@ class Link:
                     queued=e.queued if e else 0,
                     threads=e.threads if e else 0,
                     prompt_tokens_decoded=e.prompt_tokens_decoded if e else 0,
+                    kv_cells_used=e.kv_cells_used if e else 0,
                 )
             )
         elif isinstance(frame, SlotsQuery):

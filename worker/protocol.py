@@ -449,6 +449,8 @@ class Pong(Frame):
     # Prompt tokens fed to llama_decode since the worker started: n > 1 choices evaluate
     # their shared prompt once, which this shows (a cached prefix is not decoded either).
     prompt_tokens_decoded: int = 0
+    # KV cells the slots' caches hold now (cells that siblings share count once a slot).
+    kv_cells_used: int = 0
 
 
 class Occupancy(Frame):

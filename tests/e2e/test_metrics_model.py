@@ -1,0 +1,44 @@
+"""The metrics that only a real worker can give: prompt tokens served from the prefix
+cache, and the KV cells the slots hold."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import Server
+
+
+def _metric(text: str, name: str, model: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels.get("model") == model:
+                return s.value
+    return None
+
+
+def test_a_repeated_prompt_counts_cached_tokens_and_the_slots_hold_kv_cells(server: Server) -> None:
+    before = _metric(httpx.get(server.url + "/metrics").text, "corral_prompt_tokens_cached_total", "chat-b") or 0.0
+    prompt = "Tell me about the history of the city of Lyon, its bridges, its food and its silk. " * 4
+    usages = []
+    for _ in range(2):
+        r = httpx.post(
+            server.base + "/chat/completions",
+            json={"model": "chat-b", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4},
+            timeout=120,
+        )
+        assert r.status_code == 200
+        usages.append(r.json()["usage"])
+    cached = usages[1]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0
+    text = httpx.get(server.url + "/metrics").text
+    assert _metric(text, "corral_prompt_tokens_cached_total", "chat-b") == before + cached
+    # The KV figure comes with the worker's next ping.
+    deadline = time.monotonic() + 15
+    cells = None
+    while time.monotonic() < deadline and not cells:
+        time.sleep(0.5)
+        cells = _metric(httpx.get(server.url + "/metrics").text, "corral_model_kv_cells_used", "chat-b")
+    assert cells is not None and cells >= usages[1]["prompt_tokens"]

@@ -1,0 +1,74 @@
+"""After a scripted load of N requests, /metrics counts exactly N of everything, and parses
+with prometheus-client's own parser (the real server on a socket, fake workers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.supervisor import Supervisor
+from tests.harness import make_config
+from tests.process.support import WORKER_COMMAND, serving_http
+
+N = 24
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_n_requests_count_n_times_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "400")
+    sup = Supervisor(make_config(tmp_path, {"a": {"slots": 2}, "e": {"embeddings": True}}), worker_command=WORKER_COMMAND)
+    usages: list[dict[str, int]] = []
+    with trio.fail_after(60):
+        async with serving_http(sup) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+
+                async def one(i: int) -> None:
+                    body = {"model": "a", "messages": [{"role": "user", "content": "w " * (i + 1)}], "max_tokens": 3 + i % 4}
+                    if i % 2:
+                        body |= {"stream": True, "stream_options": {"include_usage": True}}
+                        r = await c.post("/v1/chat/completions", json=body)
+                        last = [ln for ln in r.text.splitlines() if ln.startswith("data: {")][-1]
+                        usages.append(httpx.Response(200, content=last[6:]).json()["usage"])
+                    else:
+                        r = await c.post("/v1/chat/completions", json=body)
+                        usages.append(r.json()["usage"])
+                    assert r.status_code == 200
+
+                async with trio.open_nursery() as nursery:  # 24 at once on 2 slots: some wait
+                    for i in range(N):
+                        nursery.start_soon(one, i)
+                assert (await c.post("/v1/chat/completions", json={"model": "nope", "messages": []})).status_code == 404
+                assert (await c.get("/no/such/route")).status_code == 404
+                assert (await c.post("/v1/embeddings", json={"model": "e", "input": "a b c"})).status_code == 200
+                text = (await c.get("/metrics")).text
+    m = _samples(text)  # parses, or raises
+    chat = {"model": "a", "endpoint": "/v1/chat/completions"}
+    assert _value(m, "corral_requests_total", status="200", **chat) == N
+    assert _value(m, "corral_requests_total", model="", endpoint="/v1/chat/completions", status="404") == 1
+    assert _value(m, "corral_requests_total", model="", endpoint="unmatched", status="404") == 1
+    assert _value(m, "corral_requests_total", model="e", endpoint="/v1/embeddings", status="200") == 1
+    assert _value(m, "corral_request_duration_seconds_count", **chat) == N
+    for histogram in ("time_to_first_token", "time_per_output_token", "slot_queue", "load_queue"):
+        assert _value(m, f"corral_{histogram}_seconds_count", model="a") == N, histogram
+    assert _value(m, "corral_slot_queue_seconds_sum", model="a") > 0  # 24 requests on 2 slots waited
+    assert _value(m, "corral_generation_tokens_total", model="a") == sum(u["completion_tokens"] for u in usages)
+    assert _value(m, "corral_prompt_tokens_total", model="a") == sum(u["prompt_tokens"] for u in usages)
+    assert _value(m, "corral_prompt_tokens_cached_total", model="a") == 0  # the fake caches nothing
+    assert _value(m, "corral_prompt_tokens_total", model="e") == 4  # three words and BOS
+    # Histogram buckets are cumulative and end with every observation.
+    assert _value(m, "corral_time_to_first_token_seconds_bucket", model="a", le="+Inf") == N
