@@ -5,10 +5,15 @@ They need an admin key, or, with none configured, a client on loopback (router/a
 
 from __future__ import annotations
 
+import time
+from typing import Any, AsyncIterator
+
 import msgspec
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from router import sse
 from supervisor.errors import InvalidRequest
 from supervisor.supervisor import Supervisor
 
@@ -25,6 +30,15 @@ def _flag(value: str | None, param: str) -> bool:
     if word in _TRUE or word in _FALSE:
         return word in _TRUE
     raise InvalidRequest(f"`{param}` must be true or false, not {value!r}.", param)
+
+
+# Seconds between keep-alive comments on a quiet /admin/events stream.
+KEEPALIVE_SECONDS = 15.0
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    """One SSE event, named by its type (EventSource's addEventListener(type))."""
+    return b"event: " + str(obj["type"]).encode() + b"\n" + sse.event(_json.encode(obj))
 
 
 def register(app: QuartTrio, supervisor: Supervisor) -> None:
@@ -46,6 +60,27 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
                 "needs_restart": list(supervisor.needs_restart),
             }
         )
+
+    @app.get("/admin/events")
+    async def admin_events() -> Response:
+        """Server-sent events of every model's lifecycle (supervisor/events.py), after a
+        `snapshot` of every model as it is now. A slow reader loses its oldest events (and
+        is told how many), never slows the server."""
+        sub = supervisor.events.subscribe()
+        snapshot = {
+            "type": "snapshot", "time": time.time(),
+            "models": [h.statistics() for h in supervisor.handles.values()],
+        }
+
+        async def events() -> AsyncIterator[bytes]:
+            yield _event(snapshot)
+            while True:
+                with trio.move_on_after(KEEPALIVE_SECONDS) as quiet:
+                    event = await sub.next()
+                # A comment line keeps proxies from closing a quiet stream.
+                yield b": keep-alive\n\n" if quiet.cancelled_caught else _event(event)
+
+        return Response(sse.Body(events(), sub.close), status=200, headers=sse.HEADERS)
 
     @app.get("/admin/models/<path:name>")
     async def admin_model(name: str) -> Response:

@@ -145,10 +145,14 @@ class RequestStream:
 
 
 class WorkerConnection:
-    def __init__(self, name: str, stream: trio.abc.Stream, on_close: Callable[[], None]):
+    def __init__(
+        self, name: str, stream: trio.abc.Stream, on_close: Callable[[], None],
+        on_progress: Callable[[float], None] | None = None,
+    ):
         self.name = name
         self._stream = stream
         self._on_close = on_close
+        self._on_progress = on_progress  # each Loading frame's progress, while loading
         self._ids = itertools.count(1)
         self._pending: dict[int, trio.MemorySendChannel[Reply]] = {}
         self._choices: dict[int, int] = {}  # a generation's choices still running
@@ -320,7 +324,8 @@ class WorkerConnection:
         elif isinstance(frame, (Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult)):
             self._deliver(frame.id, frame, final=True)
         elif isinstance(frame, Loading):
-            pass  # progress is for the log of a slow load; nothing here shows it yet
+            if self._on_progress is not None:
+                self._on_progress(frame.progress)
         elif isinstance(frame, Ready):
             self.ready = frame
             self.last_pong = trio.current_time()

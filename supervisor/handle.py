@@ -28,6 +28,7 @@ from supervisor.footprint import Footprint, process_rss
 from supervisor.launcher import Launcher
 from supervisor.lease import Lease, LoadAttempt
 from supervisor.errors import WorkerUnavailable
+from supervisor.events import EventBus
 from supervisor.lifecycle import State
 from supervisor.replan import Immediate, Planner
 from supervisor.slot_queue import SlotQueue, Ticket
@@ -66,8 +67,10 @@ class ModelHandle:
         launcher: Launcher,
         admission: Admission | None = None,
         planner: Planner | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.launcher = launcher
+        self.events = events or EventBus()  # lifecycle events, for GET /admin/events
         self.admission = admission
         # Told of every state change and every finished request: the supervisor re-plans
         # the load queue and re-divides the cores.
@@ -197,6 +200,7 @@ class ModelHandle:
         if self.state in (State.STARTING, State.READY, State.DRAINING):
             self._unload = "force" if force or self._unload == "force" else "drain"
             self._unload_reason = reason
+            self.events.publish("unloading", model=self.name, reason=reason, force=force)
             self._poke()
 
     def respec(self, spec: ModelSpec) -> None:

@@ -47,8 +47,10 @@ async def open_worker(
     spec: WorkerSpec,
     command: Sequence[str],
     on_close: Callable[[], None],
+    on_progress: Callable[[float], None] | None = None,
 ) -> WorkerConnection:
-    """Spawn a worker in `nursery` and wait until it is Ready.
+    """Spawn a worker in `nursery` and wait until it is Ready; `on_progress` hears each
+    Loading frame's progress.
 
     Raises LoadFailed if the worker reports Failed or exits first. Cancellation (the caller's
     start timeout) kills the process: the nursery owns it.
@@ -62,7 +64,7 @@ async def open_worker(
     finally:
         child.close()  # the worker holds its own copy; ours would hide its EOF
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
-    conn = WorkerConnection(spec.name, stream, on_close)
+    conn = WorkerConnection(spec.name, stream, on_close, on_progress)
     conn.process = process
     nursery.start_soon(conn.reader)
     nursery.start_soon(conn.writer)
@@ -171,9 +173,11 @@ class Launcher(Protocol):
     use an in-process one, so that timing logic runs under trio's virtual clock."""
 
     async def start(
-        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
+        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None],
+        on_progress: Callable[[float], None] | None = None,
     ) -> WorkerConnection:
-        """A Ready worker whose tasks live in `nursery`; raises LoadFailed."""
+        """A Ready worker whose tasks live in `nursery`, which told `on_progress` of its
+        load's progress on the way; raises LoadFailed."""
         ...
 
     async def stop(self, conn: WorkerConnection, grace: float) -> None:
@@ -188,9 +192,10 @@ class ProcessLauncher:
         self.command = list(command or default_worker_command())
 
     async def start(
-        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
+        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None],
+        on_progress: Callable[[float], None] | None = None,
     ) -> WorkerConnection:
-        return await open_worker(nursery, spec, self.command, on_close)
+        return await open_worker(nursery, spec, self.command, on_close, on_progress)
 
     async def stop(self, conn: WorkerConnection, grace: float) -> None:
         await stop_worker(conn, grace)

@@ -107,7 +107,8 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
                 h.worker_threads = h.threads or h.spec.threads
                 with trio.fail_after(h.settings.start_timeout or float("inf")):
                     conn = await h.launcher.start(
-                        nursery, worker_spec(h.spec, h.worker_threads), h._poke
+                        nursery, worker_spec(h.spec, h.worker_threads), h._poke,
+                        on_progress=partial(_progress, h),
                     )
         except (LoadFailed, trio.TooSlowError, OSError) as exc:
             if isinstance(exc, trio.TooSlowError):
@@ -315,9 +316,14 @@ def _tell_threads(h: ModelHandle) -> None:
             pass
 
 
+def _progress(h: ModelHandle, progress: float) -> None:
+    h.events.publish("load_progress", model=h.name, progress=progress)
+
+
 def _set(h: ModelHandle, new: State, reason: str) -> None:
     check(h.state, new)
     log.info("%s: %s -> %s (%s)", h.name, h.state.value, new.value, reason)
+    h.events.publish("state", model=h.name, state=new.value, previous=h.state.value, reason=reason, pid=h.pid)
     h.state = new
     h._announce()
     h.planner.changed()

@@ -23,6 +23,7 @@ from supervisor.capacity import Limits, parse_size
 from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes
 from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
+from supervisor.events import EventBus
 from supervisor.errors import InvalidRequest, ModelNotFound
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import run_model
@@ -62,6 +63,7 @@ class Supervisor:
         # taskset narrows), shared among workers that have no explicit `threads`.
         self.cores = cores or len(os.sched_getaffinity(0))
         self.notifier = notifier or Notifier({})
+        self.events = EventBus()  # lifecycle events of every model (GET /admin/events)
         self.admission = Admission(self._every_handle, self._limits)
         self.planner = Replanner(self._replan)
         self.handles: dict[str, ModelHandle] = {
@@ -83,7 +85,7 @@ class Supervisor:
         self._planner_scope = trio.CancelScope()
 
     def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
-        return ModelHandle(spec, settings, self._launcher, self.admission, self.planner)
+        return ModelHandle(spec, settings, self._launcher, self.admission, self.planner, self.events)
 
     def _every_handle(self) -> list[ModelHandle]:
         """Configured models and removed ones that are still draining: both hold memory."""
@@ -157,6 +159,7 @@ class Supervisor:
                 except ConfigError as exc:
                     served = self._reloads_asked
                     self.config_error = "; ".join(exc.problems)
+                    self.events.publish("config_error", problems=exc.problems)
                     log.error("reload rejected, still running the old config: %s", self.config_error)
                     result = exc
                 self._finish_reloads(served, result)
@@ -230,6 +233,9 @@ class Supervisor:
         self.needs_restart = d.needs_restart
         self.planner.changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
         log.info("reloaded %s: %s", new.source, d.summary())
+        self.events.publish(
+            "reload", added=d.added, removed=d.removed, changed=d.changed, needs_restart=d.needs_restart
+        )
         return d
 
     def _revive(self, name: str) -> ModelHandle | None:

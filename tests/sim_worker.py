@@ -79,10 +79,11 @@ class SimLauncher:
         return [s for s in self.starts if s.name == name]
 
     async def start(
-        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None]
+        self, nursery: trio.Nursery, spec: WorkerSpec, on_close: Callable[[], None],
+        on_progress: Callable[[float], None] | None = None,
     ) -> WorkerConnection:
         ours, theirs = trio.testing.memory_stream_pair()
-        conn = WorkerConnection(spec.name, ours, on_close)
+        conn = WorkerConnection(spec.name, ours, on_close, on_progress)
         record = Start(spec.name, trio.current_time(), spec.threads, conn)
         self.starts.append(record)
         nursery.start_soon(conn.reader)
