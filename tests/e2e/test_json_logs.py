@@ -9,12 +9,15 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.conftest import start_server, stop_server
+from tests.secrets import secret
+
+KEY = secret("json-logs")
 
 CONFIG = """
 [server]
 port = {PORT}
 log_format = "json"
-api_keys = [{ key = "sk-json-log-key-0001", name = "ops" }]
+api_keys = [{ key = "KEY", name = "ops" }]
 
 [models.chat]
 path = "{MODEL}"
@@ -25,12 +28,12 @@ chat_template = "gemma"
 
 
 def test_every_line_is_one_json_object(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, CONFIG)
+    srv = start_server(tmp_path, CONFIG.replace("KEY", KEY))
     try:
         r = httpx.post(
             srv.url + "/v1/chat/completions",
             json={"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
-            headers={"authorization": "Bearer sk-json-log-key-0001", "x-request-id": "json-1"},
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": "json-1"},
             timeout=120,
         )
         assert r.status_code == 200 and r.headers["x-request-id"] == "json-1"
@@ -46,4 +49,4 @@ def test_every_line_is_one_json_object(tmp_path: Path) -> None:
     assert a["generated_tokens"] == r.json()["usage"]["completion_tokens"] and a["ttft"] > 0
     worker = [o for o in records if o.get("model") == "chat" and o["logger"].startswith("worker")]
     assert any("ready" in o["message"] for o in worker), records
-    assert "sk-json-log-key-0001" not in text
+    assert KEY not in text

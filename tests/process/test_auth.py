@@ -24,12 +24,13 @@ from supervisor.config import Config, parse
 from supervisor.supervisor import Supervisor
 from tests.harness import config_text, running
 from tests.process.support import WORKER_COMMAND, serving_http
+from tests.secrets import secret
 
-API = "sk-test-api-key-1111"
-SCOPED = "sk-test-scoped-key-2222"
-ADMIN = "sk-test-admin-key-3333"
-LATE = "sk-test-late-key-4444"
-WRONG = "sk-test-wrong-key-9999"
+API = secret("api")
+SCOPED = secret("scoped")
+ADMIN = secret("admin")
+LATE = secret("late")
+WRONG = secret("wrong")
 SECRETS = (API, SCOPED, ADMIN, LATE)
 
 REMOTE = {"client": ("10.1.2.3", 40000)}

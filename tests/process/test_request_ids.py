@@ -15,8 +15,9 @@ from supervisor.config import parse
 from supervisor.supervisor import Supervisor
 from tests.harness import config_text
 from tests.process.support import WORKER_COMMAND, serving_http
+from tests.secrets import secret
 
-KEY = "sk-access-log-key-1"
+KEY = secret("access-log")
 CHAT = {"model": "alias-a", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 5}
 
 

@@ -13,10 +13,11 @@ from supervisor.config import ConfigError, parse
 from supervisor.errors import Forbidden, Unauthorized
 from supervisor.keys import Keyring, KeySource
 from tests.harness import config_text
+from tests.secrets import secret
 
-API = "sk-api-key-000001"
-SCOPED = "sk-scoped-key-0002"
-ADMIN = "sk-admin-key-0003"
+API = secret("api")
+SCOPED = secret("scoped")
+ADMIN = secret("admin")
 
 
 def _ring(api: bool = True, admin: bool = True) -> Keyring:
@@ -77,7 +78,7 @@ def test_inference_routes_need_an_api_or_admin_key_once_api_keys_exist() -> None
             authorize(ring, Access.API, None, loopback)
         assert missing.value.message == MISSING
         with pytest.raises(Unauthorized) as wrong:
-            authorize(ring, Access.API, "sk-wrong-key-0000", loopback)
+            authorize(ring, Access.API, secret("wrong"), loopback)
         assert wrong.value.message == INCORRECT
     api = authorize(ring, Access.API, API, False)
     assert api is not None and api.name == "api_keys[0]"
@@ -98,7 +99,7 @@ def test_admin_routes_need_an_admin_key_when_one_is_configured() -> None:
         with pytest.raises(Unauthorized):
             authorize(ring, Access.ADMIN, None, loopback)
         with pytest.raises(Unauthorized):
-            authorize(ring, Access.ADMIN, "sk-wrong-key-0000", loopback)
+            authorize(ring, Access.ADMIN, secret("wrong"), loopback)
         with pytest.raises(Forbidden):
             authorize(ring, Access.ADMIN, API, loopback)
     admin = authorize(ring, Access.ADMIN, ADMIN, False)
@@ -116,7 +117,7 @@ def test_without_admin_keys_admin_routes_answer_loopback_only() -> None:
 
 def test_health_is_open_to_anyone() -> None:
     assert authorize(_ring(), Access.OPEN, None, False) is None
-    assert authorize(_ring(), Access.OPEN, "sk-wrong-key-0000", False) is None
+    assert authorize(_ring(), Access.OPEN, secret("wrong"), False) is None
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,11 @@ from supervisor import keys
 from supervisor.config import ConfigError, load, parse
 from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
 from tests.harness import config_text
+from tests.secrets import secret
 
-ALICE = "sk-alice-0123456789"
-BOB = "sk-bob-abcdefghijkl"
-ROOT = "sk-admin-zyxwvutsrq"
+ALICE = secret("alice")
+BOB = secret("bob")
+ROOT = secret("root")
 
 
 def _ring(*sources: KeySource) -> Keyring:
@@ -131,7 +132,7 @@ def _write(tmp_path: Path, server: dict[str, object]) -> Path:
 
 def test_load_gathers_config_file_and_environment_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "keys.txt").write_text(f"{BOB} name=bob models=alias-a\n")
-    monkeypatch.setenv("CORRAL_API_KEYS", "sk-from-the-env-1")
+    monkeypatch.setenv("CORRAL_API_KEYS", secret("env"))
     cfg = load(_write(tmp_path, {"api_keys": [ALICE], "api_keys_file": "keys.txt", "admin_keys": [ROOT]}))
     names = {k.name: (k.admin, k.models) for k in cfg.keys.keys}
     assert names == {
