@@ -10,6 +10,11 @@ from supervisor.errors import Overloaded, WorkerUnavailable
 from supervisor.slot_queue import RETRY_AFTER_MAX, SlotQueue, Ticket
 
 
+# A queue_timeout long enough never to end a wait: with one, every waiting request waits in
+# the line (no lookahead into the worker), which these tests watch.
+LINE = 3600.0
+
+
 def _queue(capacity: int) -> SlotQueue:
     q = SlotQueue("m")
     q.resize(capacity)
@@ -30,12 +35,12 @@ async def test_free_slots_are_taken_at_once_and_given_back() -> None:
 
 async def test_waiters_get_slots_in_arrival_order() -> None:
     q = _queue(1)
-    first = await q.take(1, None, 0)
+    first = await q.take(1, None, LINE)
     order: list[int] = []
     tickets: list[Ticket] = []
 
     async def wait(i: int) -> None:
-        t = await q.take(1, None, 0)
+        t = await q.take(1, None, LINE)
         order.append(i)
         tickets.append(t)
 
@@ -54,11 +59,11 @@ async def test_waiters_get_slots_in_arrival_order() -> None:
 
 async def test_a_big_request_is_not_overtaken_by_small_ones() -> None:
     q = _queue(2)
-    small = await q.take(1, None, 0)
+    small = await q.take(1, None, LINE)
     order: list[str] = []
 
     async def wait(name: str, slots: int) -> None:
-        t = await q.take(slots, None, 0)
+        t = await q.take(slots, None, LINE)
         order.append(name)
         await trio.sleep(0.01)
         t.release()
@@ -82,20 +87,20 @@ async def test_more_slots_than_the_model_has_take_all_of_them() -> None:
 
 async def test_past_max_queue_a_request_is_refused_at_once_with_an_estimate() -> None:
     q = _queue(1)
-    running = await q.take(1, None, 0)
+    running = await q.take(1, None, LINE)
     async with trio.open_nursery() as nursery:
         for _ in range(2):
-            nursery.start_soon(q.take, 1, 2, 0)
+            nursery.start_soon(q.take, 1, 2, LINE)
         await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(Overloaded) as exc:
-            await q.take(1, 2, 0)
+            await q.take(1, 2, LINE)
         assert "max_queue = 2" in exc.value.message
         # One hold assumed to take a second, and three holds (two waiting, then this one)
         # ahead on one slot.
         assert exc.value.retry_after == pytest.approx(3.0)
         # The next refused client is told to come a hold later: it is behind the first.
         with pytest.raises(Overloaded) as second:
-            await q.take(1, 2, 0)
+            await q.take(1, 2, LINE)
         assert second.value.retry_after == pytest.approx(4.0)
         nursery.cancel_scope.cancel()
     running.release()
@@ -124,14 +129,14 @@ async def test_queue_timeout_gives_up_with_a_503_and_leaves_the_line(autojump_cl
 
 async def test_a_waiter_that_leaves_lets_the_next_one_in() -> None:
     q = _queue(2)
-    held = await q.take(1, None, 0)
+    held = await q.take(1, None, LINE)
     got: list[int] = []
 
     async def big() -> None:
-        await q.take(2, None, 0)
+        await q.take(2, None, LINE)
 
     async def small() -> None:
-        t = await q.take(1, None, 0)
+        t = await q.take(1, None, LINE)
         got.append(t.slots)
 
     leaving = trio.CancelScope()
@@ -154,9 +159,9 @@ async def _run_in(scope: trio.CancelScope, f) -> None:  # type: ignore[no-untype
 
 async def test_a_grant_that_meets_a_cancelled_client_is_given_back() -> None:
     q = _queue(1)
-    held = await q.take(1, None, 0)
+    held = await q.take(1, None, LINE)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(q.take, 1, None, 0)
+        nursery.start_soon(q.take, 1, None, LINE)
         await trio.testing.wait_all_tasks_blocked()
         # The waiter is cancelled, and the slot granted to it before it runs again: it
         # must not keep it.
@@ -182,11 +187,11 @@ async def test_retry_after_follows_recent_hold_times(autojump_clock: trio.abc.Cl
 
 async def test_a_smaller_worker_after_a_restart_still_serves_the_line() -> None:
     q = _queue(4)
-    held = await q.take(4, None, 0)
+    held = await q.take(4, None, LINE)
     got: list[int] = []
 
     async def wait() -> None:
-        got.append((await q.take(3, None, 0)).slots)
+        got.append((await q.take(3, None, LINE)).slots)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait)
@@ -194,3 +199,47 @@ async def test_a_smaller_worker_after_a_restart_still_serves_the_line() -> None:
         q.resize(2)
         held.release()
     assert got == [2]
+
+
+async def test_without_a_timeout_one_request_per_slot_waits_in_the_worker() -> None:
+    q = _queue(2)
+    running = [await q.take(1, None, 0) for _ in range(2)]
+    # Two more go to the worker at once, to start the step a slot frees: still waiting.
+    ahead = [await q.take(1, None, 0) for _ in range(2)]
+    assert q.busy == 4 and q.waiting == 2
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        (await q.take(1, None, 0))
+        order.append(i)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, 5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert q.waiting == 3 and order == []  # the fifth waits here
+        running[0].release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [5] and q.waiting == 2
+    for t in (*running, *ahead):
+        t.release()
+
+
+async def test_max_queue_counts_the_requests_waiting_in_the_worker() -> None:
+    q = _queue(1)
+    held = [await q.take(1, 2, 0), await q.take(1, 2, 0)]  # running, and one in the worker
+    assert q.waiting == 1
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(q.take, 1, 2, 0)  # in line here
+        await trio.testing.wait_all_tasks_blocked()
+        assert q.waiting == 2
+        with pytest.raises(Overloaded):
+            await q.take(1, 2, 0)
+        nursery.cancel_scope.cancel()
+    for t in held:
+        t.release()
+    # max_queue = 0 leaves no room to wait anywhere.
+    z = _queue(1)
+    t = await z.take(1, 0, 0)
+    with pytest.raises(Overloaded):
+        await z.take(1, 0, 0)
+    t.release()
