@@ -259,18 +259,19 @@ class Generation:
             if ev.finish_reason is not None:
                 self._running[at] -= 1
                 if self._record is not None and ev.usage is not None:
-                    self._count(ev.usage, first_choice=self._running[at] == self._n - 1)
+                    self._count(ev.usage, first_of_prompt=self._running[at] == self._n - 1)
             if at:
                 ev = msgspec.structs.replace(ev, index=at * self._n + ev.index)
             return ev
         raise StopAsyncIteration
 
-    def _count(self, usage: Usage, first_choice: bool) -> None:
-        """A choice's usage into the access log: its generated tokens, and its prompt's
-        tokens once per prompt (the choices of a prompt share it)."""
+    def _count(self, usage: Usage, first_of_prompt: bool) -> None:
+        """A finished choice's usage into the access log: its generated tokens, and, for
+        the first of its prompt's choices to finish, the prompt's tokens (the choices of a
+        prompt share it)."""
         assert self._record is not None
         self._record.generated_tokens = (self._record.generated_tokens or 0) + usage.completion_tokens
-        if first_choice:
+        if first_of_prompt:
             self._record.prompt_tokens = (self._record.prompt_tokens or 0) + usage.prompt_tokens
             self._record.cached_tokens += usage.cached_tokens
 

@@ -54,8 +54,14 @@ async def test_every_answer_carries_a_request_id_and_logs_one_line(
                 assert missing.status_code == 404 and missing.headers["x-request-id"]
                 health = await c.get("/health")
                 assert health.headers["x-request-id"]
+                three = await c.post("/v1/chat/completions", json={**CHAT, "n": 3}, headers=auth)
+                assert three.status_code == 200
     lines = {f["request_id"]: f for f in _lines(caplog)}
-    assert len(_lines(caplog)) == 6 == len(lines)  # one line a request, each id its own
+    assert len(_lines(caplog)) == 7 == len(lines)  # one line a request, each id its own
+    # n = 3 choices share one prompt: counted once, as usage counts it.
+    n3 = lines[three.headers["x-request-id"]]
+    assert n3["prompt_tokens"] == three.json()["usage"]["prompt_tokens"]
+    assert n3["generated_tokens"] == three.json()["usage"]["completion_tokens"] == 15
     first = lines["trace-1"]
     assert first["key"] == "alice" and first["model"] == "a" and first["status"] == 200
     assert first["client"] == "127.0.0.1" and first["endpoint"] == "/v1/chat/completions" and first["method"] == "POST"
