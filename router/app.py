@@ -118,14 +118,14 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = schemas.decode(await bodies.read_body(), schemas.ChatRequest)
         handle = _generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
-        return await _generate(handle, chat_job(r, r.model or handle.name))
+        return await _generate(handle, chat_job(r, r.model or handle.name, handle.spec.max_tokens))
 
     @app.post("/v1/completions")
     @app.post("/completions")
     async def completions() -> Response:
         r: schemas.CompletionRequest = schemas.decode(await bodies.read_body(), schemas.CompletionRequest)
         handle = _generating_model(r.model)
-        return await _generate(handle, completion_job(r, r.model or handle.name))
+        return await _generate(handle, completion_job(r, r.model or handle.name, handle.spec.max_tokens))
 
     def _generating_model(model: str | None) -> ModelHandle:
         handle = resolve(model)

@@ -1,7 +1,9 @@
 """`corral`: the command line.
 
-  corral serve --config FILE      run the router and the supervisor in one process
+  corral serve --config FILE [--host H] [--port P]
+                                  run the router and the supervisor in one process
   corral config check FILE        validate a config file and report every problem
+  corral --version
 
 This module is the composition root: it builds the supervisor and the HTTP app and runs
 both in one trio nursery. It lives in router/ because the supervisor never imports the
@@ -11,6 +13,7 @@ router; imports go router -> supervisor -> worker.protocol.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import signal
@@ -24,7 +27,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from router.app import create_app
 from router.auth import refuse_bind
-from supervisor.config import Config, ConfigError, load
+from supervisor.config import Config, ConfigError, load, with_server
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
 from worker import log_format
@@ -40,14 +43,16 @@ async def serve(
     cfg: Config,
     *,
     worker_command: Sequence[str] | None = None,
+    server_overrides: dict[str, object] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT or SIGTERM: then stop accepting, finish responses, stop workers.
 
     `worker_command` replaces `python -m worker` (the tests run the whole server with fake
-    workers)."""
+    workers); `server_overrides` are [server] keys given on the command line."""
     notifier = Notifier()
-    supervisor = Supervisor(cfg, worker_command=worker_command, notifier=notifier)
+    supervisor = Supervisor(cfg, worker_command=worker_command, notifier=notifier, server_overrides=server_overrides)
+    cfg = supervisor.config
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
@@ -117,6 +122,13 @@ async def _keep_systemd_posted(notifier: Notifier, supervisor: Supervisor) -> No
         await trio.sleep(period)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("corral")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown (not installed)"
+
+
 def _print_problems(exc: ConfigError) -> None:
     for problem in exc.problems:
         print(f"{exc.source}: {problem}" if exc.source else problem, file=sys.stderr)
@@ -124,10 +136,13 @@ def _print_problems(exc: ConfigError) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="corral", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--version", action="version", version=f"corral {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the models of a config file")
     s.add_argument("--config", required=True, help="path to config.toml")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--host", help="address to listen on (overrides [server] host)")
+    s.add_argument("--port", type=int, help="port to listen on (overrides [server] port)")
     c = sub.add_parser("config", help="work with config files")
     csub = c.add_subparsers(dest="config_command", required=True)
     chk = csub.add_parser("check", help="validate a config file")
@@ -149,13 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         _print_problems(exc)
         return 1
+    overrides: dict[str, object] = {
+        key: value for key, value in (("host", args.host), ("port", args.port)) if value is not None
+    }
+    if args.port is not None and not 0 <= args.port <= 65535:
+        print(f"--port: must be 0..65535, got {args.port}", file=sys.stderr)
+        return 1
+    cfg = with_server(cfg, overrides)
     log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
     os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
     if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
         print(f"{args.config}: {why}", file=sys.stderr)
         return 1
     try:
-        trio.run(partial(serve, cfg))
+        trio.run(partial(serve, cfg, server_overrides=overrides))
     except OSError as exc:
         log.error("cannot serve: %s", exc)
         return 1

@@ -67,12 +67,15 @@ class GenerationJob:
         return self.params.timings_per_token
 
 
-def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
-    """`model` is the name the response gives: the request's, or the default model's."""
+def chat_job(r: schemas.ChatRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
+    """`model` is the name the response gives: the request's, or the default model's;
+    `default_max_tokens` the model's limit for a request that sets none."""
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     param = "max_tokens"
     if max_tokens is None and r.n_predict is not None:
         max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
+    elif max_tokens is None:
+        max_tokens = default_max_tokens
     params = schemas.sampling_params(r, max_tokens, param)
     params = msgspec.structs.replace(params, logprobs=schemas.chat_logprobs(r))
     return GenerationJob(
@@ -87,8 +90,8 @@ def chat_job(r: schemas.ChatRequest, model: str) -> GenerationJob:
     )
 
 
-def completion_job(r: schemas.CompletionRequest, model: str) -> GenerationJob:
-    params = schemas.sampling_params(r, *_completion_max_tokens(r))
+def completion_job(r: schemas.CompletionRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
+    params = schemas.sampling_params(r, *_completion_max_tokens(r, default_max_tokens))
     params = msgspec.structs.replace(params, logprobs=schemas.completion_logprobs(r))
     prompts = schemas.completion_prompts(r)
     one = prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None
@@ -104,13 +107,14 @@ def completion_job(r: schemas.CompletionRequest, model: str) -> GenerationJob:
     )
 
 
-def _completion_max_tokens(r: schemas.CompletionRequest) -> tuple[int | None, str]:
+def _completion_max_tokens(r: schemas.CompletionRequest, default: int | None) -> tuple[int | None, str]:
     """The token limit and the parameter it came from."""
     if r.max_tokens is not None:
         return r.max_tokens, "max_tokens"
     if r.n_predict is not None:
         return schemas.n_predict_tokens(r.n_predict), "n_predict"
-    return 16, "max_tokens"  # OpenAI's default for the legacy completions endpoint
+    # The model's own default, else OpenAI's for the legacy completions endpoint.
+    return (default if default is not None else 16), "max_tokens"
 
 
 def _constrained(params: SamplingParams, c: Constraint | None) -> SamplingParams:

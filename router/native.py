@@ -57,7 +57,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
     async def completion() -> Response:
         r: NativeCompletionRequest = schemas.decode(await bodies.read_body(), NativeCompletionRequest)
         handle = generating_model(r.model)
-        params = native_params(r)
+        params = native_params(r, handle.spec.max_tokens)
         prompt = native_prompt(r)
         name = r.model if r.model is not None else handle.name
         job = GenerationJob(

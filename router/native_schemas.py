@@ -102,9 +102,11 @@ class SlotsQuery(msgspec.Struct, forbid_unknown_fields=True):
     fail_on_no_slot: str | None = None
 
 
-def native_params(r: NativeCompletionRequest) -> SamplingParams:
+def native_params(r: NativeCompletionRequest, default_max_tokens: int | None = None) -> SamplingParams:
     """The worker's sampling parameters for a /completion request; 400 naming the
-    parameter for anything Corral cannot do."""
+    parameter for anything Corral cannot do. `default_max_tokens` is the model's limit
+    for a request that sets neither max_tokens nor n_predict (an explicit n_predict = -1
+    still means no limit)."""
     for name, off in _OFF.items():
         value = getattr(r, name)
         if value != off:
@@ -117,6 +119,8 @@ def native_params(r: NativeCompletionRequest) -> SamplingParams:
     max_tokens: int | None
     if r.max_tokens is not None:  # llama-server takes max_tokens for n_predict
         max_tokens, param = r.max_tokens, "max_tokens"
+    elif r.n_predict is None:
+        max_tokens, param = default_max_tokens, "max_tokens"
     else:
         max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
     params = schemas.sampling_params(r, max_tokens, param, min_tokens=0)

@@ -98,6 +98,10 @@ class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
     # limit).
     max_queue: int | None = None
     queue_timeout: float = 0.0
+    # The token limit of a request that sets none (max_tokens, max_completion_tokens or
+    # n_predict). None: the chat runs until the model stops or the context is full, and
+    # a legacy completion stops at 16, as OpenAI's does.
+    max_tokens: int | None = None
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -137,6 +141,7 @@ class ModelSpec(ModelOptions, frozen=True):
     pinned: bool = False
     max_queue: int | None = None
     queue_timeout: float = 0.0
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,7 @@ def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None 
             pinned=m.pinned,
             max_queue=m.max_queue,
             queue_timeout=m.queue_timeout,
+            max_tokens=m.max_tokens,
             # The worker's options pass as written, except a template file's path: it is
             # relative to the config file, which the worker knows nothing of.
             **options_of(replace(m, chat_template=_template(m.chat_template, base_dir))),
@@ -296,6 +302,14 @@ def from_bytes(data: bytes, path: str | os.PathLike[str]) -> Config:
     return dataclasses.replace(cfg, source=p)
 
 
+def with_server(cfg: Config, overrides: dict[str, object]) -> Config:
+    """`cfg` with [server] keys replaced (`corral serve --host/--port`): applied to the
+    file at start and at every reload, so that a reload does not see them as changes."""
+    if not overrides:
+        return cfg
+    return dataclasses.replace(cfg, server=replace(cfg.server, **overrides))
+
+
 def _resolve(path: str, base_dir: Path) -> Path:
     return (base_dir / os.path.expanduser(path)).resolve()
 
@@ -385,6 +399,8 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
+        if m.max_tokens is not None and m.max_tokens < 1:
+            yield f"{at}.max_tokens: must be at least 1, got {m.max_tokens}"
         if m.max_queue is not None and m.max_queue < 0:
             yield f"{at}.max_queue: must be >= 0 (0: no waiting at all), got {m.max_queue}"
         if not _seconds(m.queue_timeout):

@@ -20,7 +20,7 @@ import trio
 
 from supervisor.admission import Admission
 from supervisor.capacity import Limits, parse_size
-from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes
+from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes, with_server
 from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
 from supervisor.events import EventBus
@@ -56,8 +56,12 @@ class Supervisor:
         notifier: Notifier | None = None,
         launcher: Launcher | None = None,
         cores: int | None = None,
+        server_overrides: dict[str, object] | None = None,
     ) -> None:
-        self.config = config
+        # [server] keys from the command line (corral serve --host/--port), which every
+        # reloaded file gets too.
+        self._server_overrides = server_overrides or {}
+        self.config = with_server(config, self._server_overrides)
         self._launcher = launcher or ProcessLauncher(worker_command)
         # The CPUs this process may run on (its affinity mask, which a cgroup cpuset or
         # taskset narrows), shared among workers that have no explicit `threads`.
@@ -73,7 +77,7 @@ class Supervisor:
         self._retired: list[ModelHandle] = []  # removed by a reload, maybe still draining
         self.config_error: str | None = None  # the last reload's problems, if it failed
         self.needs_restart: tuple[str, ...] = ()
-        self._listening = config.server  # what the socket was opened with; reloads cannot change it
+        self._listening = self.config.server  # what the socket was opened with; reloads cannot change it
         # Reload requests are numbered; a finished reload serves every request made before
         # it read the file for the last time.
         self._reloads_asked = 0
@@ -151,7 +155,7 @@ class Supervisor:
                 result: ConfigDiff | ConfigError
                 try:
                     data, served = await self._settled_bytes()
-                    result = self.reload(from_bytes(data, self._source()))
+                    result = self.reload(with_server(from_bytes(data, self._source()), self._server_overrides))
                     # Whoever asked sees the failed models reset when the answer comes. A
                     # failed model's loop sleeps until poked, so this wait is a tick long.
                     for handle in list(self.handles.values()):

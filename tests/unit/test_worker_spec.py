@@ -15,7 +15,7 @@ from worker.protocol import ModelOptions, WorkerSpec, options_of
 
 # The keys of a [models.NAME] table that only the supervisor acts on. A new key that the
 # worker needs belongs in ModelOptions instead, where it reaches the worker by itself.
-SUPERVISOR_ONLY = {"path", "aliases", "idle_timeout", "preload", "pinned", "max_queue", "queue_timeout"}
+SUPERVISOR_ONLY = {"path", "aliases", "idle_timeout", "preload", "pinned", "max_queue", "queue_timeout", "max_tokens"}
 
 
 def fields(cls: type[msgspec.Struct]) -> set[str]:
