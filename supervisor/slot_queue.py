@@ -58,7 +58,9 @@ class SlotQueue:
         self._line: deque[_Waiter] = deque()
         self.mean_hold = _FIRST_GUESS
         self.lookahead = 0  # requests the worker may hold beyond its slots (see above)
-        self._promised: list[float] = []  # when refused clients were told to come back
+        # When refused clients were told to come back, oldest first (each later than the
+        # last, but for a change in mean_hold, which only blurs the count a little).
+        self._promised: deque[float] = deque()
 
     @property
     def waiting(self) -> int:
@@ -75,7 +77,8 @@ class SlotQueue:
         """Seconds until a request arriving now could expect a slot: the requests in line
         and those told to come back before then are ahead of it."""
         now = trio.current_time()
-        self._promised = [t for t in self._promised if t > now]
+        while self._promised and self._promised[0] <= now:
+            self._promised.popleft()  # amortised O(1): a flood of refusals stays cheap
         ahead = self.waiting + len(self._promised) + 1
         rounds = math.ceil(ahead / max(self.capacity, 1))
         return min(max(self.mean_hold * rounds, 1.0), RETRY_AFTER_MAX)
@@ -85,7 +88,8 @@ class SlotQueue:
         later time, so that refused clients come back one after another instead of all
         at once (the openai clients wait exactly as told)."""
         wait = self.retry_after()
-        self._promised.append(trio.current_time() + wait)
+        if wait < RETRY_AFTER_MAX:  # past the horizon, every client hears the same
+            self._promised.append(trio.current_time() + wait)
         return wait
 
     def resize(self, capacity: int) -> None:
@@ -107,8 +111,8 @@ class SlotQueue:
             return self._grant(me)
         if max_queue is not None and self.waiting >= max_queue:
             raise Overloaded(
-                f"model {self.name!r} is at capacity: {self.busy} slot(s) busy and "
-                f"{self.waiting} request(s) waiting (max_queue = {max_queue}); retry later",
+                f"model {self.name!r} is at capacity: {min(self.busy, self.capacity)} of {self.capacity} "
+                f"slot(s) busy and {self.waiting} request(s) waiting (max_queue = {max_queue}); retry later",
                 retry_after=self._refusal_wait(),
             )
         self._line.append(me)

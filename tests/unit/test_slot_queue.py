@@ -243,3 +243,16 @@ async def test_max_queue_counts_the_requests_waiting_in_the_worker() -> None:
     with pytest.raises(Overloaded):
         await z.take(1, 0, 0)
     t.release()
+
+
+async def test_a_flood_of_refusals_stays_cheap_and_bounded(autojump_clock: trio.abc.Clock) -> None:
+    q = _queue(1)
+    held = await q.take(1, 0, 0)
+    for _ in range(20_000):
+        with pytest.raises(Overloaded):
+            await q.take(1, 0, 0)
+    # Promises stop at the 60 s horizon: the first guess of a 1 s hold gives 59 of them.
+    assert len(q._promised) < 60 and q.retry_after() == RETRY_AFTER_MAX
+    await trio.sleep(RETRY_AFTER_MAX + 1)
+    assert q.retry_after() == pytest.approx(1.0)  # every promise has come due
+    held.release()
