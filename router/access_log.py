@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from hypercorn.typing import ASGISendCallable, ASGISendEvent, HTTPScope
+from hypercorn.typing import ASGISendCallable, ASGISendEvent, HTTPScope, WebsocketScope
 from quart import has_request_context, request
 from quart_trio import QuartTrio
 
@@ -88,13 +88,19 @@ def line(f: dict[str, Any]) -> str:
     )
 
 
+def peer(scope: HTTPScope | WebsocketScope) -> str | None:
+    """The connection's peer address (None: a Unix socket, or an in-process client). From
+    the ASGI scope, never from a header a client could write."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
+
+
 def begin(scope: HTTPScope) -> Record:
     """The record of a request that just arrived, kept in its scope."""
     sent = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == HEADER.encode()), None)
-    client = scope.get("client")
     record = Record(
         id=request_id(sent),
-        client=str(client[0]) if client else None,
+        client=peer(scope),
         method=scope["method"],
         path=scope["path"],
         started=time.monotonic(),

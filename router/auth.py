@@ -135,18 +135,13 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
             supervisor.config.keys,
             access_of(request.path),
             presented_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
-            is_loopback(peer_address()),
+            # Quart's request.remote_addr comes from a Remote-Addr header it sets first
+            # and the client's own headers then join: one reordering away from a client
+            # naming its own address. The scope's peer cannot be forged.
+            is_loopback(access_log.peer(request.scope)),
         )
         if key is not None and (record := access_log.current()) is not None:
             record.key = key.name
-
-
-def peer_address() -> str | None:
-    """The connection's peer, from the ASGI scope. Not `request.remote_addr`: Quart
-    builds that from a Remote-Addr header that it sets first and the client's own headers
-    then join, which is one reordering away from a client naming its own address."""
-    client = request.scope.get("client")
-    return str(client[0]) if client else None
 
 
 def refuse_bind(host: str, ring: Keyring, allow_insecure_bind: bool) -> str | None:

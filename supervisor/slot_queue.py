@@ -69,9 +69,13 @@ class SlotQueue:
         return len(self._line) + max(0, self.busy - self.capacity)
 
     @property
-    def _limit(self) -> int:
-        """Slots that may be handed out: the worker's, and the lookahead."""
-        return max(self.capacity, 1) + self.lookahead
+    def _slots(self) -> int:
+        """The worker's slots (1 until its Ready says)."""
+        return max(self.capacity, 1)
+
+    def _need(self, w: _Waiter) -> int:
+        """What a waiter takes: its slots, at most all of the worker's."""
+        return min(w.slots, self._slots)
 
     def retry_after(self) -> float:
         """Seconds until a request arriving now could expect a slot: the requests in line
@@ -80,7 +84,7 @@ class SlotQueue:
         while self._promised and self._promised[0] <= now:
             self._promised.popleft()  # amortised O(1): a flood of refusals stays cheap
         ahead = self.waiting + len(self._promised) + 1
-        rounds = math.ceil(ahead / max(self.capacity, 1))
+        rounds = math.ceil(ahead / self._slots)
         return min(max(self.mean_hold * rounds, 1.0), RETRY_AFTER_MAX)
 
     def _refusal_wait(self) -> float:
@@ -103,7 +107,7 @@ class SlotQueue:
         `max_queue` None: no bound; `timeout` 0: wait as long as it takes. Raises
         Overloaded or WorkerUnavailable."""
         me = _Waiter(max(1, slots))
-        lookahead = 0 if timeout else min(max(self.capacity, 1), max_queue if max_queue is not None else math.inf)
+        lookahead = 0 if timeout else min(self._slots, max_queue if max_queue is not None else math.inf)
         if lookahead != self.lookahead:
             self.lookahead = int(lookahead)
             self._admit()
@@ -138,10 +142,11 @@ class SlotQueue:
         self._admit()  # the one behind may fit where this one did not
 
     def _fits(self, w: _Waiter) -> bool:
-        return self.busy + min(w.slots, max(self.capacity, 1)) <= self._limit
+        # the worker's slots, and the lookahead
+        return self.busy + self._need(w) <= self._slots + self.lookahead
 
     def _grant(self, w: _Waiter) -> Ticket:
-        n = min(w.slots, max(self.capacity, 1))
+        n = self._need(w)
         self.busy += n
         w.ticket = Ticket(self, n)
         w.granted.set()
