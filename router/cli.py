@@ -1,9 +1,12 @@
 """`corral`: the command line.
 
-  corral serve --config FILE [--host H] [--port P]
+  corral serve [--config FILE] [--host H] [--port P]
                                   run the router and the supervisor in one process
-  corral config check FILE        validate a config file and report every problem
+  corral config check [FILE]      validate a config file and report every problem
   corral --version
+
+Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
+~/.config/corral/config.toml and /etc/corral/config.toml (supervisor/config_search.py).
 
 This module is the composition root: it builds the supervisor and the HTTP app and runs
 both in one trio nursery. It lives in router/ because the supervisor never imports the
@@ -26,7 +29,9 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from router.app import create_app
+from router import cli_config
 from router.auth import refuse_bind
+from router.cli_common import add_config_option, config_path, print_problems
 from supervisor.config import Config, ConfigError, load, with_server
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
@@ -129,40 +134,29 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _print_problems(exc: ConfigError) -> None:
-    for problem in exc.problems:
-        print(f"{exc.source}: {problem}" if exc.source else problem, file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="corral", description=__doc__.split("\n\n")[0])
     ap.add_argument("--version", action="version", version=f"corral {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the models of a config file")
-    s.add_argument("--config", required=True, help="path to config.toml")
+    add_config_option(s)
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--host", help="address to listen on (overrides [server] host)")
     s.add_argument("--port", type=int, help="port to listen on (overrides [server] port)")
-    c = sub.add_parser("config", help="work with config files")
-    csub = c.add_subparsers(dest="config_command", required=True)
-    chk = csub.add_parser("check", help="validate a config file")
-    chk.add_argument("file")
+    s.set_defaults(run=_serve_command)
+    # Each further subcommand lives in a module of its own, with an add(sub) that sets
+    # its parser's `run`.
+    cli_config.add(sub)
     args = ap.parse_args(argv)
+    return int(args.run(args))
 
-    if args.command == "config":
-        try:
-            cfg = load(args.file)
-        except ConfigError as exc:
-            _print_problems(exc)
-            return 1
-        names = ", ".join(cfg.models)
-        print(f"{args.file}: ok ({len(cfg.models)} model(s): {names})")
-        return 0
 
+def _serve_command(args: argparse.Namespace) -> int:
     try:
-        cfg = load(args.config)
+        path = config_path(args.config)
+        cfg = load(path)
     except ConfigError as exc:
-        _print_problems(exc)
+        print_problems(exc)
         return 1
     overrides: dict[str, object] = {
         key: value for key, value in (("host", args.host), ("port", args.port)) if value is not None
@@ -174,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
     os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
     if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
-        print(f"{args.config}: {why}", file=sys.stderr)
+        print(f"{path}: {why}", file=sys.stderr)
         return 1
     try:
         trio.run(partial(serve, cfg, server_overrides=overrides))
