@@ -10,12 +10,12 @@ MODEL  := models/gemma-3-270m-Q4_K_M.gguf
 CONFIG ?= examples/config.toml
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup model bench clean
+.PHONY: serve test setup model bench clean system-packages
 
 serve: setup model
 	$(BIN)/corral serve --config $(CONFIG)
 
-test: setup model
+test: setup model system-packages
 	$(BIN)/mypy router supervisor worker
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -23,6 +23,19 @@ bench: setup model
 	$(BIN)/python -m bench.throughput
 
 setup: $(STAMP)
+
+# Debian packages the tests drive, installed where missing: chromium (the dashboard is tested
+# in a headless browser) and systemd (systemd-analyze checks the example unit).
+system-packages:
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
