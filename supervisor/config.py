@@ -8,6 +8,7 @@ error is reported as `key.path: what is wrong`, so that `corral config check`, s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -19,8 +20,9 @@ from typing import Iterator, Literal
 import msgspec
 from msgspec.structs import replace
 
-from supervisor import msgspec_errors
+from supervisor import gguf_meta
 from supervisor.capacity import parse_size
+from supervisor.config_types import Seconds, convert_table, show, suggestion
 from supervisor import keys
 from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
@@ -33,7 +35,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Upper bound on a request body; OpenAI payloads with long chats stay far below it.
     max_body_bytes: int = 16 * 1024 * 1024
     # On SIGTERM/SIGINT, how long requests in flight may take to finish before being cut.
-    drain_timeout: float = 30.0
+    drain_timeout: Seconds = 30.0
     # Where a request that names no model goes (a name or an alias). Without it, a request
     # must name its model. Applies on reload, unlike the keys above.
     default_model: str | None = None
@@ -58,20 +60,20 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    idle_timeout: float = 600.0  # seconds; 0 = never unload
-    start_timeout: float = 120.0  # seconds from spawn to Ready
-    stop_grace: float = 5.0  # seconds between SIGTERM and SIGKILL
+    idle_timeout: Seconds = 600.0  # seconds; 0 = never unload
+    start_timeout: Seconds = 120.0  # seconds from spawn to Ready
+    stop_grace: Seconds = 5.0  # seconds between SIGTERM and SIGKILL
     # A ping over the worker socket every health_interval seconds (0 disables). A worker
     # that has not answered for health_misses intervals is hung: it is killed and replaced.
-    health_interval: float = 10.0
+    health_interval: Seconds = 10.0
     health_misses: int = 3
     # A worker that fails to load, or dies within min_uptime seconds of Ready, is a failed
     # start: retried after backoff_base * 2^(n-1) seconds (capped at backoff_max), and after
     # start_retries failures in a row the model is failed until a reset or reload.
-    min_uptime: float = 5.0
+    min_uptime: Seconds = 5.0
     start_retries: int = 3
-    backoff_base: float = 1.0
-    backoff_max: float = 60.0
+    backoff_base: Seconds = 1.0
+    backoff_max: Seconds = 60.0
     # Capacity. A model that does not fit evicts the least recently used idle, unpinned
     # models; if none can go, its requests queue (first come, first served) for up to
     # load_wait seconds, then get 503 with Retry-After. load_wait also bounds a request's
@@ -79,10 +81,10 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # has loaded, then its worker's resident memory.
     max_loaded_models: int = 0  # 0: no limit
     memory_budget: int | str = 0  # bytes, or "12GiB", "8GB", ...; 0: no limit
-    load_wait: float = 60.0
+    load_wait: Seconds = 60.0
     # A reload (SIGHUP, POST /admin/reload) applies the file once it has stayed the same
     # for this long, so a file caught mid-write is never applied half-written.
-    reload_settle: float = 0.5
+    reload_settle: Seconds = 0.5
 
 
 class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
@@ -90,14 +92,14 @@ class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
 
     path: str
     aliases: list[str] = []
-    idle_timeout: float | None = None  # overrides [supervisor] idle_timeout
+    idle_timeout: Seconds | None = None  # overrides [supervisor] idle_timeout
     preload: bool = False  # load at start instead of on the first request
     pinned: bool = False  # never unloaded for idleness
     # Requests waiting for a slot (supervisor/slot_queue.py): beyond max_queue a request
     # gets 429 at once (None: no bound); after queue_timeout seconds in line, 503 (0: no
     # limit).
     max_queue: int | None = None
-    queue_timeout: float = 0.0
+    queue_timeout: Seconds = 0.0
     # The token limit of a request that sets none (max_tokens, max_completion_tokens or
     # n_predict). None: the chat runs until the model stops or the context is full, and
     # a legacy completion stops at 16, as OpenAI's does.
@@ -164,24 +166,6 @@ class Config:
         return None
 
 
-_EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`")
-
-
-def _format_msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> str:
-    """Turn "Expected `int`, got `str` - at `$.n_ctx`" into "models.a.n_ctx: expected int,
-    got str", where `prefix` names the table that was being converted."""
-    p = msgspec_errors.problem(exc)
-    path = f"{prefix}.{p.key}" if prefix and p.key else prefix or p.key
-    if p.unknown is not None:
-        return f"{path}: unknown key"
-    if p.missing is not None:
-        return f"{path}: required key is missing"
-    msg = p.message
-    if e := _EXPECTED.match(msg):
-        msg = f"expected {e.group('want')}, got {e.group('got')}"
-    return f"{path or '(top level)'}: {msg[0].lower() + msg[1:] if msg else msg}"
-
-
 def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None = None) -> Config:
     """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value. Raises
     ConfigError naming every problem found."""
@@ -191,8 +175,8 @@ def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None 
         raise ConfigError([f"(syntax): {exc}"], source) from exc
     except RecursionError as exc:  # tomllib recurses per nesting level
         raise ConfigError(["(syntax): arrays or tables nested too deeply"], source) from exc
-    file = _convert(raw, source)
-    problems = list(_check(file, base_dir))
+    file, broken, problems = _convert(raw)
+    problems += _check(file, base_dir, broken)
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
     if problems:
@@ -249,33 +233,49 @@ def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, l
     return keyring, problems + unknown
 
 
-class _Sections(msgspec.Struct, forbid_unknown_fields=True):
-    server: ServerConfig = ServerConfig()
-    supervisor: SupervisorConfig = SupervisorConfig()
-    models: dict[str, dict[str, object]] = {}
+_SECTIONS = {"server": ServerConfig, "supervisor": SupervisorConfig, "models": None}
 
 
-def _convert(raw: dict[str, object], source: str) -> ConfigFile:
-    """Type-check the file section by section and model by model.
-
-    msgspec writes dict keys as `[...]` in its error paths, so each model table is
-    converted on its own, which keeps its name in the message and reports one problem per
-    table instead of stopping at the first.
-    """
-    try:
-        sections = msgspec.convert(raw, _Sections)
-    except msgspec.ValidationError as exc:
-        raise ConfigError([_format_msgspec_error(exc)], source) from exc
+def _convert(raw: dict[str, object]) -> tuple[ConfigFile, set[str], list[str]]:
+    """Type-check the file key by key (supervisor/config_types.py): the file built from
+    what passed, the names of models whose table could not be built, and every problem."""
     problems: list[str] = []
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            continue
+        close = suggestion(key, _SECTIONS)
+        if isinstance(value, dict) and close:
+            # [model.a] for [models.a]: name the tables as the file spells them.
+            right = close.removeprefix(" (did you mean ").removesuffix("?)")
+            subs = [k for k, v in value.items() if isinstance(v, dict)] if right == "models" else []
+            for sub in subs or [None]:
+                wrong = f"{key}.{_key(sub)}" if sub is not None else key
+                good = f"{right}.{_key(sub)}" if sub is not None else right
+                problems.append(f"[{wrong}]: unknown table (did you mean [{good}]?)")
+        else:
+            problems.append(f"{key}: unknown {'table' if isinstance(value, dict) else 'key'}{close}")
+    server = convert_table(raw.get("server", {}), ServerConfig, "server", problems) or ServerConfig()
+    supervisor = convert_table(raw.get("supervisor", {}), SupervisorConfig, "supervisor", problems) or SupervisorConfig()
     models: dict[str, ModelConfig] = {}
-    for name, table in sections.models.items():
-        try:
-            models[name] = msgspec.convert(table, ModelConfig)
-        except msgspec.ValidationError as exc:
-            problems.append(_format_msgspec_error(exc, prefix=f"models.{name}"))
-    if problems:
-        raise ConfigError(problems, source)
-    return ConfigFile(sections.server, sections.supervisor, models)
+    broken: set[str] = set()
+    tables = raw.get("models", {})
+    if not isinstance(tables, dict):
+        problems.append(f"models: expected tables [models.NAME], got {show(tables)}")
+        tables = {}
+    elif not tables:
+        problems.append("models: at least one [models.NAME] table is required")
+    for name, table in tables.items():
+        m = convert_table(table, ModelConfig, f"models.{_key(name)}", problems)
+        if m is None:
+            broken.add(name)
+        else:
+            models[name] = m
+    return ConfigFile(server, supervisor, models), broken, problems
+
+
+def _key(name: str) -> str:
+    """A key as TOML writes it in a dotted path: bare if it can be, quoted if not."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name, ensure_ascii=False)
 
 
 def load(path: str | os.PathLike[str]) -> Config:
@@ -330,8 +330,9 @@ def _seconds(value: float) -> bool:
 _ORIGIN = re.compile(r"\*|[a-z][a-z0-9+.-]*://[^/?#\s]+")
 
 
-def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
-    """Semantic checks msgspec's types cannot express. Yields `key.path: message`."""
+def _check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterator[str]:
+    """Semantic checks msgspec's types cannot express. Yields `key.path: message`.
+    `broken` models had tables too wrong to build; they were reported already."""
     srv, sup = file.server, file.supervisor
     if not 0 <= srv.port <= 65535:
         yield f"server.port: must be 0..65535, got {srv.port}"
@@ -372,23 +373,21 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
                 f"server.cors_origins[{i}]: {origin!r} is not an origin: scheme://host[:port] "
                 'with no path (as a browser sends it), or "*"'
             )
-    if not file.models:
-        yield "models: at least one [models.NAME] table is required"
     default = srv.default_model
-    if default is not None and default not in file.models and not any(
+    if default is not None and default not in file.models and default not in broken and not any(
         default in m.aliases for m in file.models.values()
     ):
         yield f"server.default_model: {default!r} is neither a model nor an alias in [models]"
     seen: dict[str, str] = {name: f"models.{name}" for name in file.models}
     for name, m in file.models.items():
-        at = f"models.{name}"
+        at = f"models.{_key(name)}"
         if not name.strip():
             yield f"{at}: model name must not be empty"
         elif not name.isprintable():
             yield f"{at}: model name {name!r} has control characters"
-        p = _resolve(m.path, base_dir)
-        if not p.is_file():
-            yield f"{at}.path: no such file: {p}"
+        # A file that is not a GGUF model, or was cut short, would fail every load.
+        if (why := gguf_meta.problem(_resolve(m.path, base_dir))) is not None:
+            yield f"{at}.path: {why}"
         if not 1 <= m.slots <= 256:
             yield f"{at}.slots: must be 1..256, got {m.slots}"
         if m.n_ctx < 16:

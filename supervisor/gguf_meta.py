@@ -7,7 +7,10 @@ needs have been seen, so a 262k-token vocabulary array later in the header costs
 
 from __future__ import annotations
 
+import functools
+import math
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -60,7 +63,12 @@ def _value(f: BinaryIO, vtype: int) -> Value | None:
                 return None
             return list(_read(f, _SCALARS[etype] * count))  # type: ignore[arg-type]
         for _ in range(count):  # arrays of strings (a vocabulary) or nested arrays: skip
-            _value(f, etype)
+            if etype == _STRING:
+                (n,) = _read(f, "Q")
+                assert isinstance(n, int)
+                f.seek(n, 1)  # past the end is caught by the caller's size check
+            else:
+                _value(f, etype)
         return None
     raise NotGGUF(f"unknown value type {vtype}")
 
@@ -88,6 +96,96 @@ def read_metadata(
             if enough is not None and enough(out):
                 break
     return out
+
+
+# ggml type id -> (elements per block, bytes per block), as libggml-base's ggml_blck_size
+# and ggml_type_size give them (tests/unit/test_gguf_check.py compares every entry).
+_BLOCKS: dict[int, tuple[int, int]] = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+    15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+    21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
+    27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66),
+    39: (32, 17), 40: (64, 36), 41: (128, 18), 42: (64, 18),
+}
+_LIMIT = 1 << 24  # more tensors or header pairs than any model has: a corrupt count
+
+
+@dataclass(frozen=True)
+class Unloadable:
+    """A model file that no retry can load: missing, not a GGUF file, or cut short."""
+
+    path: Path
+    reason: str  # without the path, for clients: "no such file", "truncated: ..."
+
+    def __str__(self) -> str:  # with the path, for the config check and the log
+        return f"no such file: {self.path}" if self.reason == "no such file" else f"{self.path}: {self.reason}"
+
+
+def problem(path: Path) -> Unloadable | None:
+    """Why `path` cannot load whatever is retried, or None. Reads the whole header and
+    every tensor's place, and checks that the file is long enough to hold the last
+    tensor's data, as llama.cpp's loader will."""
+    try:
+        st = path.stat()
+        reason = _problem_of_version(path, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        reason = "no such file"
+    except IsADirectoryError:
+        reason = "a folder, not a GGUF model file"
+    except NotGGUF as exc:
+        reason = f"not a GGUF model file ({exc})"
+    except OSError as exc:
+        reason = f"cannot be read ({exc.strerror})"
+    return None if reason is None else Unloadable(path, reason)
+
+
+# Every check and every reload reads each model's header (0.2 s for a 262k-token
+# vocabulary): a file that has not changed since is not read again.
+@functools.lru_cache(maxsize=256)
+def _problem_of_version(path: Path, size: int, mtime_ns: int) -> str | None:
+    with open(path, "rb") as f:
+        return _whole(f, size)
+
+
+def _whole(f: BinaryIO, size: int) -> str | None:
+    if f.read(4) != GGUF_MAGIC:
+        raise NotGGUF("no GGUF magic")
+    version, n_tensors, n_kv = _read(f, "IQQ")
+    assert isinstance(n_tensors, int) and isinstance(n_kv, int)
+    if version not in (2, 3):
+        raise NotGGUF(f"unsupported GGUF version {version}")
+    if n_tensors > _LIMIT or n_kv > _LIMIT:
+        raise NotGGUF("implausible header counts")
+    alignment = 32
+    for _ in range(n_kv):
+        key = _string(f)
+        (vtype,) = _read(f, "I")
+        assert isinstance(vtype, int)
+        v = _value(f, vtype)
+        if key == "general.alignment" and isinstance(v, int) and v > 0:
+            alignment = v
+        if f.tell() > size:
+            raise NotGGUF("truncated header")
+    end = 0
+    for _ in range(n_tensors):
+        _string(f)
+        (n_dims,) = _read(f, "I")
+        assert isinstance(n_dims, int)
+        if n_dims > 8:
+            raise NotGGUF("implausible tensor shape")
+        dims = _read(f, "Q" * n_dims) if n_dims else ()
+        ttype, offset = _read(f, "IQ")
+        assert isinstance(ttype, int) and isinstance(offset, int)
+        if ttype not in _BLOCKS:
+            return None  # a type newer than this table: let llama.cpp judge the rest
+        elements = math.prod(int(d) for d in dims)  # type: ignore[call-overload]
+        per_block, block_bytes = _BLOCKS[ttype]
+        end = max(end, offset + elements // per_block * block_bytes)
+    data_start = -(-f.tell() // alignment) * alignment
+    if f.tell() > size or (n_tensors and data_start + end > size):
+        return f"truncated: {size:,} bytes where its header describes {data_start + end:,}"
+    return None
 
 
 def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, bytes_per_value: int = 2) -> int:

@@ -20,7 +20,7 @@ from functools import partial
 
 import trio
 
-from supervisor import health
+from supervisor import gguf_meta, health
 from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.handle import Asks, ModelHandle, Unset
@@ -93,6 +93,15 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
     """One worker, from spawn to exit."""
     _set(h, State.STARTING, "requested")
     h.starts += 1
+    # A file that no retry can load (gone, not a GGUF file, cut short) fails at once:
+    # backing off and retrying would only delay the 503 that names the problem. The
+    # header was read at config time too; this catches a file changed since. In the
+    # event loop, not a thread: unchanged since that check, it costs one stat().
+    if (why := gguf_meta.problem(h.spec.path)) is not None:
+        log.error("%s: cannot load %s", h.name, why)  # the path is for the log only
+        h.last_error = f"the model file cannot load: {why.reason}"
+        _failed_start(h, f"load failed: {h.last_error}", permanent=True)
+        return
     h._hung = False
     h.footprint.forget()
     started = trio.current_time()
@@ -235,14 +244,14 @@ def _load_failed(h: ModelHandle, attempt: LoadAttempt, msg: str) -> None:
     _failed_start(h, f"load failed: {msg}")
 
 
-def _failed_start(h: ModelHandle, reason: str) -> None:
+def _failed_start(h: ModelHandle, reason: str, permanent: bool = False) -> None:
     """A load that failed, or a worker that died before min_uptime: back off, or give up
-    after start_retries. Waiters keep waiting through a backoff (their own deadline
-    bounds them); on FAILED they all get a 503 that says not to retry."""
+    after start_retries (at once if `permanent`). Waiters keep waiting through a backoff
+    (their own deadline bounds them); on FAILED they all get a 503 that says not to retry."""
     h.failures += 1
     retries = h.settings.start_retries
-    if h.failures > retries:
-        _set(h, State.FAILED, f"{reason}; {h.failures} failed starts in a row")
+    if permanent or h.failures > retries:
+        _set(h, State.FAILED, f"{reason}; not retried" if permanent else f"{reason}; {h.failures} failed starts in a row")
         if h._attempt is not None:
             h._attempt.finish(h._failed_error())
             h._attempt = None

@@ -4,6 +4,8 @@ does, and a supervisor running for the length of a block."""
 from __future__ import annotations
 
 import json
+import os
+import struct
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
@@ -40,11 +42,25 @@ def config_text(
     return "\n".join(lines) + "\n"
 
 
+def write_gguf(path: Path, size: int | None = None) -> Path:
+    """The smallest whole GGUF file: a header with one key and no tensors. Enough for the
+    config check, which reads every model's header; the fake workers never open it. With
+    `size`, the file is that long (sparse: it takes no disk), for what a model costs."""
+    key, value = b"general.architecture", b"fake"
+    path.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+        + struct.pack("<Q", len(key)) + key + struct.pack("<I", 8) + struct.pack("<Q", len(value)) + value
+    )
+    if size is not None:
+        os.truncate(path, size)
+    return path
+
+
 def make_config(
     tmp_path: Path, models: dict[str, dict[str, object]], **supervisor: object
 ) -> Config:
     """A parsed config, with an empty dummy.gguf in tmp_path."""
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     return parse(config_text(models, **supervisor), tmp_path)
 
 
@@ -53,7 +69,7 @@ def write_config(
     **supervisor: object,
 ) -> Path:
     """The same config as a file (for reloads), with dummy.gguf beside it."""
-    (path.parent / "dummy.gguf").touch()
+    write_gguf(path.parent / "dummy.gguf")
     path.write_text(config_text(models, server, **supervisor))
     return path
 

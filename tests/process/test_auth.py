@@ -22,7 +22,7 @@ from router.app import create_app
 from router.cli import serve
 from supervisor.config import Config, parse
 from supervisor.supervisor import Supervisor
-from tests.harness import config_text, running
+from tests.harness import write_gguf, config_text, running
 from tests.process.support import WORKER_COMMAND, serving_http
 from tests.secrets import secret
 
@@ -38,7 +38,7 @@ LOOPBACK_2 = {"client": ("127.0.0.2", 40000)}
 
 
 def _config(tmp_path: Path, **server: object) -> Config:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     text = config_text({"a": {"aliases": ["alias-a"]}, "b": {}}, server)
     path = tmp_path / "config.toml"
     path.write_text(text)
@@ -287,7 +287,7 @@ def _serve(config: Path, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def test_serve_refuses_every_interface_without_a_key(tmp_path: Path) -> None:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     path = tmp_path / "config.toml"
     path.write_text(config_text({"a": {}}, {"host": "0.0.0.0", "port": 1}))
     done = _serve(path)

@@ -89,12 +89,12 @@ async def test_invalid_reload_keeps_the_old_config(tmp_path, start_log: StartLog
         cfg.write_text(cfg.read_text() + 'n_ctx = "lots"\n')
         with pytest.raises(ConfigError):
             await sup.reload_settled()
-        assert sup.config_error == "models.a.n_ctx: expected int, got str"
+        assert sup.config_error == 'models.a.n_ctx: expected an integer, got "lots"'
         assert sup.resolve("a").pid == pid and sup.resolve("a").state is State.READY
         # systemd's STATUS= keeps saying so, however often the counts change meanwhile
         # (a544836: the next count change overwrote it).
         assert sup.status_line().endswith(
-            "; reload failed, running the old config: models.a.n_ctx: expected int, got str"
+            '; reload failed, running the old config: models.a.n_ctx: expected an integer, got "lots"'
         )
         # A fixed file that also moves the port: the error clears, the port needs a restart,
         # and says so through later reloads too, since the socket has not moved.

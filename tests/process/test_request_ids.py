@@ -13,7 +13,7 @@ import trio
 
 from supervisor.config import parse
 from supervisor.supervisor import Supervisor
-from tests.harness import config_text
+from tests.harness import write_gguf, config_text
 from tests.process.support import WORKER_COMMAND, serving_http
 from tests.secrets import secret
 
@@ -22,7 +22,7 @@ CHAT = {"model": "alias-a", "messages": [{"role": "user", "content": "one two th
 
 
 def _supervisor(tmp_path: Path) -> Supervisor:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     text = config_text({"a": {"aliases": ["alias-a"]}, "e": {"embeddings": True}})
     text = text.replace("[server]\n", f'[server]\napi_keys = [{{ key = "{KEY}", name = "alice" }}]\n')
     cfg = parse(text, tmp_path)

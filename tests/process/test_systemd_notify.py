@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT, free_port
+from tests.harness import write_gguf
 
 
 def _datagrams(sink: socket.socket, until: float) -> list[str]:
@@ -31,7 +32,7 @@ def _datagrams(sink: socket.socket, until: float) -> list[str]:
 
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
 def test_ready_watchdog_status_stopping(tmp_path: Path, abstract: bool) -> None:
-    (tmp_path / "m.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "m.gguf")
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'[server]\nport = {free_port()}\n[models.m]\npath = "m.gguf"\n')
     sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

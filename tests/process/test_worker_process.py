@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from supervisor.launcher import open_worker
+from tests.harness import write_gguf
 from tests.process.support import FAKE_WORKER, WORKER_COMMAND, StartLog, alive, expected_text
 from worker.protocol import (
     Cancel,
@@ -94,7 +95,7 @@ _HOST = textwrap.dedent(
 
 
 def test_worker_exits_when_its_supervisor_is_killed(tmp_path, start_log: StartLog) -> None:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     config = '[models.chat]\npath = "dummy.gguf"\n'
     host = subprocess.Popen(
         [sys.executable, "-c", _HOST, config, str(tmp_path), str(FAKE_WORKER)],

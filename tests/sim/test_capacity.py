@@ -13,7 +13,7 @@ from supervisor.errors import WorkerUnavailable
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
-from tests.harness import make_config, running
+from tests.harness import make_config, running, write_gguf
 from tests.sim.support import complete, sim_supervisor, until_state
 from tests.behaviour import Behaviour
 from tests.sim_worker import SimLauncher
@@ -23,10 +23,9 @@ SLOW = Behaviour(tokens_per_sec=0.1)  # a 3-token request takes 30 s
 
 
 def sparse(tmp_path: Path, name: str, size: int) -> str:
-    """A model file of `size` bytes that takes no disk (not GGUF, so it costs its size)."""
-    p = tmp_path / name
-    with open(p, "wb") as f:
-        f.truncate(size)
+    """A model file of `size` bytes that takes no disk. Its header names no layers, so it
+    costs its size and a worker's base (WORKER_BASE_BYTES, 96 MiB), no KV cache."""
+    write_gguf(tmp_path / name, size)
     return name
 
 
@@ -150,13 +149,14 @@ async def test_memory_budget_evicts_only_as_much_as_needed(tmp_path: Path, autoj
         "b": {"path": sparse(tmp_path, "b.gguf", 1 * GiB)},
         "c": {"path": sparse(tmp_path, "c.gguf", 2 * GiB)},
     }
-    sup, launcher = sim_supervisor(tmp_path, models, memory_budget="3GiB")
+    sup, launcher = sim_supervisor(tmp_path, models, memory_budget="3.5GiB")
     async with running(sup):
         await complete(sup, "a")
         await trio.sleep(1)
         await complete(sup, "b")
         assert states(sup) == {"a": "ready", "b": "ready", "c": "stopped"}
-        await complete(sup, "c")  # 1 + 1 + 2 > 3: a (least recent) goes, b stays
+        # 1 + 1 + 2 GiB and 3 x 96 MiB > 3.5 GiB: a (least recent) goes, b stays
+        await complete(sup, "c")
         assert states(sup) == {"a": "stopped", "b": "ready", "c": "ready"}
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 from router.app import create_app
 from supervisor.config import parse
 from supervisor.supervisor import Supervisor
+from tests.harness import write_gguf
 
 
 def _app(tmp_path: Path, server: str = ""):  # type: ignore[no-untyped-def]
-    (tmp_path / "m.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "m.gguf")
     cfg = parse(f'[server]\n{server}\n[models.m]\npath = "m.gguf"\n', tmp_path)
     return create_app(Supervisor(cfg), cfg)
 

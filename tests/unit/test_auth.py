@@ -12,7 +12,7 @@ from supervisor import keys
 from supervisor.config import ConfigError, parse
 from supervisor.errors import Forbidden, Unauthorized
 from supervisor.keys import Keyring, KeySource
-from tests.harness import config_text
+from tests.harness import write_gguf, config_text
 from tests.secrets import secret
 
 API = secret("api")
@@ -174,7 +174,7 @@ def test_a_preflight_allows_what_the_page_asked_for() -> None:
 
 
 def _parse(tmp_path: Path, **server: object) -> None:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     parse(config_text({"a": {}}, server), tmp_path)
 
 

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import Config, ConfigError, load, parse
+from tests.harness import write_gguf
 
 
 @pytest.fixture
 def base(tmp_path: Path) -> Path:
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    write_gguf(tmp_path / "m.gguf")
+    write_gguf(tmp_path / "other.gguf")
     return tmp_path
 
 
@@ -125,7 +126,7 @@ def test_model_path_relative_to_config_folder(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "conf").mkdir()
     model = tmp_path / "models" / "x.gguf"
-    model.write_bytes(b"GGUF")
+    write_gguf(model)
     cfg = parse('[models.x]\npath = "../models/x.gguf"\n', tmp_path / "conf")
     assert cfg.models["x"].path == model.resolve()
 
@@ -139,7 +140,7 @@ def test_absolute_model_path(tmp_path: Path, base: Path) -> None:
 
 def test_load_resolves_relative_to_file(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "x.gguf").write_bytes(b"GGUF")
+    write_gguf(tmp_path / "models" / "x.gguf")
     conf = tmp_path / "etc" / "corral.toml"
     conf.parent.mkdir()
     conf.write_text('[models.x]\npath = "../models/x.gguf"\n', encoding="utf-8")
@@ -180,7 +181,7 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
     # Validate against a stand-in model file at the same relative place, so no GGUF is needed.
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "gemma-3-270m-Q4_K_M.gguf").write_bytes(b"GGUF")
+    write_gguf(tmp_path / "models" / "gemma-3-270m-Q4_K_M.gguf")
     (tmp_path / "examples").mkdir()
     cfg = parse(example.read_text(encoding="utf-8"), tmp_path / "examples")
     assert cfg.resolve("gemma") is cfg.models["gemma-3-270m"]
@@ -229,24 +230,24 @@ def test_unknown_key_in_model(base: Path) -> None:
 def test_wrong_type_in_model(base: Path) -> None:
     """Pins fa77ad6: msgspec writes dict keys as `[...]` in its error paths, so a problem in
     a model's table did not name the model; each table is now converted on its own."""
-    assert one_problem(MINIMAL + 'n_ctx = "big"\n', base) == "models.a.n_ctx: expected int, got str"
+    assert one_problem(MINIMAL + 'n_ctx = "big"\n', base) == 'models.a.n_ctx: expected an integer, got "big"'
 
 
 def test_wrong_type_in_server(base: Path) -> None:
     assert (
         one_problem('[server]\nport = "80"\n' + MINIMAL, base)
-        == "server.port: expected int, got str"
+        == 'server.port: expected an integer, got "80"'
     )
 
 
 def test_wrong_type_in_alias_list_names_model(base: Path) -> None:
     msg = one_problem(MINIMAL + "aliases = [1]\n", base)
     assert msg.startswith("models.a.aliases")
-    assert msg.endswith("expected str, got int")
+    assert msg == "models.a.aliases[0]: expected a string, got 1"
 
 
 def test_models_not_a_table(base: Path) -> None:
-    assert one_problem("models = 3\n", base) == "models: expected object, got int"
+    assert one_problem("models = 3\n", base) == "models: expected tables [models.NAME], got 3"
 
 
 def test_missing_path(base: Path) -> None:
@@ -261,8 +262,8 @@ def test_nonexistent_model_file(base: Path) -> None:
 
 def test_model_path_is_a_directory(base: Path) -> None:
     (base / "dir.gguf").mkdir()
-    assert one_problem('[models.a]\npath = "dir.gguf"\n', base).startswith(
-        "models.a.path: no such file"
+    assert one_problem('[models.a]\npath = "dir.gguf"\n', base) == (
+        f"models.a.path: {(base / 'dir.gguf').resolve()}: a folder, not a GGUF model file"
     )
 
 
@@ -470,7 +471,7 @@ def test_config_error_message_joins_problems() -> None:
 
 
 def test_health_settings_are_validated(tmp_path: Path) -> None:
-    (tmp_path / "h.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "h.gguf")
     with pytest.raises(ConfigError) as err:
         parse('[supervisor]\nhealth_interval = -1\nhealth_misses = 0\n[models.m]\npath = "h.gguf"\n', tmp_path)
     assert set(err.value.problems) == {
@@ -484,7 +485,7 @@ def test_health_settings_are_validated(tmp_path: Path) -> None:
 def test_durations_reject_nan_and_inf(tmp_path: Path) -> None:
     """Pins 3fcb3d8: nan and inf passed the `< 0` checks."""
     # TOML spells them nan and inf; a NaN deadline would break a timer at run time.
-    (tmp_path / "m.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "m.gguf")
     text = (
         "[server]\ndrain_timeout = inf\n[supervisor]\nload_wait = nan\nidle_timeout = -inf\n"
         '[models.m]\npath = "m.gguf"\nidle_timeout = nan\n'
@@ -509,12 +510,12 @@ def test_deep_nesting_is_a_syntax_error_not_a_crash(tmp_path: Path) -> None:
 def test_model_names_and_aliases_must_be_printable(tmp_path: Path) -> None:
     """Pins 983ad72: control characters were accepted, and [models."a\\nb"] split its problem
     over two lines in the log and in systemd's STATUS=."""
-    (tmp_path / "m.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "m.gguf")
     text = '[models."a\\nb"]\npath = "m.gguf"\n[models.c]\npath = "m.gguf"\naliases = ["ok/alias:1", "t\\tab"]\n'
     with pytest.raises(ConfigError) as err:
         parse(text, tmp_path)
     assert err.value.problems == [
-        "models.a\\nb: model name 'a\\nb' has control characters",  # one line
+        "models.\"a\\nb\": model name 'a\\nb' has control characters",  # one line
         "models.c.aliases[1]: 't\\tab' has control characters",
     ]
 

@@ -20,6 +20,7 @@ from router.app import create_app
 from supervisor.config import parse
 from supervisor.errors import InvalidRequest
 from supervisor.supervisor import Supervisor
+from tests.harness import write_gguf
 
 N = 100_000
 DEEP_ARRAY = b"[" * N + b"]" * N
@@ -138,7 +139,7 @@ def test_json_path_names_keys_and_indices() -> None:
 async def test_hostile_bodies_over_http_are_400s_with_no_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    (tmp_path / "m.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "m.gguf")
     cfg = parse('[models.m]\npath = "m.gguf"\n', tmp_path)
     client = create_app(Supervisor(cfg), cfg).test_client()
     cases = [

@@ -9,7 +9,7 @@ import pytest
 from supervisor import keys
 from supervisor.config import ConfigError, load, parse
 from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
-from tests.harness import config_text
+from tests.harness import write_gguf, config_text
 from tests.secrets import secret
 
 ALICE = secret("alice")
@@ -124,7 +124,7 @@ def test_the_same_key_twice_and_the_same_name_twice_are_problems() -> None:
 
 
 def _write(tmp_path: Path, server: dict[str, object]) -> Path:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     path = tmp_path / "config.toml"
     path.write_text(config_text({"a": {"aliases": ["alias-a"]}, "b": {}}, server))
     return path
@@ -164,7 +164,7 @@ def test_a_missing_keys_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_a_key_table_with_an_unknown_field_is_a_config_error(tmp_path: Path) -> None:
     text = config_text({"a": {}}).replace("[server]\n", f'[server]\napi_keys = [{{ key = "{ALICE}", owner = "x" }}]\n')
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     with pytest.raises(ConfigError) as exc:
         parse(text, tmp_path)
     assert exc.value.problems == ["server.api_keys[0].owner: unknown key"]

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from supervisor.config import parse
 from supervisor.reload import diff
+from tests.harness import write_gguf
 
 
 def _cfg(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]
-    (tmp_path / "m.gguf").write_bytes(b"")
+    write_gguf(tmp_path / "m.gguf")
     return parse(text, tmp_path)
 
 

@@ -12,6 +12,7 @@ import msgspec
 from supervisor.config import ModelConfig, ModelSpec, parse
 from supervisor.launcher import worker_spec
 from worker.protocol import ModelOptions, WorkerSpec, options_of
+from tests.harness import write_gguf
 
 # The keys of a [models.NAME] table that only the supervisor acts on. A new key that the
 # worker needs belongs in ModelOptions instead, where it reaches the worker by itself.
@@ -57,7 +58,7 @@ def test_worker_spec_threads_override_only_threads() -> None:
 
 
 def test_worker_spec_from_a_config_survives_the_command_line(tmp_path: Path) -> None:
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    write_gguf(tmp_path / "m.gguf")
     (tmp_path / "t.jinja").write_text("{{ messages }}")
     cfg = parse(
         '[models.m]\npath = "m.gguf"\nslots = 2\nn_ctx = 512\nchat_template = "t.jinja"\n'
