@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import httpx
 import psutil
@@ -59,7 +59,14 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(tmp: Path, config_text: str) -> Server:
+CHECKOUT_CORRAL = (sys.executable, "-m", "router.cli")
+
+
+def start_server(
+    tmp: Path, config_text: str, command: Sequence[str] = CHECKOUT_CORRAL, cwd: Path = ROOT
+) -> Server:
+    """Serve `config_text` ({MODEL}, {PORT} filled in) with `command` (the checkout's corral
+    unless told; `serve --config FILE` is appended), run in `cwd`."""
     if not DEMO_MODEL.is_file():
         pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
     port = free_port()
@@ -67,8 +74,8 @@ def start_server(tmp: Path, config_text: str) -> Server:
     cfg.write_text(config_text.replace("{MODEL}", str(DEMO_MODEL)).replace("{PORT}", str(port)))
     log = tmp / "server.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
-        cwd=ROOT,
+        [*command, "serve", "--config", str(cfg)],
+        cwd=cwd,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
