@@ -165,7 +165,9 @@ async def stop_worker(conn: WorkerConnection, grace: float) -> None:
 
 
 def default_worker_command() -> list[str]:
-    return [sys.executable, "-m", "worker"]
+    # -P: `-m` would put the current folder first on the import path, so a `worker/`
+    # folder wherever `corral serve` was started from would run in place of ours.
+    return [sys.executable, "-P", "-m", "worker"]
 
 
 class Launcher(Protocol):
