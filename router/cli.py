@@ -1,6 +1,6 @@
 """`corral`: the command line.
 
-  corral serve [--config FILE] [--host H] [--port P]
+  corral serve [--config FILE] [--host H] [--port P] [--models-dir DIR]
                                   run the router and the supervisor in one process
   corral config check [FILE]      validate a config file and report every problem
   corral --version
@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Sequence
 
 import trio
@@ -32,7 +33,8 @@ from router.app import create_app
 from router import cli_config
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
-from supervisor.config import Config, ConfigError, load, with_server
+from supervisor import config_search
+from supervisor.config import Config, ConfigError, load, with_server, without_file
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
 from worker import log_format
@@ -143,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--host", help="address to listen on (overrides [server] host)")
     s.add_argument("--port", type=int, help="port to listen on (overrides [server] port)")
+    s.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve every *.gguf in DIR under its file stem (overrides [server] models_dir); "
+        "with it, no config file is needed",
+    )
     s.set_defaults(run=_serve_command)
     # Each further subcommand lives in a module of its own, with an add(sub) that sets
     # its parser's `run`.
@@ -152,15 +160,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    try:
-        path = config_path(args.config)
-        cfg = load(path)
-    except ConfigError as exc:
-        print_problems(exc)
-        return 1
     overrides: dict[str, object] = {
         key: value for key, value in (("host", args.host), ("port", args.port)) if value is not None
     }
+    if args.models_dir is not None:
+        # Absolute now: the file's models_dir is relative to the file, this to the cwd.
+        overrides["models_dir"] = str(Path(args.models_dir).expanduser().resolve())
+    try:
+        if args.models_dir is not None and config_search.find_or_none(args.config) is None:
+            print("corral: no config file; serving the models of --models-dir with every default", file=sys.stderr)
+            path: Path | str = "--models-dir"
+            cfg = without_file(overrides)
+        else:
+            path = config_path(args.config)
+            cfg = load(path, overrides)
+    except ConfigError as exc:
+        print_problems(exc)
+        return 1
     if args.port is not None and not 0 <= args.port <= 65535:
         print(f"--port: must be 0..65535, got {args.port}", file=sys.stderr)
         return 1

@@ -19,7 +19,7 @@ from typing import Iterator, Literal
 import msgspec
 from msgspec.structs import replace
 
-from supervisor import msgspec_errors
+from supervisor import models_dir, msgspec_errors
 from supervisor.capacity import parse_size
 from supervisor import keys
 from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
@@ -55,6 +55,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.
     log_format: Literal["text", "json"] = "text"
+    # A folder whose *.gguf files are served under their file stems, with no table each
+    # (supervisor/models_dir.py); a [models.NAME] table of the same name overrides one.
+    # Rescanned at every reload; relative to the config file.
+    models_dir: str | None = None
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -182,17 +186,33 @@ def _format_msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> str
     return f"{path or '(top level)'}: {msg[0].lower() + msg[1:] if msg else msg}"
 
 
-def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None = None) -> Config:
-    """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value. Raises
-    ConfigError naming every problem found."""
+def parse(
+    text: str,
+    base_dir: Path,
+    source: str = "",
+    api_keys_env: str | None = None,
+    server_overrides: dict[str, object] | None = None,
+) -> Config:
+    """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value, and
+    `server_overrides` are [server] keys from the command line, applied before the check
+    (models_dir decides which models there are). Raises ConfigError naming every problem
+    found."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"(syntax): {exc}"], source) from exc
     except RecursionError as exc:  # tomllib recurses per nesting level
         raise ConfigError(["(syntax): arrays or tables nested too deeply"], source) from exc
-    file = _convert(raw, source)
-    problems = list(_check(file, base_dir))
+    if server_overrides and isinstance(server := raw.setdefault("server", {}), dict):
+        server.update(server_overrides)
+    # The models of [server] models_dir and the [model_defaults] become plain tables
+    # before the type check, which then treats them as written ones.
+    early = models_dir.add_tables(raw, base_dir) + _apply_model_defaults(raw)
+    try:
+        file = _convert(raw, source)
+    except ConfigError as exc:
+        raise ConfigError(early + exc.problems, source) from exc
+    problems = early + list(_check(file, base_dir))
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
     if problems:
@@ -222,6 +242,7 @@ def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None 
         tls_cert=None if srv.tls_cert is None else str(_resolve(srv.tls_cert, base_dir)),
         tls_key=None if srv.tls_key is None else str(_resolve(srv.tls_key, base_dir)),
         api_keys_file=None if srv.api_keys_file is None else str(_resolve(srv.api_keys_file, base_dir)),
+        models_dir=None if srv.models_dir is None else str(_resolve(srv.models_dir, base_dir)),
     )
     return Config(server, file.supervisor, models, keys=keyring)
 
@@ -278,9 +299,39 @@ def _convert(raw: dict[str, object], source: str) -> ConfigFile:
     return ConfigFile(sections.server, sections.supervisor, models)
 
 
-def load(path: str | os.PathLike[str]) -> Config:
+def _apply_model_defaults(raw: dict[str, object]) -> list[str]:
+    """Fold `[model_defaults]` into every model table (a table's own keys win), and say
+    what is wrong with it. It is checked on its own, so a mistake is reported once under
+    its own name rather than once per model."""
+    defaults = raw.pop("model_defaults", None)
+    if defaults is None:
+        return []
+    if not isinstance(defaults, dict):
+        return ["model_defaults: expected a table"]
+    problems = [f"model_defaults.{key}: set per model, not for all" for key in ("path", "aliases") if key in defaults]
+    try:
+        msgspec.convert({**defaults, "path": ""}, ModelConfig)
+    except msgspec.ValidationError as exc:
+        problems.append(_format_msgspec_error(exc, prefix="model_defaults"))
+    if problems:
+        return problems
+    tables = raw.get("models")
+    if isinstance(tables, dict):
+        for name, table in tables.items():
+            if isinstance(table, dict):
+                tables[name] = {**defaults, **table}
+    return []
+
+
+def load(path: str | os.PathLike[str], server_overrides: dict[str, object] | None = None) -> Config:
     """Read and validate a config file; model paths are relative to its folder."""
-    return from_bytes(read_bytes(path), path)
+    return from_bytes(read_bytes(path), path, server_overrides)
+
+
+def without_file(server_overrides: dict[str, object], base_dir: Path | None = None) -> Config:
+    """The config of `corral serve --models-dir DIR` with no config file: every default,
+    and the command line's [server] keys. Raises ConfigError."""
+    return parse("", base_dir or Path.cwd(), "", os.environ.get(keys.ENV), server_overrides)
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
@@ -291,14 +342,16 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise ConfigError([f"(file): cannot read: {exc.strerror}"], str(path)) from exc
 
 
-def from_bytes(data: bytes, path: str | os.PathLike[str]) -> Config:
+def from_bytes(
+    data: bytes, path: str | os.PathLike[str], server_overrides: dict[str, object] | None = None
+) -> Config:
     """Validate a config file's bytes, read from `path`. Raises ConfigError."""
     p = Path(path).resolve()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:  # TOML is UTF-8; anything else must not escape a SIGHUP
         raise ConfigError([f"(file): not UTF-8 text (byte {exc.start})"], str(path)) from exc
-    cfg = parse(text, p.parent, str(path), os.environ.get(keys.ENV))
+    cfg = parse(text, p.parent, str(path), os.environ.get(keys.ENV), server_overrides)
     return dataclasses.replace(cfg, source=p)
 
 
