@@ -51,6 +51,8 @@ class Found:
     models: dict[str, str] = field(default_factory=dict)  # model name -> file name (first part)
     problems: list[str] = field(default_factory=list)  # "FILE: what is wrong"
     skipped: list[str] = field(default_factory=list)  # "FILE: why", for a warning
+    # Model name -> (its first file, why it was skipped), of those skipped.
+    not_ready: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def is_candidate(name: str) -> bool:
@@ -86,6 +88,7 @@ def scan(entries: Iterable[Entry]) -> Found:
             found.problems.append(f"{first}: {gs[1][0].name} would be model {name!r} too; rename one of them")
         elif bad := [e for e in gs[0] if e.unusable is not None]:
             found.skipped.extend(f"{e.name}: {e.unusable}" for e in bad)
+            found.not_ready[name] = (first, "; ".join(f"{e.name}: {e.unusable}" for e in bad))
         else:
             found.models[name] = first
     return found
@@ -186,6 +189,13 @@ def add_tables(raw: dict[str, object], base_dir: Path) -> list[str]:
         for a in t["aliases"]
         if isinstance(a, str)
     }
+    for name, (file, why) in found.not_ready.items():
+        table = tables.get(name)
+        if isinstance(table, dict) and "path" not in table:
+            # Its table asks for it by name: say why it cannot be had, rather than that
+            # the table lacks a path. The reload fails and the old config keeps serving.
+            table["path"] = str(folder / file)
+            problems.append(f"models.{name}: its file in models_dir is not ready ({why})")
     for name, file in found.models.items():
         path = str(folder / file)
         table = tables.get(name)
