@@ -34,7 +34,7 @@ from router import cli_config
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
 from supervisor import config_search
-from supervisor.config import Config, ConfigError, load, with_server, without_file
+from supervisor.config import Config, ConfigError, load, without_file
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
 from worker import log_format
@@ -165,7 +165,14 @@ def _serve_command(args: argparse.Namespace) -> int:
     }
     if args.models_dir is not None:
         # Absolute now: the file's models_dir is relative to the file, this to the cwd.
-        overrides["models_dir"] = str(Path(args.models_dir).expanduser().resolve())
+        folder = Path(args.models_dir).expanduser().resolve()
+        if not folder.is_dir():
+            print(f"--models-dir: no such folder: {folder}", file=sys.stderr)
+            return 1
+        overrides["models_dir"] = str(folder)
+    if args.port is not None and not 0 <= args.port <= 65535:
+        print(f"--port: must be 0..65535, got {args.port}", file=sys.stderr)
+        return 1
     try:
         if args.models_dir is not None and config_search.find_or_none(args.config) is None:
             print("corral: no config file; serving the models of --models-dir with every default", file=sys.stderr)
@@ -177,10 +184,6 @@ def _serve_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print_problems(exc)
         return 1
-    if args.port is not None and not 0 <= args.port <= 65535:
-        print(f"--port: must be 0..65535, got {args.port}", file=sys.stderr)
-        return 1
-    cfg = with_server(cfg, overrides)
     log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
     os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
     if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:

@@ -194,17 +194,19 @@ def parse(
     server_overrides: dict[str, object] | None = None,
 ) -> Config:
     """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value, and
-    `server_overrides` are [server] keys from the command line, applied before the check
-    (models_dir decides which models there are). Raises ConfigError naming every problem
-    found."""
+    `server_overrides` are [server] keys from the command line (`with_server`). Their
+    models_dir applies before the check, since it decides which models there are; the
+    others after it, so that a bad --port is not blamed on the file. Raises ConfigError
+    naming every problem found."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"(syntax): {exc}"], source) from exc
     except RecursionError as exc:  # tomllib recurses per nesting level
         raise ConfigError(["(syntax): arrays or tables nested too deeply"], source) from exc
-    if server_overrides and isinstance(server := raw.setdefault("server", {}), dict):
-        server.update(server_overrides)
+    overrides = dict(server_overrides or {})
+    if "models_dir" in overrides and isinstance(server := raw.setdefault("server", {}), dict):
+        server["models_dir"] = overrides.pop("models_dir")
     # The models of [server] models_dir and the [model_defaults] become plain tables
     # before the type check, which then treats them as written ones.
     early = models_dir.add_tables(raw, base_dir) + _apply_model_defaults(raw)
@@ -244,7 +246,7 @@ def parse(
         api_keys_file=None if srv.api_keys_file is None else str(_resolve(srv.api_keys_file, base_dir)),
         models_dir=None if srv.models_dir is None else str(_resolve(srv.models_dir, base_dir)),
     )
-    return Config(server, file.supervisor, models, keys=keyring)
+    return with_server(Config(server, file.supervisor, models, keys=keyring), overrides)
 
 
 def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, list[str]]:
