@@ -115,9 +115,12 @@ def list_folder(folder: Path) -> list[Entry]:
     Raises OSError."""
     entries = []
     for p in folder.iterdir():
-        if not is_candidate(p.name) or not p.is_file():
+        if not is_candidate(p.name):
             continue
-        entries.append(Entry(p.name, _header_problem(p)))
+        if p.is_file():
+            entries.append(Entry(p.name, _header_problem(p)))
+        elif p.is_symlink() and not p.exists():
+            entries.append(Entry(p.name, f"a broken symbolic link (to {os.readlink(p)})"))
     return entries
 
 
@@ -139,7 +142,7 @@ def found_in(folder: Path) -> Found:
     """`scan()` of the folder as it is now; an unreadable folder is a problem. Logs each
     file passed over."""
     if not folder.is_dir():
-        return Found(problems=[f"no such folder: {folder}"])
+        return Found(problems=[f"{'not a folder' if folder.exists() else 'no such folder'}: {folder}"])
     try:
         found = scan(list_folder(folder))
     except OSError as exc:

@@ -160,6 +160,9 @@ def test_a_bad_model_default_is_reported_once_under_its_own_name(tmp_path: Path,
 def test_a_missing_or_empty_folder_is_a_problem(tmp_path: Path) -> None:
     ps = problems_of('[server]\nmodels_dir = "nowhere"\n', tmp_path)
     assert f"server.models_dir: no such folder: {tmp_path / 'nowhere'}" in ps
+    put(tmp_path, "file.gguf")
+    ps = problems_of('[server]\nmodels_dir = "file.gguf"\n', tmp_path)
+    assert f"server.models_dir: not a folder: {tmp_path / 'file.gguf'}" in ps
     (tmp_path / "empty").mkdir()
     ps = problems_of('[server]\nmodels_dir = "empty"\n', tmp_path)
     assert f"server.models_dir: no *.gguf model in {tmp_path / 'empty'}" in ps
@@ -184,6 +187,19 @@ def test_a_half_written_file_or_a_projector_is_passed_over_with_a_warning(
     warned = caplog.text
     assert "copying.gguf: not a GGUF file" in warned and "empty.gguf: not a GGUF file" in warned
     assert "mmproj-a.gguf: a multimodal projector" in warned
+
+
+def test_links_are_followed_and_a_broken_one_is_passed_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    put(tmp_path / "elsewhere", "real.gguf")
+    put(tmp_path / "models", "a.gguf")
+    (tmp_path / "models" / "linked.gguf").symlink_to(tmp_path / "elsewhere" / "real.gguf")
+    (tmp_path / "models" / "gone.gguf").symlink_to(tmp_path / "elsewhere" / "deleted.gguf")
+    (tmp_path / "models" / "dir.gguf").mkdir()  # a folder with a model's name is not one
+    with caplog.at_level(logging.WARNING, "corral.models_dir"):
+        cfg = parse('[server]\nmodels_dir = "models"\n', tmp_path)
+    assert sorted(cfg.models) == ["a", "linked"]
+    assert cfg.models["linked"].path == tmp_path / "elsewhere" / "real.gguf"  # resolved, as table paths are
+    assert "gone.gguf: a broken symbolic link" in caplog.text
 
 
 def test_a_table_whose_file_is_half_written_fails_the_config_saying_so(tmp_path: Path) -> None:
