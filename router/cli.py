@@ -89,7 +89,10 @@ async def serve(
 
             async for sig in signals:
                 if sig == signal.SIGHUP:
-                    log.info("SIGHUP received: reloading %s once it stops changing", cfg.source)
+                    log.info(
+                        "SIGHUP received: reloading %s once it stops changing",
+                        cfg.source or f"models_dir {cfg.server.models_dir}",  # --models-dir without a file
+                    )
                     supervisor.request_reload()
                     continue
                 log.info("%s received: shutting down", signal.Signals(sig).name)
