@@ -169,6 +169,9 @@ def _serve_command(args: argparse.Namespace) -> int:
     if args.models_dir is not None:
         # Absolute now: the file's models_dir is relative to the file, this to the cwd.
         folder = Path(args.models_dir).expanduser().resolve()
+        if not args.models_dir.strip():  # Path("") is the cwd: never what was meant
+            print("--models-dir: must not be empty", file=sys.stderr)
+            return 1
         if not folder.is_dir():
             print(f"--models-dir: no such folder: {folder}", file=sys.stderr)
             return 1

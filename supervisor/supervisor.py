@@ -190,7 +190,7 @@ class Supervisor:
         source = self._source()
         if source is None:
             return without_file(self._server_overrides)
-        return with_server(from_bytes(data, source, self._server_overrides), self._server_overrides)
+        return from_bytes(data, source, self._server_overrides)
 
     def _snapshot(self) -> tuple[bytes | ConfigError, tuple[tuple[str, int, int], ...]]:
         """The config file's bytes (none without a file) and the models folder's listing."""

@@ -140,6 +140,11 @@ def test_models_dir_with_no_model_and_no_config_says_so(tmp_path: Path, no_confi
         cwd=tmp_path, env=no_config_anywhere, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1 and f"--models-dir: no such folder: {tmp_path / 'nowhere'}" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "router.cli", "serve", "--models-dir", ""],
+        cwd=tmp_path, env=no_config_anywhere, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1 and "--models-dir: must not be empty" in done.stderr
     # Without --models-dir, a missing config is still an error.
     done = subprocess.run(
         [sys.executable, "-m", "router.cli", "serve"],
