@@ -225,3 +225,31 @@ async def test_models_dir_on_the_command_line_wins_over_the_files_at_every_reloa
                     "added": ["second"], "removed": [], "changed": [], "unchanged": ["from_cli"], "needs_restart": [],
                 }
             nursery.cancel_scope.cancel()
+
+
+async def test_a_folder_emptied_or_gone_fails_the_reload_and_keeps_the_old_models(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    put(folder, "a.gguf")
+    overrides: dict[str, object] = {"port": 0, "models_dir": str(folder)}
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[supervisor]\nreload_settle = 0.05\n")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                partial(serve, load(cfg, overrides), worker_command=WORKER_COMMAND, server_overrides=overrides)
+            )
+            async with httpx.AsyncClient(base_url=binds[0], timeout=20) as c:
+                (folder / "a.gguf").unlink()
+                r = await c.post("/admin/reload")
+                assert r.status_code == 400, r.text
+                assert f"server.models_dir: no *.gguf model in {folder}" in r.json()["error"]["message"]
+                folder.rmdir()
+                r = await c.post("/admin/reload")
+                assert r.status_code == 400 and f"no such folder: {folder}" in r.json()["error"]["message"]
+                assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["a"]
+                folder.mkdir()
+                put(folder, "b.gguf")
+                r = await c.post("/admin/reload")
+                assert r.status_code == 200 and (r.json()["added"], r.json()["removed"]) == (["b"], ["a"])
+            nursery.cancel_scope.cancel()
