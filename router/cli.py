@@ -1,6 +1,6 @@
 """`corral`: the command line.
 
-  corral serve [--config FILE] [--host H] [--port P]
+  corral serve [--config FILE] [--host H] [--port P] [--models-dir DIR]
                                   run the router and the supervisor in one process
   corral config check [FILE]      validate a config file and report every problem
   corral --version
@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Sequence
 
 import trio
@@ -32,7 +33,8 @@ from router.app import create_app
 from router import cli_config
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
-from supervisor.config import Config, ConfigError, load, with_server
+from supervisor import config_search
+from supervisor.config import Config, ConfigError, load, without_file
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
 from worker import log_format
@@ -87,7 +89,10 @@ async def serve(
 
             async for sig in signals:
                 if sig == signal.SIGHUP:
-                    log.info("SIGHUP received: reloading %s once it stops changing", cfg.source)
+                    log.info(
+                        "SIGHUP received: reloading %s once it stops changing",
+                        cfg.source or f"models_dir {cfg.server.models_dir}",  # --models-dir without a file
+                    )
                     supervisor.request_reload()
                     continue
                 log.info("%s received: shutting down", signal.Signals(sig).name)
@@ -143,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--host", help="address to listen on (overrides [server] host)")
     s.add_argument("--port", type=int, help="port to listen on (overrides [server] port)")
+    s.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve every *.gguf in DIR under its file stem (overrides [server] models_dir); "
+        "with it, no config file is needed",
+    )
     s.set_defaults(run=_serve_command)
     # Each further subcommand lives in a module of its own, with an add(sub) that sets
     # its parser's `run`.
@@ -152,19 +163,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_command(args: argparse.Namespace) -> int:
-    try:
-        path = config_path(args.config)
-        cfg = load(path)
-    except ConfigError as exc:
-        print_problems(exc)
-        return 1
     overrides: dict[str, object] = {
         key: value for key, value in (("host", args.host), ("port", args.port)) if value is not None
     }
+    if args.models_dir is not None:
+        # Absolute now: the file's models_dir is relative to the file, this to the cwd.
+        folder = Path(args.models_dir).expanduser().resolve()
+        if not args.models_dir.strip():  # Path("") is the cwd: never what was meant
+            print("--models-dir: must not be empty", file=sys.stderr)
+            return 1
+        if not folder.is_dir():
+            print(f"--models-dir: no such folder: {folder}", file=sys.stderr)
+            return 1
+        overrides["models_dir"] = str(folder)
     if args.port is not None and not 0 <= args.port <= 65535:
         print(f"--port: must be 0..65535, got {args.port}", file=sys.stderr)
         return 1
-    cfg = with_server(cfg, overrides)
+    try:
+        if args.models_dir is not None and config_search.find_or_none(args.config) is None:
+            print("corral: no config file; serving the models of --models-dir with every default", file=sys.stderr)
+            path: Path | str = "--models-dir"
+            cfg = without_file(overrides)
+        else:
+            path = config_path(args.config)
+            cfg = load(path, overrides)
+    except ConfigError as exc:
+        print_problems(exc)
+        return 1
     log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
     os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
     if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:

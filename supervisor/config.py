@@ -20,7 +20,7 @@ from typing import Iterator, Literal
 import msgspec
 from msgspec.structs import replace
 
-from supervisor import gguf_meta
+from supervisor import gguf_meta, models_dir
 from supervisor.capacity import parse_size
 from supervisor.config_types import Seconds, convert_table, show, suggestion
 from supervisor import keys
@@ -57,6 +57,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.
     log_format: Literal["text", "json"] = "text"
+    # A folder whose *.gguf files are served under their file stems, with no table each
+    # (supervisor/models_dir.py); a [models.NAME] table of the same name overrides one.
+    # Rescanned at every reload; relative to the config file.
+    models_dir: str | None = None
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -166,17 +170,32 @@ class Config:
         return None
 
 
-def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None = None) -> Config:
-    """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value. Raises
-    ConfigError naming every problem found."""
+def parse(
+    text: str,
+    base_dir: Path,
+    source: str = "",
+    api_keys_env: str | None = None,
+    server_overrides: dict[str, object] | None = None,
+) -> Config:
+    """Parse and validate config text; `api_keys_env` is CORRAL_API_KEYS' value, and
+    `server_overrides` are [server] keys from the command line (`with_server`). Their
+    models_dir applies before the check, since it decides which models there are; the
+    others after it, so that a bad --port is not blamed on the file. Raises ConfigError
+    naming every problem found."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"(syntax): {exc}"], source) from exc
     except RecursionError as exc:  # tomllib recurses per nesting level
         raise ConfigError(["(syntax): arrays or tables nested too deeply"], source) from exc
+    overrides = dict(server_overrides or {})
+    if "models_dir" in overrides and isinstance(server := raw.setdefault("server", {}), dict):
+        server["models_dir"] = overrides.pop("models_dir")
+    # The models of [server] models_dir and the [model_defaults] become plain tables
+    # before the type check, which then treats them as written ones.
+    early = models_dir.add_tables(raw, base_dir) + _apply_model_defaults(raw)
     file, broken, problems = _convert(raw)
-    problems += _check(file, base_dir, broken)
+    problems = early + problems + list(_check(file, base_dir, broken))
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
     if problems:
@@ -206,8 +225,9 @@ def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None 
         tls_cert=None if srv.tls_cert is None else str(_resolve(srv.tls_cert, base_dir)),
         tls_key=None if srv.tls_key is None else str(_resolve(srv.tls_key, base_dir)),
         api_keys_file=None if srv.api_keys_file is None else str(_resolve(srv.api_keys_file, base_dir)),
+        models_dir=None if srv.models_dir is None else str(_resolve(srv.models_dir, base_dir)),
     )
-    return Config(server, file.supervisor, models, keys=keyring)
+    return with_server(Config(server, file.supervisor, models, keys=keyring), overrides)
 
 
 def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, list[str]]:
@@ -233,7 +253,8 @@ def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, l
     return keyring, problems + unknown
 
 
-_SECTIONS = {"server": ServerConfig, "supervisor": SupervisorConfig, "models": None}
+# The file's top-level tables ([model_defaults] is folded into the models before this).
+_SECTIONS = ("server", "supervisor", "models", "model_defaults")
 
 
 def _convert(raw: dict[str, object]) -> tuple[ConfigFile, set[str], list[str]]:
@@ -278,9 +299,36 @@ def _key(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name, ensure_ascii=False)
 
 
-def load(path: str | os.PathLike[str]) -> Config:
+def _apply_model_defaults(raw: dict[str, object]) -> list[str]:
+    """Fold `[model_defaults]` into every model table (a table's own keys win), and say
+    what is wrong with it. It is checked on its own, so a mistake is reported once under
+    its own name rather than once per model."""
+    defaults = raw.pop("model_defaults", None)
+    if defaults is None:
+        return []
+    if not isinstance(defaults, dict):
+        return ["model_defaults: expected a table"]
+    problems = [f"model_defaults.{key}: set per model, not for all" for key in ("path", "aliases") if key in defaults]
+    convert_table({**defaults, "path": ""}, ModelConfig, "model_defaults", problems)
+    if problems:
+        return problems
+    tables = raw.get("models")
+    if isinstance(tables, dict):
+        for name, table in tables.items():
+            if isinstance(table, dict):
+                tables[name] = {**defaults, **table}
+    return []
+
+
+def load(path: str | os.PathLike[str], server_overrides: dict[str, object] | None = None) -> Config:
     """Read and validate a config file; model paths are relative to its folder."""
-    return from_bytes(read_bytes(path), path)
+    return from_bytes(read_bytes(path), path, server_overrides)
+
+
+def without_file(server_overrides: dict[str, object], base_dir: Path | None = None) -> Config:
+    """The config of `corral serve --models-dir DIR` with no config file: every default,
+    and the command line's [server] keys. Raises ConfigError."""
+    return parse("", base_dir or Path.cwd(), "", os.environ.get(keys.ENV), server_overrides)
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
@@ -291,14 +339,16 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise ConfigError([f"(file): cannot read: {exc.strerror}"], str(path)) from exc
 
 
-def from_bytes(data: bytes, path: str | os.PathLike[str]) -> Config:
+def from_bytes(
+    data: bytes, path: str | os.PathLike[str], server_overrides: dict[str, object] | None = None
+) -> Config:
     """Validate a config file's bytes, read from `path`. Raises ConfigError."""
     p = Path(path).resolve()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:  # TOML is UTF-8; anything else must not escape a SIGHUP
         raise ConfigError([f"(file): not UTF-8 text (byte {exc.start})"], str(path)) from exc
-    cfg = parse(text, p.parent, str(path), os.environ.get(keys.ENV))
+    cfg = parse(text, p.parent, str(path), os.environ.get(keys.ENV), server_overrides)
     return dataclasses.replace(cfg, source=p)
 
 

@@ -35,9 +35,20 @@ def find(explicit: str | None, env: dict[str, str] | None = None) -> tuple[Path,
         if not path.is_file():
             raise ConfigError([f"(file): ${ENV} names {named}, which is not a file"])
         return path, f"${ENV}"
-    places = candidates(env)
-    for path in places:
+    if (found := find_or_none(explicit, env)) is not None:
+        return found
+    looked = ", ".join(str(p) for p in candidates(env))
+    raise ConfigError([f"(file): no config file given (--config) and none found: ${ENV} is unset; looked in {looked}"])
+
+
+def find_or_none(explicit: str | None, env: dict[str, str] | None = None) -> tuple[Path, str] | None:
+    """As `find`, but None where no file is given and none of the search path exists
+    (`corral serve --models-dir DIR` then runs with every default). A $CORRAL_CONFIG that
+    names a missing file is still an error."""
+    env = dict(os.environ) if env is None else env
+    if explicit is not None or env.get(ENV):
+        return find(explicit, env)
+    for path in candidates(env):
         if path.is_file():
             return path, "the first of the search path"
-    looked = ", ".join(str(p) for p in places)
-    raise ConfigError([f"(file): no config file given (--config) and none found: ${ENV} is unset; looked in {looked}"])
+    return None

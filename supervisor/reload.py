@@ -13,7 +13,7 @@ from supervisor.config import Config, ServerConfig
 
 
 # [server] keys that a reload applies at once; every other one is read when the socket opens.
-LIVE_SERVER_KEYS = frozenset({"default_model", "api_keys", "api_keys_file", "admin_keys"})
+LIVE_SERVER_KEYS = frozenset({"default_model", "api_keys", "api_keys_file", "admin_keys", "models_dir"})
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,10 @@ import trio
 
 from supervisor.admission import Admission
 from supervisor.capacity import Limits, parse_size
-from supervisor.config import Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes, with_server
+from supervisor import models_dir
+from supervisor.config import (
+    Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes, with_server, without_file,
+)
 from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
 from supervisor.events import EventBus
@@ -155,7 +158,7 @@ class Supervisor:
                 result: ConfigDiff | ConfigError
                 try:
                     data, served = await self._settled_bytes()
-                    result = self.reload(with_server(from_bytes(data, self._source()), self._server_overrides))
+                    result = self.reload(self._reread(data))
                     # Whoever asked sees the failed models reset when the answer comes. A
                     # failed model's loop sleeps until poked, so this wait is a tick long.
                     for handle in list(self.handles.values()):
@@ -175,11 +178,28 @@ class Supervisor:
         self._reload_finished.set()
         self._reload_finished = trio.Event()
 
-    def _source(self) -> Path:
+    def _source(self) -> Path | None:
+        """The config file, or None for `corral serve --models-dir` without one, whose
+        reloads rescan the folder alone."""
         source = self.config.source
-        if source is None:
+        if source is None and "models_dir" not in self._server_overrides:
             raise ConfigError(["(file): this config was not read from a file"])
         return source
+
+    def _reread(self, data: bytes) -> Config:
+        source = self._source()
+        if source is None:
+            return without_file(self._server_overrides)
+        return from_bytes(data, source, self._server_overrides)
+
+    def _snapshot(self) -> tuple[bytes | ConfigError, tuple[tuple[str, int, int], ...]]:
+        """The config file's bytes (none without a file) and the models folder's listing."""
+        source = self._source()
+        folder = self.config.server.models_dir
+        return (
+            b"" if source is None else _snapshot(source),
+            () if folder is None else models_dir.fingerprint(Path(folder)),
+        )
 
     async def _settled_bytes(self) -> tuple[bytes, int]:
         """The config file's bytes once they have stayed the same for reload_settle
@@ -189,15 +209,25 @@ class Supervisor:
         settle = self.config.supervisor.reload_settle
         patience = max(RELOAD_GIVE_UP, 3 * settle)
         give_up = trio.current_time() + patience
-        before = _snapshot(source)
+        before = self._snapshot()
         while True:
             await trio.sleep(settle)
             served = self._reloads_asked
-            now = _snapshot(source)
-            if _same(before, now):
-                if isinstance(now, ConfigError):
-                    raise now
-                return now, served
+            now = self._snapshot()
+            if _same(before[0], now[0]) and before[1] == now[1]:
+                if isinstance(now[0], ConfigError):
+                    raise now[0]
+                return now[0], served
+            if trio.current_time() >= give_up and _same(before[0], now[0]):
+                # A file is being copied into the models folder: a half-written GGUF
+                # must not be served, and the copy may take minutes.
+                raise ConfigError(
+                    [
+                        f"server.models_dir: files in {self.config.server.models_dir} still changing "
+                        f"after {patience:g}s; reload again once the copy is done"
+                    ],
+                    str(source or ""),
+                )
             if trio.current_time() >= give_up:
                 raise ConfigError(
                     [
@@ -236,7 +266,7 @@ class Supervisor:
         self.config_error = None
         self.needs_restart = d.needs_restart
         self.planner.changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
-        log.info("reloaded %s: %s", new.source, d.summary())
+        log.info("reloaded %s: %s", new.source or f"models_dir {new.server.models_dir}", d.summary())
         self.events.publish(
             "reload", added=d.added, removed=d.removed, changed=d.changed, needs_restart=d.needs_restart
         )
