@@ -1,0 +1,196 @@
+"""`corral chat` with fake workers: in-process replies through the chat route's own path
+(router/chat_local.py), the terminal over --url in a pty, and the ways a careless operator
+or a hostile server gets it wrong."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import trio
+
+from router.chat_local import LocalChat, only_model
+from router.chat_session import ChatError, Event, Finished, Piece, ReplyOptions, request_body
+from router.cli import serve
+from supervisor.config import load
+from supervisor.supervisor import Supervisor
+from tests import chat_terminal as term
+from tests.harness import make_config, write_config
+from tests.process.support import WORKER_COMMAND, expected_text, serving_http, wait_for
+from tests.secrets import secret
+
+KEY = secret("chat")
+
+
+def _body(max_tokens: int, **extra: Any) -> dict[str, Any]:
+    body = request_body("alias-a", [{"role": "user", "content": "hi"}], ReplyOptions(max_tokens=max_tokens))
+    return {**body, **extra}
+
+
+def _text(events: Iterator[Event]) -> tuple[str, Finished | None]:
+    pieces, last = [], None
+    for ev in events:
+        if isinstance(ev, Piece):
+            pieces.append(ev.text)
+        else:
+            last = ev
+    return "".join(pieces), last
+
+
+def _within(seconds: float, fn: Any) -> Any:
+    """fn() on a thread, failing the test if it has not returned in time: a reply that
+    waits for a slot nobody frees would otherwise hang the suite."""
+    result: list[Any] = []
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    if failed:
+        raise failed[0]
+    assert result, f"no answer within {seconds}s"
+    return result[0]
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[LocalChat]:
+    cfg = make_config(tmp_path, {"a": {"aliases": ["alias-a"], "slots": 1}, "b": {"preload": True}})
+    chat = LocalChat(cfg, "alias-a", worker_command=WORKER_COMMAND)
+    try:
+        chat.start()
+        yield chat
+    finally:
+        chat.close()
+
+
+def test_in_process_the_config_is_cut_to_the_one_model(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, {"a": {"aliases": ["alias-a"]}, "b": {"preload": True}, "e": {"embeddings": True}})
+    only = only_model(cfg, "alias-a")
+    assert list(only.models) == ["a"] and only.models["a"].idle_timeout == 0
+    with pytest.raises(ChatError, match=r"no model 'zzz' \(its models: a, b, e\)"):
+        only_model(cfg, "zzz")
+    with pytest.raises(ChatError, match="embeddings only"):
+        only_model(cfg, "e")
+
+
+def test_in_process_a_reply_streams_from_the_worker_and_only_its_model_loads(
+    local: LocalChat, start_log: Any
+) -> None:
+    text, fin = _within(30, lambda: _text(local.reply(_body(5))))
+    assert text == expected_text(5)
+    assert fin == Finished("length", 5)
+    # "b" is preloaded in the file; the chat started only the model it talks to.
+    assert start_log.names() == ["a"]
+
+
+def test_in_process_a_bad_option_is_refused_as_the_route_refuses_it(local: LocalChat) -> None:
+    with pytest.raises(ChatError, match="temperature"):
+        _within(30, lambda: _text(local.reply(_body(5, temperature=5.0))))
+    # The chat goes on after it.
+    assert _within(30, lambda: _text(local.reply(_body(2))))[0] == expected_text(2)
+
+
+def test_in_process_stopping_a_reply_frees_its_slot(local: LocalChat, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = local.reply(_body(100_000))
+    first = next(events)
+    assert first == Piece("tok0")
+    events.close()  # what Ctrl-C does: returns once the generation has let go
+    # One slot: the next reply gets it only if the stopped one gave it back.
+    assert _within(30, lambda: _text(local.reply(_body(3))))[0] == expected_text(3)
+
+
+def _chat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "router.cli", "chat", *args], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL, env={**full, **(env or {})}, cwd=term.ROOT,
+    )
+
+
+def test_careless_command_lines_get_one_clear_line_each(tmp_path: Path) -> None:
+    cases = [
+        (["a", "--url", "http://127.0.0.1:1", "--config", "x.toml"], "not both"),
+        (["a", "--url", "ftp://host"], "expected http://HOST"),
+        (["a", "--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+        (["a", "--max-tokens", "0", "--url", "http://127.0.0.1:1"], "--max-tokens: must be at least 1"),
+        (["a", "--temperature", "nan", "--url", "http://127.0.0.1:1"], "--temperature: must be from 0 to 2"),
+        (["a", "--url", "http://127.0.0.1:1", "--api-key-file", str(tmp_path / "none")], "--api-key-file: cannot read"),
+        (["a", "--config", str(tmp_path / "missing.toml")], "missing.toml"),
+    ]
+    for args, says in cases:
+        done = _chat(*args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert says in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+
+
+async def test_over_url_wrong_key_unknown_model_and_the_key_never_shown(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "config.toml", {"a": {}}, {"api_keys": [KEY], "port": 0})
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("# a comment first\n" + secret("wrong") + "\n")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(serve, load(path), worker_command=WORKER_COMMAND))
+            url = binds[0]
+            refused = await trio.to_thread.run_sync(lambda: _chat("a", "--url", url, "--api-key-file", str(wrong)))
+            unknown = await trio.to_thread.run_sync(lambda: _chat("zzz", "--url", url, env={"CORRAL_API_KEY": KEY}))
+            nursery.cancel_scope.cancel()
+    assert refused.returncode == 1 and "refused the API key" in refused.stderr
+    assert unknown.returncode == 1 and "has no model 'zzz'" in unknown.stderr
+    for done in (refused, unknown):
+        assert secret("wrong") not in done.stderr + done.stdout and KEY not in done.stderr + done.stdout
+
+
+async def test_over_url_in_a_terminal_two_turns_ctrl_c_mid_reply_then_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acceptance dialogue against a server with fake workers. One slot: the turn
+    after a Ctrl-C gets it only if closing the stream freed it."""
+    monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "40")
+    path = write_config(tmp_path / "config.toml", {"a": {"slots": 1}}, {"api_keys": [KEY], "port": 0})
+    key_file = tmp_path / "chat.key"
+    key_file.write_text(KEY + "\n")
+    max_tokens = 60  # 1.5 s a reply: long enough to be cut, short enough to wait for
+    sup = Supervisor(load(path), worker_command=WORKER_COMMAND)
+
+    def dialogue(url: str) -> tuple[list[term.Turn], str, str, int]:
+        child = term.spawn(["a", "--url", url, "--api-key-file", str(key_file), "--max-tokens", str(max_tokens)])
+        child.expect_exact("/exit or Ctrl-D to leave")
+        term.wait_for_prompt(child)
+        child.sendintr()  # at the prompt: a hint, not an exit
+        child.expect_exact("/exit or Ctrl-D leaves")
+        term.wait_for_prompt(child)
+        turns = [term.say(child, "first question"), term.say(child, "second question")]
+        turns.append(term.say_and_interrupt(child, "a long answer please"))
+        after_cut = term.quiet_for(child, 1.0)
+        # The server saw its client leave and cancelled the generation.
+        trio.from_thread.run(wait_for, lambda: sup.handles["a"].in_flight == 0, 10, "the cut reply to end")
+        turns.append(term.say(child, "after the cut"))
+        return turns, after_cut, str(child.before), term.leave(child)
+
+    with trio.fail_after(120):
+        async with serving_http(sup) as url:
+            turns, after_cut, _, status = await trio.to_thread.run_sync(dialogue, url)
+
+    first, second, cut, later = turns
+    for whole in (first, second, later):
+        assert (whole.tokens, whole.estimated) == (max_tokens, False), whole
+        assert expected_text(max_tokens) in whole.text and "cut at the token limit" in whole.rest
+    assert "interrupted" in cut.rest and cut.estimated and 0 < cut.tokens < max_tokens, cut
+    assert f"tok{max_tokens - 1}" not in cut.text
+    assert after_cut == "", f"the reply went on after Ctrl-C: {after_cut!r}"
+    assert status == 0
+
