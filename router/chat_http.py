@@ -21,6 +21,9 @@ CONNECT_TIMEOUT = 10.0
 # Between two reads of a reply: a first request may wait for the model to load
 # (load_wait, 60 s by default) and then for a slot.
 READ_TIMEOUT = 600.0
+# The longest event line read; a server that sends more is cut off, not followed into
+# unbounded memory.
+MAX_LINE = 1 << 20
 
 
 def api_base(url: str) -> tuple[str, str, int | None, str]:
@@ -73,12 +76,16 @@ class HttpChat:
 
     def check(self, model: str) -> str:
         """The model's name as the server calls it; fails at start, before any prompt,
-        for a server that is not there, a key it refuses, or a model it does not have."""
+        for a server that is not there, a key it refuses, or a model it does not have. A
+        server without GET /v1/models/{id} (not every OpenAI-compatible one has it) is
+        taken at its word: the first reply will say if the model is wrong."""
         conn, resp = self._request("GET", "/models/" + quote(model, safe=""))
         try:
-            data = resp.read()
+            data = resp.read(MAX_LINE)
         finally:
             conn.close()
+        if resp.status in (404, 405) and _code(data) != "model_not_found":
+            return model
         if resp.status != 200:
             raise ChatError(_refusal(resp.status, data, self.url, model))
         try:
@@ -93,7 +100,7 @@ class HttpChat:
         conn, resp = self._request("POST", "/chat/completions", json.dumps(body).encode())
         try:
             if resp.status != 200:
-                raise ChatError(_refusal(resp.status, resp.read(), self.url, str(body.get("model"))))
+                raise ChatError(_refusal(resp.status, resp.read(MAX_LINE), self.url, str(body.get("model"))))
             yield from _events(resp)
         except (OSError, http.client.HTTPException) as exc:
             raise ChatError(f"the connection to {self.url} broke: {_reason(exc)}") from None
@@ -103,11 +110,12 @@ class HttpChat:
 
 def _events(resp: http.client.HTTPResponse) -> Iterator[Event]:
     """Server-sent events to pieces. The usage chunk comes after the finish_reason chunk,
-    so Finished is held until [DONE]."""
+    so Finished is held until [DONE]. Anything that is not the shape of a chunk is a
+    ChatError, never a traceback."""
     reason: str | None = None
     tokens: int | None = None
     while True:
-        line = resp.readline()
+        line = resp.readline(MAX_LINE)
         if not line:
             raise ChatError("the server ended the reply without [DONE] (a cut reply)")
         text = line.decode("utf-8", "replace").rstrip("\r\n")
@@ -117,20 +125,29 @@ def _events(resp: http.client.HTTPResponse) -> Iterator[Event]:
         if data == "[DONE]":
             yield Finished(reason or "stop", tokens)
             return
-        chunk = json.loads(data)
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ChatError(f"the server sent an event that is not JSON: {data[:80]!r}") from None
+        if not isinstance(chunk, dict):
+            raise ChatError(f"the server sent an event that is not a chunk: {data[:80]!r}")
         if "error" in chunk:
             raise ChatError(f"the server stopped the reply: {_message(chunk)}")
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             tokens = usage["completion_tokens"]
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                yield Piece(str(delta["reasoning_content"]), reasoning=True)
-            if delta.get("content"):
-                yield Piece(str(delta["content"]))
-            if choice.get("finish_reason"):
-                reason = str(choice["finish_reason"])
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            if isinstance(delta.get("reasoning_content"), str) and delta["reasoning_content"]:
+                yield Piece(delta["reasoning_content"], reasoning=True)
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                yield Piece(delta["content"])
+            if isinstance(choice.get("finish_reason"), str):
+                reason = choice["finish_reason"]
 
 
 def _refusal(status: int, data: bytes, url: str, model: str) -> str:
@@ -146,6 +163,14 @@ def _refusal(status: int, data: bytes, url: str, model: str) -> str:
     if status == 404 and "model" in message:
         return f"{url} has no model {model!r}: {message}"
     return f"{url} answered {status}: {message}"
+
+
+def _code(data: bytes) -> object:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    return obj["error"].get("code") if isinstance(obj, dict) and isinstance(obj.get("error"), dict) else None
 
 
 def _message(obj: Any) -> str:

@@ -194,6 +194,18 @@ class Finished:
 Event = Union[Piece, Finished]
 
 
+# C0 controls but newline and tab, DEL, and the C1 controls: what could move the cursor,
+# rewrite the screen, retitle the window or write the clipboard (OSC 52) if a model or a
+# server put it in a reply.
+_CONTROLS = {c: None for c in [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)] if chr(c) not in "\n\t"}
+
+
+def printable(text: str) -> str:
+    """`text` safe to write to a terminal: control characters removed, escape sequences
+    left as the harmless text that follows their ESC."""
+    return text.translate(_CONTROLS)
+
+
 @dataclass(frozen=True)
 class ReplyTimes:
     """Monotonic times of one reply: asked, first piece, last piece."""

@@ -38,6 +38,7 @@ from router.chat_session import (
     Reset,
     Say,
     SetSystem,
+    printable,
     request_body,
     stats_line,
 )
@@ -132,13 +133,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"loading {model}...", file=sys.stderr, flush=True)
             local.start()
             backend = local
-        print(f"chatting with {model} ({where}); /help for commands, /exit or Ctrl-D to leave", file=sys.stderr)
+        print(f"chatting with {printable(model)} ({where}); /help for commands, /exit or Ctrl-D to leave", file=sys.stderr)
         return Terminal(backend, model, opts, Conversation(system=args.system)).loop()
     except ConfigError as exc:
         print_problems(exc)
         return 1
     except ChatError as exc:
-        print(f"corral chat: {exc}", file=sys.stderr)
+        print(f"corral chat: {printable(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # during the load: nothing to keep
         print(file=sys.stderr)
@@ -213,16 +214,17 @@ class Terminal:
                 last = time.monotonic()
                 first = first if first is not None else last
                 pieces += 1
+                shown = printable(ev.text)
                 if ev.reasoning:
-                    self.out.write(self._faint(ev.text))
+                    self.out.write(self._faint(shown))
                 else:
                     reply.append(ev.text)
-                    self.out.write(ev.text)
+                    self.out.write(shown)
                 self.out.flush()
         except KeyboardInterrupt:
             interrupted = True
         except ChatError as exc:
-            print(f"\nerror: {exc}", file=self.out)
+            print(f"\nerror: {printable(str(exc))}", file=self.out)
             return
         finally:
             events_close(events)

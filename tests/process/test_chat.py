@@ -4,6 +4,8 @@ or a hostile server gets it wrong."""
 
 from __future__ import annotations
 
+import http.server
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +16,7 @@ from typing import Any, Iterator
 import pytest
 import trio
 
+from router.chat_http import HttpChat
 from router.chat_local import LocalChat, only_model
 from router.chat_session import ChatError, Event, Finished, Piece, ReplyOptions, request_body
 from router.cli import serve
@@ -194,3 +197,81 @@ async def test_over_url_in_a_terminal_two_turns_ctrl_c_mid_reply_then_exit(
     assert after_cut == "", f"the reply went on after Ctrl-C: {after_cut!r}"
     assert status == 0
 
+
+
+def test_in_process_a_model_that_cannot_load_is_one_error_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_FAIL_LOAD", "bad magic")
+    chat = LocalChat(make_config(tmp_path, {"a": {}}), "a", worker_command=WORKER_COMMAND)
+    try:
+        with pytest.raises(ChatError, match="bad magic"):
+            _within(30, chat.start)  # one try: start_retries = 1, no backoff to sit through
+    finally:
+        chat.close()
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A "server" whose replies are whatever the test's path asks for."""
+
+    streams: dict[str, bytes] = {}
+
+    def do_GET(self) -> None:
+        self._send(200, b'{"id": "m"}', "application/json")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self._send(200, self.streams[self.server.server_address.__repr__()], "text/event-stream")
+
+    def _send(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("stream", "says"),
+    [
+        (b"data: not json\n\n", "not JSON"),
+        (b"data: [1, 2]\n\n", "not a chunk"),
+        (b'data: {"choices": [{"delta": {"content": "half"}}]}\n\n', "without [DONE]"),
+        (b'data: {"error": {"message": "worker crashed"}}\n\n', "worker crashed"),
+    ],
+)
+def test_over_url_a_broken_or_hostile_stream_is_an_error_not_a_traceback(stream: bytes, says: str) -> None:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    _Hostile.streams[srv.server_address.__repr__()] = stream
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        chat = HttpChat(f"http://127.0.0.1:{srv.server_address[1]}", None)
+        assert chat.check("m") == "m"
+        with pytest.raises(ChatError, match=re.escape(says)):
+            _within(10, lambda: _text(chat.reply(_body(5))))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_over_url_odd_pieces_of_a_chunk_are_skipped_and_reasoning_kept_apart() -> None:
+    stream = (
+        b'data: {"choices": "x"}\n\n'
+        b'data: {"choices": [7, {"delta": null}, {"delta": {"reasoning_content": "hm", "content": 3}}]}\n\n'
+        b'data: {"choices": [{"delta": {"content": "yes"}, "finish_reason": "stop"}]}\n\n'
+        b'data: {"choices": [], "usage": {"completion_tokens": 4}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    _Hostile.streams[srv.server_address.__repr__()] = stream
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        chat = HttpChat(f"http://127.0.0.1:{srv.server_address[1]}/v1/", None)
+        events = _within(10, lambda: list(chat.reply(_body(5))))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert events == [Piece("hm", reasoning=True), Piece("yes"), Finished("stop", 4)]

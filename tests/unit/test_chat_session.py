@@ -17,6 +17,7 @@ from router.chat_session import (
     Say,
     SetSystem,
     parse_command,
+    printable,
     request_body,
     stats_line,
 )
@@ -124,3 +125,10 @@ def test_a_reply_with_nothing_in_it_has_no_rate() -> None:
     assert stats_line(ReplyTimes(0.0, 0.25, 0.25), 1, 1, interrupted=False) == (
         "1 token, first token after 0.25 s"
     )
+
+
+def test_what_a_reply_writes_to_the_terminal_cannot_drive_it() -> None:
+    hostile = "ok\x1b]52;c;ZXZpbA==\x07 \x1b[2J\x9b31m\r\x08line\n\ttab"
+    shown = printable(hostile)
+    assert shown == "ok]52;c;ZXZpbA== [2J31mline\n\ttab"
+    assert printable("héllo 🦙 “quotes”") == "héllo 🦙 “quotes”"
