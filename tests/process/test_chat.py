@@ -275,3 +275,14 @@ def test_over_url_odd_pieces_of_a_chunk_are_skipped_and_reasoning_kept_apart() -
         srv.shutdown()
         srv.server_close()
     assert events == [Piece("hm", reasoning=True), Piece("yes"), Finished("stop", 4)]
+
+
+def test_in_process_without_max_tokens_the_models_configured_default_applies(tmp_path: Path) -> None:
+    chat = LocalChat(make_config(tmp_path, {"a": {"max_tokens": 4}}), "a", worker_command=WORKER_COMMAND)
+    try:
+        _within(30, chat.start)
+        body = request_body("a", [{"role": "user", "content": "hi"}], ReplyOptions())
+        assert "max_tokens" not in body
+        assert _within(30, lambda: _text(chat.reply(body))) == (expected_text(4), Finished("length", 4))
+    finally:
+        chat.close()
