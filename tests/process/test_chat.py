@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -140,6 +141,16 @@ def test_careless_command_lines_get_one_clear_line_each(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr, (args, done.stderr)
 
 
+def test_corral_url_from_the_environment_unless_a_config_is_named(tmp_path: Path) -> None:
+    env = {"CORRAL_URL": "http://127.0.0.1:1"}
+    over_env = _chat("a", env=env)
+    assert over_env.returncode == 1
+    assert "chatting over http://127.0.0.1:1 ($CORRAL_URL)" in over_env.stderr
+    assert "cannot reach http://127.0.0.1:1" in over_env.stderr
+    named = _chat("a", "--config", str(tmp_path / "missing.toml"), env=env)
+    assert named.returncode == 1 and "missing.toml" in named.stderr and "127.0.0.1:1" not in named.stderr
+
+
 async def test_over_url_wrong_key_unknown_model_and_the_key_never_shown(tmp_path: Path) -> None:
     path = write_config(tmp_path / "config.toml", {"a": {}}, {"api_keys": [KEY], "port": 0})
     wrong = tmp_path / "wrong.key"
@@ -211,27 +222,36 @@ def test_in_process_a_model_that_cannot_load_is_one_error_at_once(
         chat.close()
 
 
-class _Hostile(http.server.BaseHTTPRequestHandler):
-    """A "server" whose replies are whatever the test's path asks for."""
+@contextmanager
+def _stream_server(stream: bytes) -> Iterator[str]:
+    """A "server" that knows every model and answers every POST with `stream`; yields
+    its URL."""
 
-    streams: dict[str, bytes] = {}
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._send(b'{"id": "m"}', "application/json")
 
-    def do_GET(self) -> None:
-        self._send(200, b'{"id": "m"}', "application/json")
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self._send(stream, "text/event-stream")
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
-        self._send(200, self.streams[self.server.server_address.__repr__()], "text/event-stream")
+        def _send(self, body: bytes, kind: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    def _send(self, status: int, body: bytes, kind: str) -> None:
-        self.send_response(status)
-        self.send_header("content-type", kind)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        def log_message(self, *args: Any) -> None:
+            pass
 
-    def log_message(self, *args: Any) -> None:
-        pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.mark.parametrize(
@@ -244,17 +264,11 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
     ],
 )
 def test_over_url_a_broken_or_hostile_stream_is_an_error_not_a_traceback(stream: bytes, says: str) -> None:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
-    _Hostile.streams[srv.server_address.__repr__()] = stream
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        chat = HttpChat(f"http://127.0.0.1:{srv.server_address[1]}", None)
+    with _stream_server(stream) as url:
+        chat = HttpChat(url, None)
         assert chat.check("m") == "m"
         with pytest.raises(ChatError, match=re.escape(says)):
             _within(10, lambda: _text(chat.reply(_body(5))))
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_over_url_odd_pieces_of_a_chunk_are_skipped_and_reasoning_kept_apart() -> None:
@@ -265,15 +279,8 @@ def test_over_url_odd_pieces_of_a_chunk_are_skipped_and_reasoning_kept_apart() -
         b'data: {"choices": [], "usage": {"completion_tokens": 4}}\n\n'
         b"data: [DONE]\n\n"
     )
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
-    _Hostile.streams[srv.server_address.__repr__()] = stream
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        chat = HttpChat(f"http://127.0.0.1:{srv.server_address[1]}/v1/", None)
-        events = _within(10, lambda: list(chat.reply(_body(5))))
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with _stream_server(stream) as url:
+        events = _within(10, lambda: list(HttpChat(url + "/v1/", None).reply(_body(5))))
     assert events == [Piece("hm", reasoning=True), Piece("yes"), Finished("stop", 4)]
 
 
