@@ -104,11 +104,6 @@ class LocalChat:
                 await self._supervisor.stop()
             nursery.cancel_scope.cancel()
 
-    def _call(self, fn: Any, *args: Any) -> Any:
-        if self._token is None or not self._thread.is_alive():
-            raise ChatError(f"the supervisor stopped: {self._crash!r}")
-        return trio.from_thread.run(fn, *args, trio_token=self._token)
-
     def start(self) -> None:
         """Start the supervisor and load the model; returns when it is ready. Raises
         ChatError if it cannot load."""
@@ -117,9 +112,11 @@ class LocalChat:
         if self._crash is not None or self._token is None:
             raise ChatError(f"the supervisor did not start: {self._crash!r}")
         try:
-            self._call(self._supervisor.resolve(self.model).ensure_ready)
+            trio.from_thread.run(self._supervisor.resolve(self.model).ensure_ready, trio_token=self._token)
         except CorralError as exc:
             raise ChatError(exc.message) from None
+        except trio.RunFinishedError:
+            raise ChatError(f"the supervisor stopped: {self._crash!r}") from None
 
     def reply(self, body: dict[str, Any]) -> Iterator[Event]:
         """The reply's pieces as they arrive, then Finished. Closing the iterator early
@@ -128,9 +125,12 @@ class LocalChat:
         scope = trio.CancelScope()
         if self._token is None or self._nursery is None:
             raise ChatError("the chat has not started")
-        trio.from_thread.run_sync(
-            self._nursery.start_soon, partial(self._generate, body, pieces, scope), trio_token=self._token
-        )
+        try:
+            trio.from_thread.run_sync(
+                self._nursery.start_soon, partial(self._generate, body, pieces, scope), trio_token=self._token
+            )
+        except (trio.RunFinishedError, RuntimeError):  # the loop ended, or its nursery closed
+            raise ChatError(f"the supervisor stopped: {self._crash!r}") from None
         done = False
         try:
             while True:
