@@ -61,6 +61,9 @@ class Backend(Protocol):
 def add(sub: Subparsers) -> None:
     c = sub.add_parser(
         "chat",
+        # `--api-key KEY` must not be read as an abbreviation of --api-key-file, whose
+        # error would then print the key as a file name.
+        allow_abbrev=False,
         help="chat with a model in the terminal",
         description=(
             "Chat with MODEL: over HTTP with --url (or $CORRAL_URL), else in this process, "
@@ -74,6 +77,9 @@ def add(sub: Subparsers) -> None:
         help=f"a file holding the server's API key (else ${KEY_ENV}); keys are never arguments, "
         "which any user could read in the process list",
     )
+    # Taken only to be refused without echoing its value (argparse's own "unrecognized
+    # arguments" error would print the key).
+    c.add_argument("--api-key", dest="api_key_argument", nargs="?", const="", help=argparse.SUPPRESS)
     add_config_option(c)
     c.add_argument("--system", default="", metavar="TEXT", help="the system message")
     c.add_argument("--max-tokens", type=int, metavar="N", help="a reply's token limit (default: the model's configured one)")
@@ -98,8 +104,10 @@ def api_key(file: str | None) -> str | None:
         return os.environ.get(KEY_ENV) or None
     try:
         text = Path(file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ChatError(f"--api-key-file: cannot read {file}: {exc}") from None
+    except OSError as exc:  # the path is not repeated: it might be a key given by mistake
+        raise ChatError(f"--api-key-file: cannot read the file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ChatError("--api-key-file: the file is not UTF-8 text") from None
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             return line.strip()
@@ -109,6 +117,11 @@ def api_key(file: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     local: LocalChat | None = None
     try:
+        if args.api_key_argument is not None:
+            raise ChatError(
+                "--api-key: a key is never a command-line argument (any user can read those in "
+                f"the process list); set ${KEY_ENV} or use --api-key-file FILE"
+            )
         opts = options(args)
         url = args.url
         if url is not None and args.config is not None:

@@ -164,7 +164,11 @@ async def test_over_url_wrong_key_unknown_model_and_the_key_never_shown(tmp_path
             nursery.cancel_scope.cancel()
     assert refused.returncode == 1 and "refused the API key" in refused.stderr
     assert unknown.returncode == 1 and "has no model 'zzz'" in unknown.stderr
-    for done in (refused, unknown):
+    plain = _chat("a", "--url", "http://127.0.0.1:1", "--api-key", KEY)
+    assert plain.returncode == 1 and "never a command-line argument" in plain.stderr
+    as_file = _chat("a", "--url", "http://127.0.0.1:1", "--api-key-file", KEY)  # a key where a path goes
+    assert as_file.returncode == 1 and "cannot read the file" in as_file.stderr
+    for done in (refused, unknown, plain, as_file):
         assert secret("wrong") not in done.stderr + done.stdout and KEY not in done.stderr + done.stdout
 
 
