@@ -15,7 +15,7 @@ import ssl
 from typing import Any, Iterator
 from urllib.parse import quote, urlsplit
 
-from router.chat_session import ChatError, Event, Finished, Piece
+from router.chat_session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
 
 CONNECT_TIMEOUT = 10.0
 # Between two reads of a reply: a first request may wait for the model to load
@@ -160,6 +160,8 @@ def _refusal(status: int, data: bytes, url: str, model: str) -> str:
             f"{url} refused the API key (or wants one): {message} "
             "(the key comes from $CORRAL_API_KEY or --api-key-file)"
         )
+    if _code(data) == "context_length_exceeded":
+        return message + TOO_LONG_HINT
     if status == 404 and "model" in message:
         return f"{url} has no model {model!r}: {message}"
     return f"{url} answered {status}: {message}"

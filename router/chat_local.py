@@ -29,10 +29,10 @@ import msgspec
 import trio
 
 from router import schemas
-from router.chat_session import ChatError, Event, Finished, Piece
+from router.chat_session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
 from router.generation import Generation, chat_job
 from supervisor.config import Config
-from supervisor.errors import CorralError
+from supervisor.errors import ContextOverflow, CorralError
 from supervisor.supervisor import Supervisor
 
 # How long closing waits for the workers to stop: Shutdown, then SIGTERM, then SIGKILL,
@@ -176,6 +176,8 @@ class LocalChat:
                             out.put(Finished(parser.finish_reason(ev.finish_reason), count))
                 finally:
                     gen.close()
+        except ContextOverflow as exc:
+            out.put(_Failed(exc.message + TOO_LONG_HINT))
         except CorralError as exc:
             out.put(_Failed(exc.message))
         except Exception as exc:  # the main thread must hear of it, or it waits forever

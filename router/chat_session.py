@@ -30,6 +30,11 @@ class ChatError(Exception):
     """Something a reply, or the chat, cannot go on with, in words for the terminal."""
 
 
+# Added to a "prompt too long" error: the conversation only grows, so every later message
+# would fail the same way until it is forgotten.
+TOO_LONG_HINT = " (/reset forgets the conversation)"
+
+
 @dataclass(frozen=True)
 class Say:
     """A message to send."""

@@ -297,3 +297,31 @@ def test_in_process_without_max_tokens_the_models_configured_default_applies(tmp
         assert _within(30, lambda: _text(chat.reply(body))) == (expected_text(4), Finished("length", 4))
     finally:
         chat.close()
+
+
+def _long_body(model: str) -> dict[str, Any]:
+    return request_body(model, [{"role": "user", "content": "word " * 40}], ReplyOptions(max_tokens=2))
+
+
+def test_in_process_a_conversation_too_long_for_the_context_says_how_to_go_on(tmp_path: Path) -> None:
+    chat = LocalChat(make_config(tmp_path, {"a": {"n_ctx": 16}}), "a", worker_command=WORKER_COMMAND)
+    try:
+        _within(30, chat.start)
+        with pytest.raises(ChatError, match=r"/reset forgets the conversation\)$"):
+            _within(30, lambda: _text(chat.reply(_long_body("a"))))
+    finally:
+        chat.close()
+
+
+async def test_over_url_a_conversation_too_long_for_the_context_says_how_to_go_on(tmp_path: Path) -> None:
+    sup = Supervisor(make_config(tmp_path, {"a": {"n_ctx": 16}}), worker_command=WORKER_COMMAND)
+    with trio.fail_after(60):
+        async with serving_http(sup) as url:
+
+            def ask() -> str:
+                with pytest.raises(ChatError) as caught:
+                    _text(HttpChat(url, None).reply(_long_body("a")))
+                return str(caught.value)
+
+            said = await trio.to_thread.run_sync(ask)
+    assert "context" in said and said.endswith("(/reset forgets the conversation)")
