@@ -12,7 +12,7 @@ import http.client
 import json
 import socket
 import ssl
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 from urllib.parse import quote, urlsplit
 
 from router.chat_session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
@@ -94,7 +94,7 @@ class HttpChat:
             raise ChatError(f"{self.url} is not a Corral or OpenAI server (GET /v1/models/{model} gave no model)") from None
         return str(name)
 
-    def reply(self, body: dict[str, Any]) -> Iterator[Event]:
+    def reply(self, body: dict[str, Any]) -> Generator[Event, None, None]:
         """The reply's pieces as they arrive, then Finished. Closing the iterator early
         (Ctrl-C) closes the connection, which stops the generation on the server."""
         conn, resp = self._request("POST", "/chat/completions", json.dumps(body).encode())

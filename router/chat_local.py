@@ -23,7 +23,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Sequence
 
 import msgspec
 import trio
@@ -118,7 +118,7 @@ class LocalChat:
         except trio.RunFinishedError:
             raise ChatError(f"the supervisor stopped: {self._crash!r}") from None
 
-    def reply(self, body: dict[str, Any]) -> Iterator[Event]:
+    def reply(self, body: dict[str, Any]) -> Generator[Event, None, None]:
         """The reply's pieces as they arrive, then Finished. Closing the iterator early
         (Ctrl-C) cancels the generation and waits until its slot is free."""
         pieces: queue.Queue[Event | _Failed | _Done] = queue.Queue()

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Generator, Protocol, TextIO
 
 from router.chat_http import HttpChat
 from router.chat_local import LocalChat
@@ -55,7 +55,7 @@ PROMPT, MORE = "> ", "... "
 
 
 class Backend(Protocol):
-    def reply(self, body: dict[str, Any]) -> Iterator[Event]: ...
+    def reply(self, body: dict[str, Any]) -> Generator[Event, None, None]: ...
 
 
 def add(sub: Subparsers) -> None:
@@ -251,13 +251,10 @@ class Terminal:
         print(f"\n{self._faint('[' + line + ']')}", file=self.out, flush=True)
 
 
-def events_close(events: Iterator[Event]) -> None:
+def events_close(events: Generator[Event, None, None]) -> None:
     """Close a reply's generator, which stops the reply if it is still running; a second
     Ctrl-C while it closes is taken as the same one."""
-    close = getattr(events, "close", None)
-    if close is None:
-        return
     try:
-        close()
+        events.close()
     except KeyboardInterrupt:
-        close()
+        events.close()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import http.server
 import re
-import subprocess
-import sys
+import io
+import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from functools import partial
+from unittest import mock
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +22,7 @@ import trio
 from router.chat_http import HttpChat
 from router.chat_local import LocalChat, only_model
 from router.chat_session import ChatError, Event, Finished, Piece, ReplyOptions, request_body
-from router.cli import serve
+from router.cli import main, serve
 from supervisor.config import load
 from supervisor.supervisor import Supervisor
 from tests import chat_terminal as term
@@ -114,14 +116,25 @@ def test_in_process_stopping_a_reply_frees_its_slot(local: LocalChat, monkeypatc
     assert _within(30, lambda: _text(local.reply(_body(3))))[0] == expected_text(3)
 
 
-def _chat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
 
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "router.cli", "chat", *args], capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL, env={**full, **(env or {})}, cwd=term.ROOT,
-    )
+
+def _chat(*args: str, env: dict[str, str] | None = None) -> Done:
+    """`corral chat ARGS` run in this process (the import of a fresh one costs a second
+    or two each), with no terminal and only the CORRAL_ variables of `env`."""
+    out, err = io.StringIO(), io.StringIO()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    with mock.patch.dict(os.environ, {**clean, **(env or {})}, clear=True), \
+            redirect_stdout(out), redirect_stderr(err), mock.patch("sys.stdin", io.StringIO()):
+        try:
+            code = main(["chat", *args])
+        except SystemExit as exc:  # argparse's own refusals
+            code = int(exc.code or 0)
+    return Done(code, out.getvalue(), err.getvalue())
 
 
 def test_careless_command_lines_get_one_clear_line_each(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ kept of a reply, what Ctrl-C does at the prompt and mid-reply, and the figures l
 from __future__ import annotations
 
 import io
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import pytest
 
@@ -21,7 +21,7 @@ class Script:
         self.bodies: list[dict[str, Any]] = []
         self.closed = 0  # replies whose generator was closed before its end
 
-    def reply(self, body: dict[str, Any]) -> Iterator[Event]:
+    def reply(self, body: dict[str, Any]) -> Generator[Event, None, None]:
         self.bodies.append(body)
         script = self.replies.pop(0)
         ended = False
