@@ -35,6 +35,9 @@ def api_base(url: str) -> tuple[str, str, int | None, str]:
         port = parts.port
     except ValueError as exc:
         raise ChatError(f"--url: not a URL: {url!r} ({exc})") from None
+    if parts.username is not None or parts.password is not None:
+        # Not repeated: what is before the @ is likely a secret.
+        raise ChatError("--url: a URL with user:password@ in it is refused (the key comes from $CORRAL_API_KEY or --api-key-file)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ChatError(f"--url: expected http://HOST[:PORT] or https://..., got {url!r}")
     if parts.query or parts.fragment:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 URL_ENV = "CORRAL_URL"
 KEY_ENV = "CORRAL_API_KEY"
 PROMPT, MORE = "> ", "... "
+MAX_TOKENS = 2**31 - 1  # the request's max_tokens is an int32
 
 
 class Backend(Protocol):
@@ -89,8 +90,8 @@ def add(sub: Subparsers) -> None:
 
 def options(args: argparse.Namespace) -> ReplyOptions:
     """The sampling options, checked here so that a bad one fails before any load."""
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise ChatError(f"--max-tokens: must be at least 1, got {args.max_tokens}")
+    if args.max_tokens is not None and not 1 <= args.max_tokens <= MAX_TOKENS:
+        raise ChatError(f"--max-tokens: must be from 1 to {MAX_TOKENS}, got {args.max_tokens}")
     t = args.temperature
     if t is not None and not (math.isfinite(t) and 0.0 <= t <= 2.0):
         raise ChatError(f"--temperature: must be from 0 to 2, got {t}")

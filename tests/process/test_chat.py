@@ -142,7 +142,11 @@ def test_careless_command_lines_get_one_clear_line_each(tmp_path: Path) -> None:
         (["a", "--url", "http://127.0.0.1:1", "--config", "x.toml"], "not both"),
         (["a", "--url", "ftp://host"], "expected http://HOST"),
         (["a", "--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
-        (["a", "--max-tokens", "0", "--url", "http://127.0.0.1:1"], "--max-tokens: must be at least 1"),
+        (["a", "--max-tokens", "0", "--url", "http://127.0.0.1:1"], "--max-tokens: must be from 1 to"),
+        (["a", "--max-tokens", str(2**31), "--url", "http://127.0.0.1:1"], "--max-tokens: must be from 1 to"),
+        (["a", "--url", "http://me:sk-pass@127.0.0.1:1"], "user:password@ in it is refused"),
+        (["a", "--url", "http://127.0.0.1:99999"], "--url: not a URL"),
+        (["a", "--api-key"], "never a command-line argument"),
         (["a", "--temperature", "nan", "--url", "http://127.0.0.1:1"], "--temperature: must be from 0 to 2"),
         (["a", "--url", "http://127.0.0.1:1", "--api-key-file", str(tmp_path / "none")], "--api-key-file: cannot read"),
         (["a", "--config", str(tmp_path / "missing.toml")], "missing.toml"),
@@ -151,7 +155,7 @@ def test_careless_command_lines_get_one_clear_line_each(tmp_path: Path) -> None:
         done = _chat(*args)
         assert done.returncode == 1, (args, done.stderr)
         assert says in done.stderr, (args, done.stderr)
-        assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr and "sk-pass" not in done.stderr, (args, done.stderr)
 
 
 def test_corral_url_from_the_environment_unless_a_config_is_named(tmp_path: Path) -> None:
