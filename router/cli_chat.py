@@ -127,12 +127,14 @@ def run(args: argparse.Namespace) -> int:
         url = args.url
         if url is not None and args.config is not None:
             raise ChatError("give --url (a running server) or --config (in this process), not both")
-        if url is None and args.config is None and os.environ.get(URL_ENV):
+        from_env = url is None and args.config is None and bool(os.environ.get(URL_ENV))
+        if from_env:
             url = os.environ[URL_ENV]
-            print(f"corral: chatting over {url} (${URL_ENV})", file=sys.stderr)
         backend: Backend
         if url is not None:
-            http = HttpChat(url, api_key(args.api_key_file))
+            http = HttpChat(url, api_key(args.api_key_file))  # checks the URL first
+            if from_env:
+                print(f"corral: chatting over {url} (${URL_ENV})", file=sys.stderr)
             model = http.check(args.model)
             backend, where = http, url
         else:
@@ -167,11 +169,11 @@ class Terminal:
     """The prompt loop over one backend."""
 
     def __init__(self, backend: Backend, model: str, opts: ReplyOptions, conversation: Conversation,
-                 out: TextIO = sys.stdout) -> None:
+                 out: TextIO | None = None) -> None:
         self.backend, self.model, self.opts, self.conversation = backend, model, opts, conversation
-        self.out = out
+        self.out = out if out is not None else sys.stdout
         self.reader = LineReader()
-        self.dim = out.isatty()
+        self.dim = self.out.isatty()
         if sys.stdin.isatty():
             import readline  # noqa: F401  (line editing and history for input())
 

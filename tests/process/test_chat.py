@@ -164,6 +164,8 @@ def test_corral_url_from_the_environment_unless_a_config_is_named(tmp_path: Path
     assert over_env.returncode == 1
     assert "chatting over http://127.0.0.1:1 ($CORRAL_URL)" in over_env.stderr
     assert "cannot reach http://127.0.0.1:1" in over_env.stderr
+    secret_url = _chat("a", env={"CORRAL_URL": "http://me:sk-pass@127.0.0.1:1"})
+    assert secret_url.returncode == 1 and "sk-pass" not in secret_url.stderr
     named = _chat("a", "--config", str(tmp_path / "missing.toml"), env=env)
     assert named.returncode == 1 and "missing.toml" in named.stderr and "127.0.0.1:1" not in named.stderr
 
