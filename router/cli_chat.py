@@ -31,7 +31,6 @@ from router.chat_session import (
     Finished,
     Help,
     LineReader,
-    Piece,
     Problem,
     ReplyOptions,
     ReplyTimes,
