@@ -31,6 +31,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from router.app import create_app
 from router import cli_config
+from router import cli_chat
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
 from supervisor import config_search
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each further subcommand lives in a module of its own, with an add(sub) that sets
     # its parser's `run`.
     cli_config.add(sub)
+    cli_chat.add(sub)
     args = ap.parse_args(argv)
     return int(args.run(args))
 
