@@ -32,6 +32,7 @@ from router.app import create_app
 from router import cli_config
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
+from supervisor import pid_file
 from supervisor.config import Config, ConfigError, load, with_server
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
@@ -69,8 +70,12 @@ async def serve(
     hc.graceful_timeout = 30.0
     stop = trio.Event()
     # SIGHUP is caught from here on, before READY=1: systemd >= 262 requires it of a
-    # notify-reload service, and an uncaught SIGHUP would kill the server.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+    # notify-reload service, and an uncaught SIGHUP would kill the server. The pid file is
+    # written after that, for the same reason, and removed however serve() ends.
+    with (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals,
+        pid_file.held(cfg.server.pid_file),
+    ):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
 

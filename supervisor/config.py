@@ -55,6 +55,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.
     log_format: Literal["text", "json"] = "text"
+    # Where `corral serve` writes its pid at start (atomically) and removes it at exit, so
+    # that `corral config ... --reload --signal` can send it SIGHUP. Relative to the file.
+    pid_file: str | None = None
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -222,6 +225,7 @@ def parse(text: str, base_dir: Path, source: str = "", api_keys_env: str | None 
         tls_cert=None if srv.tls_cert is None else str(_resolve(srv.tls_cert, base_dir)),
         tls_key=None if srv.tls_key is None else str(_resolve(srv.tls_key, base_dir)),
         api_keys_file=None if srv.api_keys_file is None else str(_resolve(srv.api_keys_file, base_dir)),
+        pid_file=None if srv.pid_file is None else str(_resolve(srv.pid_file, base_dir)),
     )
     return Config(server, file.supervisor, models, keys=keyring)
 
@@ -366,6 +370,8 @@ def _check(file: ConfigFile, base_dir: Path) -> Iterator[str]:
     for key in ("tls_cert", "tls_key"):
         if (value := getattr(srv, key)) is not None and not _resolve(value, base_dir).is_file():
             yield f"server.{key}: no such file: {_resolve(value, base_dir)}"
+    if srv.pid_file is not None and not _resolve(srv.pid_file, base_dir).parent.is_dir():
+        yield f"server.pid_file: no such folder: {_resolve(srv.pid_file, base_dir).parent}"
     for i, origin in enumerate(srv.cors_origins):
         if not _ORIGIN.fullmatch(origin):
             yield (
