@@ -27,6 +27,9 @@ class EditError(Exception):
 
 # Sections and the Struct that types their keys; [models.NAME] tables are ModelConfig.
 SECTIONS: dict[str, type[msgspec.Struct]] = {"server": ServerConfig, "supervisor": SupervisorConfig}
+# Fields whose values are secrets wherever they appear (an api_keys table's `key` too): no
+# message quotes them, and `config show` masks them.
+SECRET_FIELDS = frozenset({"api_keys", "admin_keys", "key"})
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -101,7 +104,11 @@ def resolve(text: str, models: Sequence[str] = ()) -> KeyPath:
                 f"or name one of its keys ({'.'.join(map(quote, parts))}.slots)"
             )
         if len(parts) != 3:
-            raise EditError(f"{text}: expected models.NAME.KEY")
+            name = ".".join(parts[1:-1])
+            raise EditError(
+                f"{text}: expected models.NAME.KEY; quote a name that holds dots: "
+                f"models.{json.dumps(name)}.{quote(parts[-1])}"
+            )
         known = _keys_of(ModelConfig)
         if parts[2] not in known:
             return _refuse(parts, [f"models.{quote(parts[1])}.{k}" for k in known])
@@ -168,7 +175,12 @@ def typed_value(path: KeyPath, words: Sequence[str]) -> Any:
             return _checked(path, value, tp)
         except msgspec.ValidationError:
             continue
-    raise EditError(f"{path}: expected {_type_name(tp)}, got {words[0]!r}")
+    if _is_list(tp) and not any(isinstance(v, list) for v in _candidates(words[0])):
+        # One bare word for a list key: a list of one. A word that reads as a list but
+        # not as this list ([1] for aliases) is a mistake, not a name.
+        return _checked(path, [_item(path, words[0], tp)], tp)
+    got = "a value that is not shown" if path.key in SECRET_FIELDS else repr(words[0])
+    raise EditError(f"{path}: expected {_type_name(tp)}, got {got}")
 
 
 def _item(path: KeyPath, word: str, list_type: Any) -> Any:
@@ -182,7 +194,8 @@ def _item(path: KeyPath, word: str, list_type: Any) -> Any:
             return value
         except msgspec.ValidationError:
             continue
-    raise EditError(f"{path}: {word!r} is not a {_type_name(elem)}")
+    got = "a value that is not shown" if path.key in SECRET_FIELDS else repr(word)
+    raise EditError(f"{path}: {got} is not a {_type_name(elem)}")
 
 
 def _checked(path: KeyPath, value: Any, tp: Any) -> Any:

@@ -16,17 +16,16 @@ import msgspec
 import tomlkit
 
 from supervisor.config import Config
+from supervisor.config_keys import SECRET_FIELDS
 
 MASK = "***"
-# Fields whose values are secrets wherever they appear; a new secret field goes here.
-SECRET_FIELDS = frozenset({"api_keys", "admin_keys", "key"})
 
 
 def effective(cfg: Config) -> dict[str, Any]:
     """The config as plain data (None where a key is unset), secrets masked."""
     models = {}
     for name, spec in cfg.models.items():
-        table = msgspec.to_builtins(spec)
+        table = msgspec.to_builtins(spec, enc_hook=str)  # paths as text
         del table["name"]  # the table's own name
         models[name] = table
     data: dict[str, Any] = {
