@@ -168,5 +168,11 @@ def remove_model(text: str, name: str) -> str:
     none (with the closest name)."""
     doc = _parse(text)
     _model_table(doc, name)
+    at_end = _models(doc)[-1] == name and [k for k, _ in doc.body if k is not None][-1] == "models"
     del doc["models"][name]
-    return doc.as_string()
+    out = doc.as_string()
+    if at_end and out.endswith("\n\n"):
+        # The blank line that separated the removed table (as add-model leaves one) goes
+        # with it, so that add-model then remove-model gives back the same bytes.
+        out = out[:-1]
+    return out
