@@ -9,6 +9,7 @@ and quoting; only the edited table changes, and within it only the edited line.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Mapping, Sequence
 
 import tomlkit
@@ -25,6 +26,14 @@ def _parse(text: str) -> TOMLDocument:
         return tomlkit.parse(text)
     except ParseError as exc:
         raise EditError(f"(syntax): {exc}; fix the file by hand first") from None
+
+
+def _newlines_of(text: str, out: str) -> str:
+    """`out` with the line endings of `text`: tomlkit writes the lines it adds with "\n",
+    which in a CRLF file (one kept on Windows) would leave it with both."""
+    if "\r\n" in text and not re.search(r"(?<!\r)\n", text):
+        return re.sub(r"(?<!\r)\n", "\r\n", out)
+    return out
 
 
 def _models(doc: TOMLDocument) -> list[str]:
@@ -117,7 +126,7 @@ def set_key(text: str, key: str, words: Sequence[str]) -> str:
     table = _table(doc, path, create=True)
     assert table is not None
     _put(table, path.key, to_item(value))
-    return doc.as_string()
+    return _newlines_of(text, doc.as_string())
 
 
 def unset_key(text: str, key: str) -> tuple[str, bool]:
@@ -131,7 +140,7 @@ def unset_key(text: str, key: str) -> tuple[str, bool]:
     if table is None or path.key not in table:
         return text, False
     del table[path.key]
-    return doc.as_string(), True
+    return _newlines_of(text, doc.as_string()), True
 
 
 def add_model(text: str, name: str, fields: Mapping[str, Sequence[str]]) -> str:
@@ -160,7 +169,7 @@ def add_model(text: str, name: str, fields: Mapping[str, Sequence[str]]) -> str:
         models[name] = _inline({k: v for k, v in table.items()})
     else:
         models.add(name, table)
-    return doc.as_string()
+    return _newlines_of(text, doc.as_string())
 
 
 def remove_model(text: str, name: str) -> str:
@@ -170,9 +179,11 @@ def remove_model(text: str, name: str) -> str:
     _model_table(doc, name)
     at_end = _models(doc)[-1] == name and [k for k, _ in doc.body if k is not None][-1] == "models"
     del doc["models"][name]
-    out = doc.as_string()
-    if at_end and out.endswith("\n\n"):
-        # The blank line that separated the removed table (as add-model leaves one) goes
-        # with it, so that add-model then remove-model gives back the same bytes.
-        out = out[:-1]
+    out = _newlines_of(text, doc.as_string())
+    for blank in ("\r\n\r\n", "\n\n"):
+        if at_end and out.endswith(blank):
+            # The blank line that separated the removed table (as add-model leaves one)
+            # goes with it, so that add-model then remove-model gives back the same bytes.
+            out = out[: -len(blank) // 2]
+            break
     return out

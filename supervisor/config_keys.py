@@ -31,6 +31,11 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {"server": ServerConfig, "supervisor
 # message quotes them, and `config show` masks them.
 SECRET_FIELDS = frozenset({"api_keys", "admin_keys", "key"})
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
+# A whole dotted key, as TOML spells one: bare parts, "basic" and 'literal' strings. Checked
+# before tomllib reads it, so that `server.port = 1 #` or a newline cannot smuggle a
+# value or a second key through the parse below.
+_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\x00-\x1f\x7f]|\\.)*"|'[^'\x00-\x08\x0a-\x1f\x7f]*')"""
+_DOTTED = re.compile(rf"[ \t]*{_PART}(?:[ \t]*\.[ \t]*{_PART})*[ \t]*")
 
 
 @dataclass(frozen=True)
@@ -62,14 +67,14 @@ def split(text: str) -> list[str]:
     quoting means exactly what it means in the file. Raises EditError."""
     if not text.strip():
         raise EditError("(key): the key path is empty")
+    hint = 'quote a part that holds dots or spaces: models."qwen2.5".slots'
+    if not _DOTTED.fullmatch(text):
+        raise EditError(f"{text!r}: not a key path; {hint}")
     try:
         # A dotted key on the left of `=` builds nested tables: walk them back down.
         tree: Any = tomllib.loads(f"{text} = 0")
     except tomllib.TOMLDecodeError as exc:
-        raise EditError(
-            f"{text}: not a key path ({exc}); quote a part that holds dots or spaces: "
-            'models."qwen2.5".slots'
-        ) from None
+        raise EditError(f"{text!r}: not a key path ({exc}); {hint}") from None
     parts: list[str] = []
     while isinstance(tree, dict):
         (name, tree), = tree.items()

@@ -54,6 +54,10 @@ def rewrite(path: Path, edit: Callable[[str], str]) -> Rewritten:
             before = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError([f"(file): not UTF-8 text (byte {exc.start})"], str(path)) from exc
+        # The rename would go through a read-only file (it needs only the folder's write
+        # permission); a file marked read-only is one somebody meant to keep as it is.
+        if not os.stat(real).st_mode & 0o222 or not os.access(real, os.W_OK):
+            raise ConfigError([f"(file): {real} is read-only; make it writable to edit it"], str(path))
         after = edit(before)
         new = after.encode("utf-8")
         config = from_bytes(new, path)

@@ -118,6 +118,13 @@ def test_the_write_keeps_mode_and_symlink(cfg: Path, capsys: pytest.CaptureFixtu
     assert stat.S_IMODE(cfg.stat().st_mode) == 0o600
 
 
+def test_a_read_only_file_is_not_replaced(cfg: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg.chmod(0o444)
+    rc, _, err = corral(capsys, "config", "set", "--config", str(cfg), "server.port", "9001")
+    assert rc == 1 and "is read-only" in err
+    assert cfg.read_bytes() == RICH.encode() and cfg.stat().st_mtime == OLD
+
+
 def test_without_config_the_search_path_is_used_and_named(
     cfg: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

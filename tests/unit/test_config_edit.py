@@ -164,7 +164,10 @@ def test_a_refused_secret_is_never_quoted() -> None:
         ("server", "server: unknown key"),
         ("models.qwen", "models.qwen: a whole model is not one value"),
         ("models.qwen2.5.slots", 'models.qwen2.5.slots: expected models.NAME.KEY; quote a name that holds dots: models."qwen2.5".slots'),
-        ("a..b", "a..b: not a key path"),
+        ("a..b", "'a..b': not a key path"),
+        # A key path cannot smuggle a value or a second key into the parse.
+        ("server.port = 1 #", "'server.port = 1 #': not a key path"),
+        ("server.port\nserver.host", "'server.port\\nserver.host': not a key path"),
         ("", "(key): the key path is empty"),
     ],
 )
@@ -177,6 +180,16 @@ def test_an_unknown_key_path_is_refused_by_name_with_the_closest_key(key: str, m
 def test_a_key_of_a_model_the_file_lacks_is_refused_with_the_closest_model() -> None:
     with pytest.raises(EditError, match=r"models.qwne: no such model \(models: qwen, \"qwen2.5\", embed\); did you mean qwen\?"):
         config_edit.set_key(RICH, "models.qwne.slots", ["2"])
+
+
+def test_a_crlf_file_keeps_crlf_in_the_lines_an_edit_adds() -> None:
+    crlf = RICH.replace("\n", "\r\n")
+    for new in (
+        config_edit.set_key(crlf, "models.qwen.n_ctx", ["2048"]),
+        config_edit.add_model(crlf, "n", {"path": ["n.gguf"], "slots": ["2"]}),
+    ):
+        assert "\n" not in new.replace("\r\n", "")
+    assert config_edit.remove_model(config_edit.add_model(crlf, "n", {"path": ["n.gguf"]}), "n") == crlf
 
 
 def test_split_reads_quoting_as_toml_does() -> None:
