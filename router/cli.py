@@ -3,6 +3,15 @@
   corral serve [--config FILE] [--host H] [--port P]
                                   run the router and the supervisor in one process
   corral config check [FILE]      validate a config file and report every problem
+  corral config show [--json]     the effective config, defaults filled in, keys masked
+  corral config set KEY VALUE...  edit one key (models."qwen2.5".slots 8), typed by the schema
+  corral config unset KEY         back to the default
+  corral config add-model NAME PATH [--alias A ...] [--slots N] ...
+  corral config remove-model NAME
+                                  edits keep the rest of the file byte for byte, are checked
+                                  as serve checks a file, and are written atomically;
+                                  --reload then POSTs /admin/reload (or, unreachable or with
+                                  --signal, sends SIGHUP to [server] pid_file's pid)
   corral --version
 
 Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
