@@ -80,27 +80,35 @@ def target(cfg: Config, url: str | None, admin_key_file: str | None) -> Target:
 
 
 def _open(t: Target, method: str, route: str, timeout: float) -> Any:
+    """The response to one request. Raises Unreachable where no connection could be made
+    (and only then: a server that accepted and then said nothing in time must not be
+    signalled a second time), ReloadError for anything else."""
     headers = {"Accept": "application/json"}
     if t.admin_key is not None:
         headers["Authorization"] = f"Bearer {t.admin_key}"
     req = urllib.request.Request(t.url + route, method=method, headers=headers, data=b"" if method == "POST" else None)
-    ctx = None
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]  # no http_proxy for our own server
     if t.url.startswith("https:"):
+        # The system's CAs ($SSL_CERT_FILE included), and the server's own certificate,
+        # which a self-signed one needs.
         ctx = ssl.create_default_context()
-        if t.cafile is not None:  # a self-signed certificate is its own CA
-            ctx.load_verify_locations(cafile=t.cafile)
+        if t.cafile is not None:
+            try:
+                ctx.load_verify_locations(cafile=t.cafile)
+            except (OSError, ssl.SSLError):
+                pass  # not readable here, or no certificate in it: the system's CAs decide
+        handlers.append(urllib.request.HTTPSHandler(context=ctx))
+    opener = urllib.request.build_opener(*handlers)
     try:
-        return urllib.request.urlopen(req, timeout=timeout, context=ctx)
+        return opener.open(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
         raise ReloadError(f"{t.url}{route}: {exc.code} {_message(exc.read())}") from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, (ConnectionError, TimeoutError, OSError)) and not isinstance(
-            exc.reason, ssl.SSLError
-        ):
+    except urllib.error.URLError as exc:  # raised while connecting and sending
+        if isinstance(exc.reason, OSError) and not isinstance(exc.reason, ssl.SSLError):
             raise Unreachable(f"{t.url}: cannot connect ({exc.reason})") from None
         raise ReloadError(f"{t.url}: {exc.reason}") from None
-    except (TimeoutError, ConnectionError) as exc:
-        raise Unreachable(f"{t.url}: cannot connect ({exc})") from None
+    except OSError as exc:  # connected, then no answer or a broken one
+        raise ReloadError(f"{t.url}{route}: no answer ({exc})") from None
 
 
 def _message(body: bytes) -> str:
@@ -115,7 +123,10 @@ def post_reload(t: Target, timeout: float = 60.0) -> dict[str, list[str]]:
     """POST /admin/reload; the diff the server applied. Blocks for the server's
     reload_settle at least. Raises Unreachable, or ReloadError with the server's reasons."""
     with _open(t, "POST", "/admin/reload", timeout) as r:
-        answer: dict[str, list[str]] = json.loads(r.read())
+        try:
+            answer: dict[str, list[str]] = json.loads(r.read())
+        except (OSError, ValueError) as exc:
+            raise ReloadError(f"{t.url}/admin/reload: no readable answer ({exc})") from None
     return answer
 
 

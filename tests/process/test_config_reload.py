@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trustme
 
 from router.cli import main, serve
 from supervisor.config import ConfigError, load
@@ -71,6 +72,32 @@ async def test_reload_over_http_with_the_admin_key_reports_the_diff(
             nursery.cancel_scope.cancel()
 
 
+async def test_reload_uses_https_when_the_config_sets_tls_cert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))  # the CA a site would install
+    path = write_config(
+        tmp_path / "corral.toml", {"a": {}},
+        {"port": free_port(), "tls_cert": "server.pem", "tls_key": "key.pem"}, reload_settle=0.05,
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(serve, load(path), worker_command=WORKER_COMMAND))
+            rc, out, err = await corral(capsys, "config", "set", "--config", str(path), "models.a.slots", "2", "--reload")
+            assert rc == 0, err
+            assert f"POST https://127.0.0.1:{load(path).server.port}/admin/reload" in out and "changed: a" in out
+            # A certificate nobody vouches for is not talked to (nor signalled around).
+            monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "key.pem"))
+            rc, out, err = await corral(capsys, "config", "set", "--config", str(path), "models.a.slots", "3", "--reload")
+            assert rc == 3 and "CERTIFICATE_VERIFY_FAILED" in err, err
+            nursery.cancel_scope.cancel()
+
+
 async def test_reload_of_an_unreachable_server_without_pid_file_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -120,7 +147,7 @@ async def test_a_server_reloading_while_config_set_rewrites_never_sees_a_half_wr
     # Padding, so that a write is more than one syscall's worth of a torn read.
     path.write_text(path.read_text() + "".join(f"# padding line {i} {'x' * 80}\n" for i in range(300)))
     port = load(path).server.port
-    edits = 40
+    edits = 25
     last = 0
     problems: list[str] = []
     stop = trio.Event()
