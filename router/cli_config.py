@@ -31,6 +31,7 @@ from supervisor import config_edit, config_show
 from supervisor.config import ConfigError, load
 from supervisor.config_keys import SECRET_FIELDS, EditError
 from supervisor.config_rewrite import Rewritten, rewrite
+from supervisor.templates import BUILTIN_CHAT_TEMPLATES
 
 if TYPE_CHECKING:
     from router.cli_common import Subparsers
@@ -85,6 +86,10 @@ def add(sub: Subparsers) -> None:
     a.add_argument("--max-tokens", help="token limit of a request that sets none")
     a.add_argument("--preload", action="store_true", help="load at start")
     a.add_argument("--pinned", action="store_true", help="never unload for idleness")
+    a.add_argument(
+        "--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+        help="any other key of the model's table, typed as `set` types it (repeatable)",
+    )
     _edit_options(a)
     a.set_defaults(run=add_model_command)
 
@@ -157,9 +162,19 @@ def add_model_command(args: argparse.Namespace) -> int:
             fields[flag] = ["true"]
     if args.alias:
         fields["aliases"] = [json.dumps(args.alias)]
+    for option in args.option:
+        key, eq, value = option.partition("=")
+        if not eq or not key.strip():
+            print(f"--option: expected KEY=VALUE, got {option!r}", file=sys.stderr)
+            return EXIT_REFUSED
+        fields[key.strip()] = [value]
 
     def edit(text: str) -> str:
-        # PATH is as the operator typed it, from here; the file reads it from its folder.
+        # PATH (and a template file) are as the operator typed them, from here; the file
+        # reads them from its folder.
+        template = args.chat_template
+        if template is not None and template not in BUILTIN_CHAT_TEMPLATES and Path(template).is_file():
+            fields["chat_template"] = [_relative_to(template, folder)]
         return config_edit.add_model(text, args.name, {"path": [_relative_to(args.path, folder)], **fields})
 
     folder = Path()

@@ -50,7 +50,12 @@ def _model_table(doc: TOMLDocument, name: str) -> Table | InlineTable:
         raise EditError(f"models.{quote(name)}: no such model (models: {listed}){hint}")
     table = doc["models"][name]
     if not isinstance(table, (Table, InlineTable)):
-        raise EditError(f"models.{quote(name)}: not a table")
+        # Keys spread as `name.key = ...` lines (tomlkit's out-of-order proxy): tomlkit
+        # would rewrite their order, so this is left to a person.
+        raise EditError(
+            f"models.{quote(name)}: written as dotted keys ({quote(name)}.path = ...), which "
+            f"this command does not edit; write it as a [models.{quote(name)}] table"
+        )
     return table
 
 

@@ -108,6 +108,26 @@ def test_a_relative_model_path_is_written_from_the_config_folder(
     assert tomllib.loads(cfg.read_text())["models"]["m"]["path"] == "models/m.gguf"
 
 
+def test_add_model_takes_every_option_and_a_template_file_from_here(
+    cfg: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sub = cfg.parent / "t"
+    sub.mkdir()
+    (sub / "chat.jinja").write_text("{{ messages }}")
+    monkeypatch.chdir(sub)
+    rc, _, err = corral(
+        capsys, "config", "add-model", "--config", str(cfg), "m", "../new.gguf", "--n-ctx", "2048",
+        "--chat-template", "chat.jinja", "--pinned", "-o", "max_queue=8", "-o", "reasoning=false",
+    )
+    assert rc == 0, err
+    assert tomllib.loads(cfg.read_text())["models"]["m"] == {
+        "path": "new.gguf", "n_ctx": 2048, "chat_template": "t/chat.jinja", "pinned": True,
+        "max_queue": 8, "reasoning": False,
+    }
+    rc, _, err = corral(capsys, "config", "add-model", "--config", str(cfg), "m2", "../new.gguf", "-o", "nosuch=1")
+    assert rc == 1 and "models.m2.nosuch: unknown key" in err
+
+
 def test_the_write_keeps_mode_and_symlink(cfg: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg.chmod(0o600)
     link = cfg.parent / "link.toml"
