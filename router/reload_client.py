@@ -37,6 +37,7 @@ from supervisor.config import Config
 
 ENV_URL = "CORRAL_URL"
 ENV_ADMIN_KEY = "CORRAL_ADMIN_KEY"
+_MAX_ANSWER = 1 << 20  # an answer is a few names; --url may point anywhere
 
 
 class ReloadError(Exception):
@@ -102,7 +103,7 @@ def _open(t: Target, method: str, route: str, timeout: float) -> Any:
     try:
         return opener.open(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
-        raise ReloadError(f"{t.url}{route}: {exc.code} {_message(exc.read())}") from None
+        raise ReloadError(f"{t.url}{route}: {exc.code} {_message(exc.read(_MAX_ANSWER))}") from None
     except urllib.error.URLError as exc:  # raised while connecting and sending
         if isinstance(exc.reason, OSError) and not isinstance(exc.reason, ssl.SSLError):
             raise Unreachable(f"{t.url}: cannot connect ({exc.reason})") from None
@@ -119,12 +120,14 @@ def _message(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
-def post_reload(t: Target, timeout: float = 60.0) -> dict[str, list[str]]:
+def post_reload(t: Target, timeout: float | None = None) -> dict[str, list[str]]:
     """POST /admin/reload; the diff the server applied. Blocks for the server's
     reload_settle at least. Raises Unreachable, or ReloadError with the server's reasons."""
+    # The server answers once the file has settled, which takes a few reload_settles.
+    timeout = timeout or max(60.0, 3 * t.settle + 30)
     with _open(t, "POST", "/admin/reload", timeout) as r:
         try:
-            answer: dict[str, list[str]] = json.loads(r.read())
+            answer: dict[str, list[str]] = json.loads(r.read(_MAX_ANSWER))
         except (OSError, ValueError) as exc:
             raise ReloadError(f"{t.url}/admin/reload: no readable answer ({exc})") from None
     return answer

@@ -183,3 +183,26 @@ def test_a_stale_pid_file_is_refused(tmp_path: Path) -> None:
     path.write_text("bogus\n")
     with pytest.raises(pid_file.PidFileError, match="holds no pid"):
         pid_file.read_live(path)
+
+
+def test_two_edits_at_once_lose_neither(cfg: Path) -> None:
+    """Each `config set` reads, edits and renames under a lock on the folder; without it,
+    one edit would rename a file made from text the other had already replaced."""
+    import threading
+
+    def edit(key: str, values: list[str]) -> None:
+        for v in values:
+            assert main(["config", "set", "--config", str(cfg), key, v]) == 0
+
+    ports = [str(9000 + i) for i in range(15)]
+    slots = [str(i % 8 + 1) for i in range(15)]
+    threads = [
+        threading.Thread(target=edit, args=("server.port", ports)),
+        threading.Thread(target=edit, args=("models.qwen.slots", slots)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final = tomllib.loads(cfg.read_text())
+    assert final["server"]["port"] == int(ports[-1]) and final["models"]["qwen"]["slots"] == int(slots[-1])
