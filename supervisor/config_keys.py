@@ -97,10 +97,12 @@ def resolve(text: str, models: Sequence[str] = ()) -> KeyPath:
     names, for suggestions. Raises EditError naming the path, with the nearest known key."""
     parts = split(text)
     section = parts[0]
+    if section in (*SECTIONS, "models") and len(parts) == 1:
+        raise EditError(f"{section}: a section, not a key; name one of its keys ({_example(section)})")
     if section in SECTIONS:
         known = _keys_of(SECTIONS[section])
         if len(parts) != 2 or parts[1] not in known:
-            return _refuse(parts, [f"{section}.{k}" for k in known])
+            raise _unknown(".".join(map(quote, parts)), [f"{section}.{k}" for k in known])
         return KeyPath(section, parts[1])
     if section == "models":
         if len(parts) == 2:
@@ -116,15 +118,15 @@ def resolve(text: str, models: Sequence[str] = ()) -> KeyPath:
             )
         known = _keys_of(ModelConfig)
         if parts[2] not in known:
-            return _refuse(parts, [f"models.{quote(parts[1])}.{k}" for k in known])
+            raise _unknown(".".join(map(quote, parts)), [f"models.{quote(parts[1])}.{k}" for k in known])
         return KeyPath("models", parts[2], parts[1])
     choices = [*SECTIONS, "models", *(f"{s}.{k}" for s, t in SECTIONS.items() for k in _keys_of(t))]
     choices += [f"models.{quote(m)}" for m in models]
     raise _unknown(".".join(map(quote, parts)), choices)
 
 
-def _refuse(parts: list[str], choices: list[str]) -> KeyPath:
-    raise _unknown(".".join(map(quote, parts)), choices)
+def _example(section: str) -> str:
+    return {"server": "server.port", "supervisor": "supervisor.idle_timeout"}.get(section, "models.NAME.slots")
 
 
 def field_type(path: KeyPath) -> Any:
