@@ -34,10 +34,18 @@ def write(path: Path) -> None:
 @contextmanager
 def held(path: str | None) -> Iterator[None]:
     """This process's pid in `path` (if any) for the length of the block. Raises OSError
-    if it cannot be written."""
+    if it cannot be written, or FileExistsError if a live process holds it."""
     if path is None:
         yield
         return
+    # A second server started by mistake on the same config must not take the file from
+    # the first: it would fail to bind the port, then remove the file on its way out.
+    try:
+        other = read_live(Path(path))
+    except PidFileError:
+        other = None
+    if other is not None and other != os.getpid():
+        raise FileExistsError(f"{path}: process {other} is running with this pid_file; not starting a second server")
     write(Path(path))
     try:
         yield

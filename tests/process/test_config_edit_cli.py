@@ -173,6 +173,26 @@ def test_secrets_never_reach_the_terminal(cfg: Path, capsys: pytest.CaptureFixtu
     # (tests/conftest.py fails this test if either key reached the captured output)
 
 
+def test_a_second_server_does_not_take_a_live_servers_pid_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "corral.pid"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        path.write_text(f"{other.pid}\n")  # written after it started: a live server's file
+        with pytest.raises(FileExistsError, match=f"process {other.pid} is running"):
+            with pid_file.held(str(path)):
+                pass
+        assert path.read_text() == f"{other.pid}\n"
+    finally:
+        other.kill()
+        other.wait()
+    with pid_file.held(str(path)):  # now stale: taken over
+        assert path.read_text() == f"{os.getpid()}\n"
+    assert not path.exists()
+
+
 def test_a_stale_pid_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "corral.pid"
     pid_file.write(path)
