@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from router import reload_client
 from router.cli_common import add_config_option, config_path, print_problems
 from supervisor import config_edit, config_show
-from supervisor.config import ConfigError, load
+from supervisor.config import ConfigError, from_bytes, load
 from supervisor.config_keys import SECRET_FIELDS, EditError
 from supervisor.config_rewrite import Rewritten, rewrite
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
@@ -268,8 +268,14 @@ def _secrets(text: str) -> set[str]:
 
 
 def _reload(args: argparse.Namespace, done: Rewritten) -> int:
+    # The server listens where the file said before this edit (a new port or pid_file
+    # takes a restart), so that is where it is reached; the new one if the old was broken.
     try:
-        t = reload_client.target(done.config, args.url, args.admin_key_file)
+        running = from_bytes(done.before.encode("utf-8"), done.path)
+    except ConfigError:
+        running = done.config
+    try:
+        t = reload_client.target(running, args.url, args.admin_key_file)
         how, answer = reload_client.reload(t, use_signal=args.signal)
     except reload_client.ReloadError as exc:
         print(f"reload: {exc} (the file is written; the server runs the old config)", file=sys.stderr)

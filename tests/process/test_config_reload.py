@@ -69,6 +69,13 @@ async def test_reload_over_http_with_the_admin_key_reports_the_diff(
                 "--admin-key-file", str(key_file), "--url", f"http://127.0.0.1:{load(path).server.port}",
             )
             assert rc == 0 and "reload: removed: b" in out, err
+
+            # A new port: the server still listens on the old one, which is where it is told.
+            old_port = load(path).server.port
+            monkeypatch.setenv("CORRAL_ADMIN_KEY", admin)
+            rc, out, err = await corral(capsys, "config", "set", "--config", str(path), "server.port", str(free_port()), "--reload")
+            assert rc == 0, err
+            assert f"POST http://127.0.0.1:{old_port}/admin/reload" in out and "reload: needs_restart: server.port" in out
             nursery.cancel_scope.cancel()
 
 
