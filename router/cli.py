@@ -3,6 +3,15 @@
   corral serve [--config FILE] [--host H] [--port P] [--models-dir DIR]
                                   run the router and the supervisor in one process
   corral config check [FILE]      validate a config file and report every problem
+  corral config show [--json]     the effective config, defaults filled in, keys masked
+  corral config set KEY VALUE...  edit one key (models."qwen2.5".slots 8), typed by the schema
+  corral config unset KEY         back to the default
+  corral config add-model NAME PATH [--alias A ...] [--slots N] ...
+  corral config remove-model NAME
+                                  edits keep the rest of the file byte for byte, are checked
+                                  as serve checks a file, and are written atomically;
+                                  --reload then POSTs /admin/reload (or, unreachable or with
+                                  --signal, sends SIGHUP to [server] pid_file's pid)
   corral --version
 
 Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
@@ -34,7 +43,7 @@ from router import cli_config
 from router import cli_chat
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
-from supervisor import config_search
+from supervisor import config_search, pid_file
 from supervisor.config import Config, ConfigError, load, without_file
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
@@ -72,8 +81,12 @@ async def serve(
     hc.graceful_timeout = 30.0
     stop = trio.Event()
     # SIGHUP is caught from here on, before READY=1: systemd >= 262 requires it of a
-    # notify-reload service, and an uncaught SIGHUP would kill the server.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+    # notify-reload service, and an uncaught SIGHUP would kill the server. The pid file is
+    # written after that, for the same reason, and removed however serve() ends.
+    with (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals,
+        pid_file.held(cfg.server.pid_file),
+    ):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
 

@@ -61,6 +61,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # (supervisor/models_dir.py); a [models.NAME] table of the same name overrides one.
     # Rescanned at every reload; relative to the config file.
     models_dir: str | None = None
+    # Where `corral serve` writes its pid at start (atomically) and removes it at exit, so
+    # that `corral config ... --reload --signal` can send it SIGHUP. Relative to the file.
+    pid_file: str | None = None
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -226,6 +229,7 @@ def parse(
         tls_key=None if srv.tls_key is None else str(_resolve(srv.tls_key, base_dir)),
         api_keys_file=None if srv.api_keys_file is None else str(_resolve(srv.api_keys_file, base_dir)),
         models_dir=None if srv.models_dir is None else str(_resolve(srv.models_dir, base_dir)),
+        pid_file=None if srv.pid_file is None else str(_resolve(srv.pid_file, base_dir)),
     )
     return with_server(Config(server, file.supervisor, models, keys=keyring), overrides)
 
@@ -417,6 +421,8 @@ def _check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterat
     for key in ("tls_cert", "tls_key"):
         if (value := getattr(srv, key)) is not None and not _resolve(value, base_dir).is_file():
             yield f"server.{key}: no such file: {_resolve(value, base_dir)}"
+    if srv.pid_file is not None and not _resolve(srv.pid_file, base_dir).parent.is_dir():
+        yield f"server.pid_file: no such folder: {_resolve(srv.pid_file, base_dir).parent}"
     for i, origin in enumerate(srv.cors_origins):
         if not _ORIGIN.fullmatch(origin):
             yield (
