@@ -13,10 +13,11 @@ import json
 import re
 import tomllib
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence, get_args, get_origin
+from typing import Annotated, Any, Literal, Sequence, get_args, get_origin
 
 import msgspec
 
+from supervisor.config_types import is_seconds, parse_duration
 from supervisor.keys import ApiKeyTable
 from supervisor.config import ModelConfig, ServerConfig, SupervisorConfig
 
@@ -207,6 +208,8 @@ def _item(path: KeyPath, word: str, list_type: Any) -> Any:
 
 def _checked(path: KeyPath, value: Any, tp: Any) -> Any:
     """`value` if the type takes it, as TOML will hold it. Raises ValidationError."""
+    if isinstance(value, str) and is_seconds(tp) and parse_duration(value) is not None:
+        return value  # "10m" stays as written: the loader reads it as 600 seconds
     converted = msgspec.convert(value, tp)
     if isinstance(converted, float) and not isinstance(value, float):
         return converted  # 30 for a float key: written as 30.0, which reads back as a float
@@ -216,6 +219,8 @@ def _checked(path: KeyPath, value: Any, tp: Any) -> Any:
 def _type_name(tp: Any) -> str:
     """A type as the operator reads it: int, a list of str, one of "text", "json", ..."""
     args = get_args(tp)
+    if get_origin(tp) is Annotated:
+        return 'a number of seconds or a duration such as "10m"' if is_seconds(tp) else _type_name(args[0])
     if get_origin(tp) is Literal:
         return "one of " + ", ".join(json.dumps(a) for a in args)
     if get_origin(tp) is list:

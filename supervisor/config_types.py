@@ -69,12 +69,12 @@ _WORDS = {
 _EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `[^`]+`")
 
 
-def _is_seconds(tp: object) -> bool:
+def is_seconds(tp: object) -> bool:
     """Whether a field's type is Seconds or Seconds | None."""
     if typing.get_origin(tp) is Annotated:
         return any(isinstance(m, msgspec.Meta) and (m.extra or {}).get("unit") == "seconds" for m in tp.__metadata__)  # type: ignore[attr-defined]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return any(_is_seconds(arg) for arg in typing.get_args(tp))
+        return any(is_seconds(arg) for arg in typing.get_args(tp))
     return False
 
 
@@ -115,7 +115,7 @@ def describe(exc: msgspec.ValidationError, value: object, tp: object) -> tuple[s
     if m := _EXPECTED.match(p.message):
         words = [_WORDS.get(w.strip(), w.strip()) for w in m.group("want").split("|") if w.strip() != "null"]
         want = " or ".join(dict.fromkeys(words))
-        if _is_seconds(tp) and not p.path:
+        if is_seconds(tp) and not p.path:
             want = 'a number of seconds or a duration such as "10m"'
         return where, f"expected {want}, got {show(inner)}"
     return where, p.message[:1].lower() + p.message[1:]
@@ -136,7 +136,7 @@ def convert_table(raw: object, schema: type[S], at: str, problems: list[str]) ->
         if field is None:
             problems.append(f"{at}.{key}: unknown key{suggestion(key, fields)}")
             continue
-        if isinstance(value, str) and _is_seconds(field.type):
+        if isinstance(value, str) and is_seconds(field.type):
             seconds = parse_duration(value)
             if seconds is not None:
                 value = seconds

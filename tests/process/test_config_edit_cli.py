@@ -13,6 +13,7 @@ import pytest
 
 from router.cli import main
 from supervisor import pid_file
+from tests.harness import write_gguf
 from tests.secrets import secret
 from tests.unit.test_config_edit import RICH, assert_only_table_changed
 
@@ -23,7 +24,7 @@ OLD = 1_600_000_000  # an mtime that no write of this test's could give
 def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """RICH as a file, its models' GGUFs beside it, with an old mtime."""
     for name in ("qwen.gguf", "qwen25.gguf", "embed.gguf", "new.gguf"):
-        (tmp_path / name).touch()
+        write_gguf(tmp_path / name)
     path = tmp_path / "corral.toml"
     path.write_text(RICH)
     os.utime(path, (OLD, OLD))
@@ -65,7 +66,7 @@ def test_a_refused_edit_names_the_key_and_leaves_bytes_and_mtime_alone(
 
 
 def test_removing_the_last_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "a.gguf").touch()
+    write_gguf(tmp_path / "a.gguf")
     path = tmp_path / "c.toml"
     path.write_text('[models.a]\npath = "a.gguf"\n')
     rc, _, err = corral(capsys, "config", "remove-model", "--config", str(path), "a")
@@ -101,7 +102,7 @@ def test_a_relative_model_path_is_written_from_the_config_folder(
 ) -> None:
     sub = cfg.parent / "models"
     sub.mkdir()
-    (sub / "m.gguf").touch()
+    write_gguf(sub / "m.gguf")
     monkeypatch.chdir(sub)  # the operator stands in models/ and names m.gguf
     rc, _, err = corral(capsys, "config", "add-model", "--config", str(cfg), "m", "m.gguf")
     assert rc == 0, err

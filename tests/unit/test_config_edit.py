@@ -13,6 +13,7 @@ import pytest
 from supervisor import config_edit, config_show
 from supervisor.config import parse
 from supervisor.config_keys import EditError, KeyPath, resolve, split, typed_value
+from tests.harness import write_gguf
 from tests.secrets import secret
 
 # Comments everywhere, odd spacing, a quoted model name with a dot, an inline array of
@@ -104,6 +105,8 @@ def test_set_in_a_section_the_file_lacks_appends_it_and_keeps_the_rest() -> None
         ("server.default_model", ["8"], "8"),  # a str key takes "8" as text
         ("server.drain_timeout", ["5"], 5.0),  # an int for a float key is written as a float
         ("server.drain_timeout", ["2.5"], 2.5),
+        ("supervisor.idle_timeout", ["10m"], "10m"),  # a duration stays as written
+        ("models.qwen.queue_timeout", ["1h30m"], "1h30m"),
         ("server.allow_insecure_bind", ["true"], True),
         ("server.log_format", ["json"], "json"),
         ("supervisor.memory_budget", ["8GB"], "8GB"),
@@ -138,6 +141,7 @@ def test_an_api_key_table_is_accepted_as_json_and_written_inline() -> None:
         ("server.log_format", ["xml"], 'server.log_format: expected one of "text", "json", got \'xml\''),
         ("models.qwen.aliases", ["[1]"], "models.qwen.aliases: expected a list of str"),
         ("models.qwen.slots", ["null"], "models.qwen.slots: expected int, got 'null'"),
+        ("supervisor.idle_timeout", ["ten"], 'supervisor.idle_timeout: expected a number of seconds or a duration such as "10m", got \'ten\''),
     ],
 )
 def test_a_mistyped_value_is_refused_naming_the_key(key: str, words: list[str], message: str) -> None:
@@ -254,7 +258,7 @@ def test_a_file_tomlkit_cannot_read_is_refused_as_syntax() -> None:
 
 
 def test_show_fills_every_default_and_masks_every_key(tmp_path: Path) -> None:
-    (tmp_path / "a.gguf").touch()
+    write_gguf(tmp_path / "a.gguf")
     api, named, admin = secret("show-api"), secret("show-table"), secret("show-admin")
     text = f"""
 [server]
