@@ -3,6 +3,8 @@
   corral serve [--config FILE] [--host H] [--port P]
                                   run the router and the supervisor in one process
   corral config check [FILE]      validate a config file and report every problem
+  corral status | load NAME | unload NAME | reset NAME | reload
+                                  see and steer a running server (router/cli_admin.py)
   corral --version
 
 Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
@@ -29,7 +31,7 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from router.app import create_app
-from router import cli_config
+from router import cli_admin, cli_config
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
 from supervisor.config import Config, ConfigError, load, with_server
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each further subcommand lives in a module of its own, with an add(sub) that sets
     # its parser's `run`.
     cli_config.add(sub)
+    cli_admin.add(sub)
     args = ap.parse_args(argv)
     return int(args.run(args))
 
