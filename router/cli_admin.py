@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import shutil
 import sys
@@ -66,7 +67,9 @@ class Server:
             raise Exit(at.UNREACHABLE, f"{self.url}: no answer within {self.timeout:g} s (--timeout)") from None
         except urllib.error.URLError as exc:
             raise Exit(at.UNREACHABLE, f"cannot reach {self.url}: {exc.reason}") from None
-        except (OSError, http.client.HTTPException) as exc:
+        except http.client.HTTPException as exc:  # something listens there, but not HTTP
+            raise Exit(at.UNREACHABLE, f"{self.url}: not an HTTP answer ({type(exc).__name__} {str(exc).strip()!r})") from None
+        except OSError as exc:
             raise Exit(at.UNREACHABLE, f"cannot reach {self.url}: {exc}") from None
         try:
             return status, json.loads(raw)
@@ -148,7 +151,7 @@ def add(sub: Subparsers) -> None:
         "--admin-key-file", metavar="FILE",
         help=f"a file holding the admin key (default: ${at.KEY_ENV}; none is needed on loopback with no admin_keys)",
     )
-    common.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to wait for the server")
+    common.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="how long to wait for the server")
 
     def parser(name: str, help: str, run: Any, timeout: float) -> argparse.ArgumentParser:
         p = sub.add_parser(
@@ -171,18 +174,37 @@ def add(sub: Subparsers) -> None:
     parser("reload", "re-read the server's config file and print what changed", reload, 120)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _width() -> int:
+    """The terminal's width; piped into a file or grep, every row whole ($COLUMNS still
+    rules, as in `ls`)."""
+    return shutil.get_terminal_size((10_000, 24)).columns
+
+
 def _run(args: argparse.Namespace, command: Any) -> int:
     """A command's common frame: find the server and key, run, turn Exit into a code."""
     try:
         timeout = args.timeout if args.timeout is not None else args.default_timeout
-        if not timeout > 0:
-            raise Exit(at.USAGE, f"--timeout: must be a positive number of seconds, got {args.timeout}")
         env = dict(os.environ)
         try:
             server = Server(find_url(args, env), find_key(args, env), timeout)
         except ValueError as exc:
             raise Exit(at.USAGE, str(exc)) from None
         return int(command(server, args))
+    except BrokenPipeError:
+        # `corral status | head -3`: the reader has what it wanted. Point stdout at
+        # /dev/null so that the interpreter's own flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return at.OK
     except Exit as exc:
         print(f"corral {args.command}: {exc.message}", file=sys.stderr)
         return exc.code
@@ -195,7 +217,7 @@ def status(args: argparse.Namespace) -> int:
             print(json.dumps(body, indent=2))
             return at.OK
         try:
-            print(render(body, shutil.get_terminal_size().columns, time.time()))
+            print(render(body, _width(), time.time()))
         except ValueError as exc:
             raise Exit(at.FAILED, f"{server.url}: {exc}") from None
         return at.OK

@@ -95,7 +95,7 @@ async def test_status_table_and_json_load_and_unload(tmp_path: Path, start_log: 
 
 
 async def test_a_failed_load_then_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start_log: StartLog) -> None:
-    monkeypatch.setenv("FAKE_FAIL_LOAD", "bad magic")
+    monkeypatch.setenv("FAKE_FAIL_LOAD", "bad magic " + "where the file's header should be " * 6)
     path = write_config(tmp_path / "corral.toml", {"chat": {}}, start_retries=0)
     with trio.fail_after(60):
         async with serving_http(_supervisor(path)) as url:
@@ -105,6 +105,11 @@ async def test_a_failed_load_then_reset(tmp_path: Path, monkeypatch: pytest.Monk
             done = await corral("status", "--url", url, cwd=tmp_path)
             row = next(r for r in out(done).splitlines() if r.startswith("chat "))
             assert row.split()[1] == "failed" and "bad magic" in row
+            # Piped with no $COLUMNS, a row is whole however long its error.
+            done = await corral("status", "--url", url, cwd=tmp_path, COLUMNS="")
+            row = next(r for r in out(done).splitlines() if r.startswith("chat "))
+            error = json.loads(out(await corral("status", "--json", "--url", url, cwd=tmp_path)))["models"][0]["last_error"]
+            assert len(error) > 100 and row.endswith(" ".join(error.split()))
 
             monkeypatch.delenv("FAKE_FAIL_LOAD")  # the server's workers inherit this process's
             done = await corral("reset", "chat", "--url", url, cwd=tmp_path)
@@ -173,8 +178,9 @@ async def test_exit_codes_for_keys_unknown_models_and_no_server(tmp_path: Path, 
     assert done.returncode == 2 and "not an http:// or https:// URL" in err(done)
     done = await corral("load", cwd=tmp_path)
     assert done.returncode == 2 and "required: name" in err(done)
-    done = await corral("status", "--url", url, "--timeout", "0", cwd=tmp_path)
-    assert done.returncode == 2 and "--timeout" in err(done)
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        done = await corral("status", "--url", url, "--timeout", bad, cwd=tmp_path)
+        assert done.returncode == 2 and "--timeout: must be a positive number of seconds" in err(done), bad
 
 
 async def test_the_server_is_found_from_the_config(tmp_path: Path, start_log: StartLog) -> None:
