@@ -43,6 +43,16 @@ class Exit(Exception):
         self.message = message
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # urllib would send the admin key on to wherever a redirect points, another host
+    # included; a redirect is answered as the 3xx it is instead.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
 @dataclass(frozen=True)
 class Server:
     url: str
@@ -59,10 +69,10 @@ class Server:
             self.url + path, method=method, headers=headers, data=b"" if method == "POST" else None
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                status, raw = r.status, r.read()
+            with _opener.open(req, timeout=self.timeout) as r:
+                status, raw, location = r.status, r.read(), None
         except urllib.error.HTTPError as exc:  # an answer, with a status that is not 2xx
-            status, raw = exc.code, exc.read()
+            status, raw, location = exc.code, exc.read(), exc.headers.get("location")
         except TimeoutError:
             raise Exit(at.UNREACHABLE, f"{self.url}: no answer within {self.timeout:g} s (--timeout)") from None
         except urllib.error.URLError as exc:
@@ -71,6 +81,8 @@ class Server:
             raise Exit(at.UNREACHABLE, f"{self.url}: not an HTTP answer ({type(exc).__name__} {str(exc).strip()!r})") from None
         except OSError as exc:
             raise Exit(at.UNREACHABLE, f"cannot reach {self.url}: {exc}") from None
+        if 300 <= status < 400:
+            raise Exit(at.FAILED, f"{self.url}{path}: HTTP {status}, redirected to {location}; not followed, as it would take the admin key along")
         try:
             return status, json.loads(raw)
         except ValueError:

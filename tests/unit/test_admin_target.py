@@ -3,9 +3,13 @@ checks, and what each answer means as an exit code."""
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 from router import admin_target as at
+from router.cli_admin import Exit, find_url
 
 
 @pytest.mark.parametrize(
@@ -61,3 +65,32 @@ def test_reload_lines() -> None:
     diff = {"added": ["d"], "removed": [], "changed": ["a", "b"], "unchanged": ["c"], "needs_restart": []}
     assert at.reload_lines(diff) == ["added: d", "changed: a, b", "unchanged: c"]
     assert at.reload_lines({"added": [], "unchanged": ["a"]}) == ["no changes", "unchanged: a"]
+
+
+def _args(url: str | None = None, config: str | None = None) -> argparse.Namespace:
+    return argparse.Namespace(url=url, config=config, admin_key_file=None)
+
+
+def test_where_the_server_is_in_order_of_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    assert find_url(_args(), env) == at.DEFAULT_URL  # nothing anywhere
+
+    (tmp_path / "corral.toml").write_text("[server]\nport = 7001\n")
+    assert find_url(_args(), env) == "http://127.0.0.1:7001"  # the search path's file
+    env[at.URL_ENV] = "http://env:7002/"
+    assert find_url(_args(), env) == "http://env:7002"  # $CORRAL_URL beats a searched file
+    named = tmp_path / "named.toml"
+    # A config the server would refuse (an unknown key, no models) still names its address.
+    named.write_text('[server]\nhost = "0.0.0.0"\nport = 7003\nbogus = 1\n')
+    assert find_url(_args(config=str(named)), env) == "http://127.0.0.1:7003"  # --config beats $CORRAL_URL
+    assert find_url(_args(url="http://cli:7004", config=str(named)), env) == "http://cli:7004"  # --url beats all
+
+    (tmp_path / "corral.toml").write_text("[server\n")
+    del env[at.URL_ENV]
+    with pytest.raises(Exit) as caught:
+        find_url(_args(), env)
+    assert caught.value.code == at.USAGE and "corral.toml" in caught.value.message and "give --url" in caught.value.message
+    with pytest.raises(Exit) as caught:
+        find_url(_args(config=str(tmp_path / "missing.toml")), env)
+    assert caught.value.code == at.USAGE and "missing.toml" in caught.value.message
