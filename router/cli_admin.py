@@ -133,7 +133,11 @@ def find_url(args: argparse.Namespace, env: dict[str, str]) -> str:
         path, how = config_search.find(None, env)
     except ConfigError:
         return at.DEFAULT_URL
-    return _url_from_config(str(path), how)
+    url = _url_from_config(str(path), how)
+    # As every command says which file it found: a stray ./corral.toml would otherwise
+    # steer another server without a word.
+    print(f"corral: {url}, from {path} ({how})", file=sys.stderr)
+    return url
 
 
 def find_key(args: argparse.Namespace, env: dict[str, str]) -> str | None:

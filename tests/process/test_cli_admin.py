@@ -192,6 +192,7 @@ async def test_the_server_is_found_from_the_config(tmp_path: Path, start_log: St
             assert done.returncode == 0 and json.loads(out(done))["models"][0]["name"] == "chat", err(done)
             done = await corral("status", "--json", cwd=tmp_path, CORRAL_CONFIG=str(path))
             assert done.returncode == 0, err(done)
+            assert err(done) == f"corral: http://127.0.0.1:{port}, from {path} ($CORRAL_CONFIG)\n"
             done = await corral("status", "--json", cwd=tmp_path, CORRAL_URL=f"http://127.0.0.1:{port}/")
             assert done.returncode == 0, err(done)
             # --url beats the environment; a config that cannot be read is a usage error.
