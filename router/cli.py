@@ -12,6 +12,10 @@
                                   as serve checks a file, and are written atomically;
                                   --reload then POSTs /admin/reload (or, unreachable or with
                                   --signal, sends SIGHUP to [server] pid_file's pid)
+  corral status | load NAME | unload NAME | reset NAME | reload
+                                  see and steer a running server (router/cli_admin.py)
+  corral chat MODEL [--url URL | --config FILE]
+                                  chat in the terminal, over HTTP or in-process
   corral --version
 
 Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
@@ -41,6 +45,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from router.app import create_app
 from router import cli_config
 from router import cli_chat
+from router import cli_admin
 from router.auth import refuse_bind
 from router.cli_common import add_config_option, config_path, print_problems
 from supervisor import config_search, pid_file
@@ -173,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     # its parser's `run`.
     cli_config.add(sub)
     cli_chat.add(sub)
+    cli_admin.add(sub)
     args = ap.parse_args(argv)
     return int(args.run(args))
 

@@ -124,7 +124,12 @@ def http_status(status: int, message: str, code: str | None = None) -> tuple[byt
 
 def render_config_error(exc: ConfigError) -> tuple[bytes, int, dict[str, str]]:
     """A config that a reload refused: 400 with every problem (the old config runs on)."""
-    return http_status(400, "; ".join(exc.problems), "invalid_config")
+    body, status, headers = http_status(400, "; ".join(exc.problems), "invalid_config")
+    # Each problem on its own too: a problem may itself hold "; ", and `corral reload`
+    # prints one a line.
+    obj = msgspec.json.decode(body)
+    obj["error"]["problems"] = list(exc.problems)
+    return msgspec.json.encode(obj), status, headers
 
 
 def render_http(

@@ -31,6 +31,7 @@ from supervisor.errors import WorkerUnavailable
 from supervisor.events import EventBus
 from supervisor.lifecycle import State
 from supervisor.replan import Immediate, Planner
+from supervisor.request_rate import RequestRate
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.stats import LoadedFacts, ModelStats
 
@@ -101,6 +102,7 @@ class ModelHandle:
         self.slot_queue = SlotQueue(spec.name)  # generations in line for the worker's slots
         self.last_used: float = 0.0  # trio clock: the last request's end, or the last load
         self.last_used_wall: float | None = None  # time.time() of the last request's end
+        self.requests = RequestRate()  # leases taken, for requests_per_minute
         self._attempt: LoadAttempt | None = None  # the load that waiters share
         self._asks = Asks()
         self._unload: str | None = None  # "drain" or "force" while an unload runs
@@ -152,6 +154,7 @@ class ModelHandle:
             loaded=LoadedFacts.of(ready) if ready is not None else None,
             prompt_tokens_decoded=pong.prompt_tokens_decoded if pong is not None else None,
             kv_cells_used=pong.kv_cells_used if pong is not None else None,
+            requests_per_minute=self.requests.count(time.monotonic()),
         )
 
     # ---- clients --------------------------------------------------------------------------
@@ -173,7 +176,9 @@ class ModelHandle:
         others. While a lease is held the worker is never stopped for idleness. A streaming
         response holds its lease past the handler that took it, hence no context manager.
         """
-        return Lease(await self._acquire(), self._release)
+        conn = await self._acquire()
+        self.requests.record(time.monotonic())
+        return Lease(conn, self._release)
 
     async def take_slots(self, conn: WorkerConnection, slots: int) -> Ticket:
         """`slots` of the leased worker `conn`'s slots, first come first served, within
@@ -183,8 +188,9 @@ class ModelHandle:
 
     async def ensure_ready(self) -> None:
         """Load the model if it is not loaded, and return once it is ready. Raises like
-        `acquire()`; counts as a use for the idle timer."""
-        (await self.acquire()).release()
+        `acquire()`; counts as a use for the idle timer, but not as a request (an admin's
+        load is not traffic)."""
+        Lease(await self._acquire(), self._release).release()
 
     def _release(self) -> None:
         self.in_flight -= 1

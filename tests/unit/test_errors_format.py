@@ -349,3 +349,4 @@ def test_a_refused_config_is_a_400_listing_every_problem() -> None:
     err = json.loads(raw)["error"]
     assert status == 400 and err["code"] == "invalid_config"
     assert err["message"] == "a: bad; b: worse"
+    assert err["problems"] == ["a: bad", "b: worse"]  # one a line for `corral reload`

@@ -1,0 +1,96 @@
+"""router/admin_target.py: where `corral status` and friends find the server, the key's
+checks, and what each answer means as an exit code."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from router import admin_target as at
+from router.cli_admin import Exit, find_url
+
+
+@pytest.mark.parametrize(
+    ("server", "url"),
+    [
+        (None, "http://127.0.0.1:8080"),
+        ({}, "http://127.0.0.1:8080"),
+        ({"host": "0.0.0.0", "port": 9000}, "http://127.0.0.1:9000"),
+        ({"host": "::", "port": 9000}, "http://[::1]:9000"),
+        ({"host": "::1"}, "http://[::1]:8080"),
+        ({"host": "10.1.2.3", "tls_cert": "cert.pem"}, "https://10.1.2.3:8080"),
+        ({"host": "box.example", "port": 443, "api_keys": ["ignored"]}, "http://box.example:443"),
+    ],
+)
+def test_url_from_the_server_table(server: object, url: str) -> None:
+    assert at.url_from_server(server) == url
+
+
+@pytest.mark.parametrize(
+    ("server", "needle"),
+    [({"port": "80"}, "port an integer"), ({"port": 0}, "cannot be connected to"), ({"host": 1}, "host must be")],
+)
+def test_a_server_table_that_names_no_address(server: object, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        at.url_from_server(server)
+
+
+def test_urls() -> None:
+    assert at.check_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
+    assert at.check_url(" https://box/corral/ ") == "https://box/corral"  # behind a proxy's prefix
+    for bad, needle in [("localhost:8080", "not an http"), ("ftp://x", "not an http"), ("http://", "not an http"),
+                        ("http://x:99999", "out of range"), ("http://x/?a=1", r"without \?query")]:
+        with pytest.raises(ValueError, match=needle):
+            at.check_url(bad)
+
+
+def test_keys_are_checked_without_being_shown() -> None:
+    assert at.check_key("  k-123\n", "the file") == "k-123"
+    for bad in ("", " \n", "two words", "a\nb", "kéy"):
+        with pytest.raises(ValueError) as caught:
+            at.check_key(bad, "the file")
+        assert str(caught.value).startswith("the file") and (not bad.strip() or bad.strip() not in str(caught.value))
+
+
+def test_exit_codes() -> None:
+    assert [at.exit_code(s, None) for s in (200, 202, 400, 401, 403, 500, 503)] == [0, 0, 1, 4, 4, 1, 1]
+    assert at.exit_code(404, "model_not_found") == 5
+    assert at.exit_code(404, None) == 1  # a route that is not there: not a Corral server of this version
+    assert "3  cannot reach the server" in at.EXIT_CODES_HELP
+
+
+def test_reload_lines() -> None:
+    diff = {"added": ["d"], "removed": [], "changed": ["a", "b"], "unchanged": ["c"], "needs_restart": []}
+    assert at.reload_lines(diff) == ["added: d", "changed: a, b", "unchanged: c"]
+    assert at.reload_lines({"added": [], "unchanged": ["a"]}) == ["no changes", "unchanged: a"]
+
+
+def _args(url: str | None = None, config: str | None = None) -> argparse.Namespace:
+    return argparse.Namespace(url=url, config=config, admin_key_file=None)
+
+
+def test_where_the_server_is_in_order_of_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    assert find_url(_args(), env) == at.DEFAULT_URL  # nothing anywhere
+
+    (tmp_path / "corral.toml").write_text("[server]\nport = 7001\n")
+    assert find_url(_args(), env) == "http://127.0.0.1:7001"  # the search path's file
+    env[at.URL_ENV] = "http://env:7002/"
+    assert find_url(_args(), env) == "http://env:7002"  # $CORRAL_URL beats a searched file
+    named = tmp_path / "named.toml"
+    # A config the server would refuse (an unknown key, no models) still names its address.
+    named.write_text('[server]\nhost = "0.0.0.0"\nport = 7003\nbogus = 1\n')
+    assert find_url(_args(config=str(named)), env) == "http://127.0.0.1:7003"  # --config beats $CORRAL_URL
+    assert find_url(_args(url="http://cli:7004", config=str(named)), env) == "http://cli:7004"  # --url beats all
+
+    (tmp_path / "corral.toml").write_text("[server\n")
+    del env[at.URL_ENV]
+    with pytest.raises(Exit) as caught:
+        find_url(_args(), env)
+    assert caught.value.code == at.USAGE and "corral.toml" in caught.value.message and "give --url" in caught.value.message
+    with pytest.raises(Exit) as caught:
+        find_url(_args(config=str(tmp_path / "missing.toml")), env)
+    assert caught.value.code == at.USAGE and "missing.toml" in caught.value.message
