@@ -50,7 +50,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_opener = urllib.request.build_opener(_NoRedirect)
+# No ProxyHandler from the environment: an http_proxy set for the internet would otherwise
+# carry admin calls, key included, to the proxy.
+_opener = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)

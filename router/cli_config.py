@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from router import reload_client
+from router.admin_target import reload_lines
 from router.cli_common import add_config_option, config_path, print_problems
 from supervisor import config_edit, config_show
 from supervisor.config import ConfigError, from_bytes, load
@@ -292,6 +293,5 @@ def _reload(args: argparse.Namespace, done: Rewritten) -> int:
 
 
 def _print_diff(answer: dict[str, Any]) -> None:
-    for key in ("added", "removed", "changed", "needs_restart"):
-        names = answer.get(key) or []
-        print(f"reload: {key}: {', '.join(names) if names else '-'}")
+    for line in reload_lines(answer):  # as `corral reload` prints them
+        print(f"reload: {line}")

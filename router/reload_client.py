@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router.admin_target import url_from_server
 from supervisor import pid_file
 from supervisor.config import Config
 
@@ -57,20 +58,13 @@ class Target:
     settle: float = 0.5  # the server's reload_settle: how long a reload takes at least
 
 
-def base_url(host: str, port: int, tls: bool) -> str:
-    """The URL of a server that listens on host:port; a wildcard address is reached on
-    loopback."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{'https' if tls else 'http'}://{host}:{port}"
-
-
 def target(cfg: Config, url: str | None, admin_key_file: str | None) -> Target:
     """Where and how to reach the server that runs `cfg`. Raises ReloadError for an
     unreadable key file."""
     srv = cfg.server
-    url = url or os.environ.get(ENV_URL) or base_url(srv.host, srv.port, srv.tls_cert is not None)
+    url = url or os.environ.get(ENV_URL) or url_from_server(
+        {"host": srv.host, "port": srv.port, "tls_cert": srv.tls_cert}
+    )
     key = os.environ.get(ENV_ADMIN_KEY)
     if admin_key_file is not None:
         try:
