@@ -152,6 +152,7 @@ class ModelHandle:
             loaded=LoadedFacts.of(ready) if ready is not None else None,
             prompt_tokens_decoded=pong.prompt_tokens_decoded if pong is not None else None,
             kv_cells_used=pong.kv_cells_used if pong is not None else None,
+            tokens_generated=conn.tokens_generated if conn is not None else None,
         )
 
     # ---- clients --------------------------------------------------------------------------

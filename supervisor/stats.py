@@ -59,3 +59,6 @@ class ModelStats:
     # before one): n > 1 choices decode their shared prompt once.
     prompt_tokens_decoded: int | None = None
     kv_cells_used: int | None = None  # as of the last Pong
+    # Tokens the running worker has generated since it started (None without one); the
+    # dashboard's tokens per second is the difference between two readings.
+    tokens_generated: int | None = None

@@ -23,6 +23,7 @@ FIELDS = {
     "name", "aliases", "state", "pid", "rss_bytes", "slots", "slots_busy", "queued", "waiting",
     "in_flight", "last_used", "load_seconds", "restarts", "last_error", "pinned",
     "cost_bytes", "threads", "loaded", "prompt_tokens_decoded", "kv_cells_used",
+    "tokens_generated",
 }
 
 
