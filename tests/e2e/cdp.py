@@ -10,6 +10,7 @@ selenium (chromium-driver) and playwright would each add.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import queue
@@ -45,6 +46,13 @@ def chromium_binary() -> str:
     raise BrowserError("no chromium on PATH: install Debian's chromium package (make system-packages)")
 
 
+def _above(fd: int, lowest: int) -> int:
+    """`fd` moved to a number of at least `lowest`."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, lowest)
+    os.close(fd)
+    return moved
+
+
 class Chromium:
     """One browser with one page. Every call blocks until Chromium answers, or raises
     BrowserError after `timeout` seconds."""
@@ -57,10 +65,14 @@ class Chromium:
         self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
-        # The shell puts the two pipe ends on fds 3 and 4, where Chromium looks for them.
+        # The child's ends must not be fds 3 or 4 themselves (under pytest's capture they
+        # can be), or the shell's redirections below would close one while placing the other.
+        to_browser_r, from_browser_w = _above(to_browser_r, 10), _above(from_browser_w, 10)
+        # The shell puts the two pipe ends on fds 3 and 4, where Chromium looks for them
+        # (bash: dash's redirections take single-digit fds only).
         script = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w} {to_browser_r}<&- {from_browser_w}>&-'
         self.process = subprocess.Popen(
-            ["sh", "-c", script, chromium_binary(), *FLAGS, f"--user-data-dir={profile}",
+            ["bash", "-c", script, chromium_binary(), *FLAGS, f"--user-data-dir={profile}",
              f"--window-size={width},{height}", "about:blank"],
             pass_fds=(to_browser_r, from_browser_w),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

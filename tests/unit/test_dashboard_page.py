@@ -3,7 +3,10 @@ script only (router/dashboard.py)."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import tomllib
+from pathlib import Path
 
 from router import dashboard
 
@@ -45,3 +48,10 @@ def test_the_policy_allows_exactly_the_page_script() -> None:
 def test_the_page_sets_text_not_markup() -> None:
     # Model names and error messages come from the config and the workers: shown as text.
     assert "innerHTML" not in TEXT and "outerHTML" not in TEXT and "document.write" not in TEXT
+
+
+def test_the_wheel_ships_the_page() -> None:
+    # setuptools leaves out every file that is not a module unless package-data names it.
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["router"]
+    assert any(fnmatch.fnmatch(f"static/{dashboard.PAGE}", g) for g in globs), globs
