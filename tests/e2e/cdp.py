@@ -145,6 +145,10 @@ class Chromium:
             self.timeout, f"{url} to load",
         )
 
+    def add_init_script(self, source: str) -> None:
+        """Run `source` in every document this page opens from now on, before its own scripts."""
+        self.call("Page.addScriptToEvaluateOnNewDocument", session=True, source=source)
+
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (a promise is awaited)."""
         result = self.call("Runtime.evaluate", session=True, expression=expression,

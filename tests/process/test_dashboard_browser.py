@@ -1,7 +1,6 @@
 """The dashboard in headless Chromium against the real app and supervisor with fake
 workers: what the demo model cannot be made to do on demand (a failed load, a slow stream to
-stop). On loopback with no admin key configured, as `corral serve` starts by default, so
-the page asks for no key. The real model: tests/e2e/test_dashboard_browser.py."""
+stop, a refusal held back by the network). The real model: tests/e2e/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
@@ -11,8 +10,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from supervisor.config import Config, parse
+from supervisor.supervisor import Supervisor
 from tests.e2e.cdp import Chromium
-from tests.process.support import make_supervisor, serving_http
+from tests.harness import config_text
+from tests.process.support import WORKER_COMMAND, make_supervisor, serving_http
+from tests.secrets import secret
 
 # Markup in an error message must show as text: a worker's message is not the page's HTML.
 FAILURE = 'disk on fire <img src=x onerror="document.title=1">'
@@ -42,6 +45,7 @@ async def test_failed_load_shows_its_error_and_reset_clears_it_and_stop_ends_a_s
     def drive(url: str) -> None:
         with Chromium(tmp_path / "profile") as page:
             page.navigate(url + "/")
+            # On loopback with no admin key configured (corral serve's default): no prompt.
             page.wait_for("document.querySelectorAll('#models tr').length === 2", 30, "the rows")
             assert page.evaluate("document.getElementById('key-dialog').open") is False
 
@@ -81,6 +85,45 @@ async def test_failed_load_shows_its_error_and_reset_clears_it_and_stop_ends_a_s
             assert page.evaluate("history.length") == 0
             problems = [p for p in page.problems if "503" not in p]  # the failed load's answer
             assert problems == []
+
+    with trio.fail_after(120):
+        async with serving_http(sup) as url:
+            await trio.to_thread.run_sync(drive, url)
+
+
+# Holds back every 401 of GET /admin/models, so that the page's first poll is refused only
+# after the key has been entered: the order a slow network can give.
+LATE_REFUSALS = """
+window.lateRefusals = 0;
+const realFetch = window.fetch;
+window.fetch = async (...args) => {
+  const resp = await realFetch(...args);
+  if (resp.status === 401 && String(args[0]).endsWith("/admin/models")) {
+    await new Promise((ok) => setTimeout(ok, 1500));
+    window.lateRefusals++;
+  }
+  return resp;
+};
+"""
+
+
+async def test_a_refusal_that_arrives_after_the_key_was_entered_does_not_ask_again(tmp_path: Path) -> None:
+    admin = secret("admin")
+    (tmp_path / "dummy.gguf").touch()
+    cfg = parse(config_text({"a": {}}, {"admin_keys": [admin]}), tmp_path)
+    sup = Supervisor(Config(cfg.server, cfg.supervisor, cfg.models, None, cfg.keys), worker_command=WORKER_COMMAND)
+
+    def drive(url: str) -> None:
+        with Chromium(tmp_path / "profile") as page:
+            page.add_init_script(LATE_REFUSALS)
+            page.navigate(url + "/")
+            page.wait_for("document.getElementById('key-dialog').open", 30, "the key prompt")
+            page.type_into("#key-input", admin)
+            page.click("#key-form button[type=submit]")
+            page.wait_for("window.lateRefusals >= 1", 30, "the late refusal")
+            page.wait_for("document.querySelectorAll('#models tr').length === 1", 30, "the row")
+            assert page.evaluate("document.getElementById('key-dialog').open") is False
+            page.wait_for("document.getElementById('conn').textContent === 'live'", 30, "the event stream")
 
     with trio.fail_after(120):
         async with serving_http(sup) as url:
