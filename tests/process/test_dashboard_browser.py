@@ -98,7 +98,7 @@ window.lateRefusals = 0;
 const realFetch = window.fetch;
 window.fetch = async (...args) => {
   const resp = await realFetch(...args);
-  if (resp.status === 401 && String(args[0]).endsWith("/admin/models")) {
+  if (resp.status === 401 && String(args[0]).endsWith("admin/models")) {
     await new Promise((ok) => setTimeout(ok, 1500));
     window.lateRefusals++;
   }
