@@ -19,7 +19,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import access_log, admin, auth, bodies, connections, cors, metrics, native, openapi, schemas, sse
+from router import access_log, admin, auth, bodies, connections, cors, dashboard, metrics, native, openapi, schemas, sse
 from router.errors import render, render_config_error, render_http, render_native, to_native
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
 from router.openai_format import Completion
@@ -162,6 +162,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
 
     admin.register(app, supervisor)
+    dashboard.register(app)
     metrics.register(app, supervisor)
     native.register(app, resolve)  # None: the default model
 

@@ -1,7 +1,10 @@
 """Who may use which route and which model: API keys, admin keys, loopback.
 
 Three kinds of route:
-- `/health` is open, so that load balancers and systemd checks need no key;
+- `/health` is open, so that load balancers and systemd checks need no key, and so is the
+  dashboard's page at `/` (static, it holds no data; a browser sends no header with a page
+  navigation, so a page behind the key could never open): its script calls the routes
+  below with the key;
 - `/admin/*` and `/metrics` need an admin key. With no admin key configured, they answer
   clients on loopback only (behind a reverse proxy every client is loopback: configure
   admin keys there);
@@ -37,7 +40,7 @@ class Access(Enum):
 
 
 def access_of(path: str) -> Access:
-    if path == "/health":
+    if path == "/health" or path == "/":
         return Access.OPEN
     if path == "/metrics" or path == "/admin" or path.startswith("/admin/"):
         return Access.ADMIN

@@ -155,6 +155,7 @@ class ModelHandle:
             prompt_tokens_decoded=pong.prompt_tokens_decoded if pong is not None else None,
             kv_cells_used=pong.kv_cells_used if pong is not None else None,
             requests_per_minute=self.requests.count(time.monotonic()),
+            tokens_generated=conn.tokens_generated if conn is not None else None,
         )
 
     # ---- clients --------------------------------------------------------------------------

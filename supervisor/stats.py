@@ -62,3 +62,6 @@ class ModelStats:
     # Requests that took a lease in the last 60 s (supervisor/request_rate.py); a request
     # that failed before reaching the worker is not counted.
     requests_per_minute: int = 0
+    # Tokens the running worker has generated since it started (None without one); the
+    # dashboard's tokens per second is the difference between two readings.
+    tokens_generated: int | None = None

@@ -24,6 +24,7 @@ FIELDS = {
     "in_flight", "last_used", "load_seconds", "restarts", "last_error", "pinned",
     "cost_bytes", "threads", "loaded", "prompt_tokens_decoded", "kv_cells_used",
     "requests_per_minute",
+    "tokens_generated",
 }
 
 

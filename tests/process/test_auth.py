@@ -34,6 +34,8 @@ WRONG = secret("wrong")
 SECRETS = (API, SCOPED, ADMIN, LATE)
 
 REMOTE = {"client": ("10.1.2.3", 40000)}
+# Routes that need no key: health checks, and the dashboard's static page (router/dashboard.py).
+OPEN_PATHS = ("/health", "/")
 LOOPBACK_2 = {"client": ("127.0.0.2", 40000)}
 
 
@@ -66,7 +68,9 @@ def _bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
-async def test_every_route_but_health_refuses_a_missing_or_wrong_key(tmp_path: Path) -> None:
+async def test_every_route_but_health_and_the_dashboard_page_refuses_a_missing_or_wrong_key(
+    tmp_path: Path,
+) -> None:
     sup = _keyed(tmp_path)
     client = create_app(sup, sup.config).test_client()
     routes = _routes(sup)
@@ -77,7 +81,7 @@ async def test_every_route_but_health_refuses_a_missing_or_wrong_key(tmp_path: P
             for method, path in routes:
                 for headers in ({}, _bearer(WRONG), {"x-api-key": WRONG}):
                     r = await client.open(path, method=method, headers=headers, scope_base=REMOTE)
-                    if path == "/health":
+                    if path in OPEN_PATHS:
                         assert r.status_code == 200, (method, path)
                         continue
                     assert r.status_code == 401, (method, path, headers, r.status_code)
@@ -94,7 +98,8 @@ async def test_every_route_but_health_refuses_a_missing_or_wrong_key(tmp_path: P
                 key = ADMIN if path.startswith("/admin") or path == "/metrics" else API
                 r = await client.open(path, method=method, headers=_bearer(key), scope_base=REMOTE)
                 assert r.status_code not in (401, 403), (method, path, r.status_code)
-    assert checked == 3 * (len(routes) - 3)  # /health's GET, HEAD and OPTIONS aside
+    # /health's and /'s GET, HEAD and OPTIONS aside
+    assert checked == 3 * (len(routes) - 3 * len(OPEN_PATHS))
 
 
 async def test_an_unknown_route_needs_a_key_too(tmp_path: Path) -> None:

@@ -35,6 +35,9 @@ def _ring(api: bool = True, admin: bool = True) -> Keyring:
     ("path", "access"),
     [
         ("/health", Access.OPEN),
+        ("/", Access.OPEN),  # the dashboard's page: static, its data comes from /admin/*
+        ("//", Access.API),
+        ("/index.html", Access.API),
         ("/metrics", Access.ADMIN),
         ("/admin", Access.ADMIN),
         ("/admin/models", Access.ADMIN),
