@@ -12,7 +12,7 @@ from router.app import create_app
 from supervisor.config import Config, parse
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
-from tests.harness import config_text, running
+from tests.harness import config_text, running, write_gguf
 from tests.process.support import WORKER_COMMAND, generate, make_supervisor, wait_for
 from tests.secrets import secret
 from worker.protocol import SamplingParams
@@ -34,7 +34,7 @@ DATA_ROUTES = [
 
 
 def _supervisor(tmp_path: Path, **server: object) -> Supervisor:
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     cfg = parse(config_text({"a": {}}, server), tmp_path)
     return Supervisor(Config(cfg.server, cfg.supervisor, cfg.models, None, cfg.keys), worker_command=WORKER_COMMAND)
 

@@ -13,7 +13,7 @@ import trio
 from supervisor.config import Config, parse
 from supervisor.supervisor import Supervisor
 from tests.e2e.cdp import Chromium
-from tests.harness import config_text
+from tests.harness import config_text, write_gguf
 from tests.process.support import WORKER_COMMAND, make_supervisor, serving_http
 from tests.secrets import secret
 
@@ -109,7 +109,7 @@ window.fetch = async (...args) => {
 
 async def test_a_refusal_that_arrives_after_the_key_was_entered_does_not_ask_again(tmp_path: Path) -> None:
     admin = secret("admin")
-    (tmp_path / "dummy.gguf").touch()
+    write_gguf(tmp_path / "dummy.gguf")
     cfg = parse(config_text({"a": {}}, {"admin_keys": [admin]}), tmp_path)
     sup = Supervisor(Config(cfg.server, cfg.supervisor, cfg.models, None, cfg.keys), worker_command=WORKER_COMMAND)
 
