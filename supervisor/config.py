@@ -388,6 +388,8 @@ def _check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterat
     """Semantic checks msgspec's types cannot express. Yields `key.path: message`.
     `broken` models had tables too wrong to build; they were reported already."""
     srv, sup = file.server, file.supervisor
+    if not srv.host or any(c.isspace() or not c.isprintable() for c in srv.host):
+        yield f"server.host: {srv.host!r} is not an address or a host name"
     if not 0 <= srv.port <= 65535:
         yield f"server.port: must be 0..65535, got {srv.port}"
     if not _seconds(srv.drain_timeout):

@@ -86,6 +86,8 @@ MINIMAL = '[models.a]\npath = "m.gguf"\n'
         (MINIMAL + "queue_timeout = true\n", 'models.a.queue_timeout: expected a number of seconds or a duration such as "10m", got true'),
         ("[server]\napi_keys = [{ key = 'k', owner = 'x' }]\n" + MINIMAL, "server.api_keys[0].owner: unknown key"),
         ('[models."a.b"]\npath = 5\n', 'models."a.b".path: expected a string, got 5'),
+        ('[server]\nhost = "a\\nb"\n' + MINIMAL, "server.host: 'a\\nb' is not an address or a host name"),
+        ('[server]\nhost = ""\n' + MINIMAL, "server.host: '' is not an address or a host name"),
     ],
 )
 def test_one_problem_in_words(base: Path, text: str, problem: str) -> None:
