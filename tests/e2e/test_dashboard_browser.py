@@ -110,12 +110,10 @@ def _drive(page: Chromium, server: Server) -> None:
     assert page.evaluate("document.cookie") == "" and "sk-" not in page.evaluate("location.href")
 
     # Load: the row goes to ready by itself, through the event stream alone: the
-    # page's polling of /admin/models is switched off until then.
+    # page's polling of /admin/models is switched off until after the chat below.
     page.evaluate("window.realPoll = poll; poll = async () => {}; true")
     page.click("tr[data-model=gemma] button[data-action=load]")
     page.wait_for(f"{row('gemma', 'state')} === 'ready'", SLOW, "gemma to become ready")
-    page.evaluate("poll = window.realPoll; true")
-    page.wait_for(f"/ MiB|GiB/.test({row('gemma', 'memory')})", 30, "the worker's memory")
     assert page.evaluate(row("gemma-long", "state")) == "stopped"
     server_view = httpx.get(
         server.url + "/admin/models/gemma", headers={"authorization": f"Bearer {ADMIN}"}
@@ -145,8 +143,12 @@ def _drive(page: Chromium, server: Server) -> None:
     assert page.evaluate("document.querySelector('#chat-log .msg.user span').textContent") == (
         "Say hello in three words."
     )
-    # The tokens just generated show as a rate on the next polls (for a few seconds: the
-    # page's window is RATE_WINDOW_MS).
+    # Polling stays off until the reply is done, so the page has read the token counter
+    # neither before nor during it (as when a short reply falls between two polls): the
+    # rate must still show, from the counter's zero when the worker became ready. It
+    # shows on the next polls (for a few seconds: the page's window is RATE_WINDOW_MS).
+    page.evaluate("poll = window.realPoll; true")
+    page.wait_for(f"/ MiB|GiB/.test({row('gemma', 'memory')})", 30, "the worker's memory")
     page.wait_for(f"parseFloat({row('gemma', 'rate')}) > 0", 30, "a tokens-per-second figure")
     # The slot it held is free again, and the page says so by itself.
     page.wait_for(f"{row('gemma', 'slots')} === '0 / 2'", 30, "the slot to be free again")
