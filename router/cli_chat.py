@@ -15,6 +15,8 @@ import argparse
 import logging
 import math
 import os
+import signal
+import threading
 import sys
 import time
 from pathlib import Path
@@ -115,6 +117,12 @@ def api_key(file: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ctrl-C is how a reply is stopped. A process started with SIGINT ignored (a
+    # background job of a shell without job control, some CI runners) inherits that, and
+    # Python then installs no KeyboardInterrupt: take it back explicitly (signals reach
+    # the main thread only; a test may call this from another).
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     local: LocalChat | None = None
     try:
         if args.api_key_argument is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,9 @@ def spawn(args: list[str], env: dict[str, str] | None = None) -> pexpect.spawn:
     return pexpect.spawn(
         sys.executable, ["-m", "router.cli", "chat", *args],
         cwd=str(ROOT), env=full_env, encoding="utf-8", timeout=PATIENCE, dimensions=(40, 200),
+        # Started with SIGINT ignored, as under a shell without job control (a CI run put
+        # in the background was): Ctrl-C must stop a reply all the same.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 
