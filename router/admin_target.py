@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import urllib.parse
-from typing import Any
+from typing import Any, Mapping
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "CORRAL_URL"
@@ -78,6 +78,22 @@ def check_key(text: str, where: str) -> str:
     if any(c.isspace() or not c.isprintable() for c in key) or not key.isascii():
         raise ValueError(f"{where} must hold one key: printable ASCII, no spaces, on one line")
     return key
+
+
+def read_key(key_file: str | None, env: Mapping[str, str]) -> str | None:
+    """The admin key from `--admin-key-file`, else `$CORRAL_ADMIN_KEY`, else None (a
+    server with no admin keys answers loopback clients without one). ValueError names
+    where it looked, never the key."""
+    if key_file is not None:
+        try:
+            with open(key_file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--admin-key-file: cannot read {key_file}: {exc}") from None
+        return check_key(text, f"--admin-key-file {key_file}")
+    if (from_env := env.get(KEY_ENV)) is not None:
+        return check_key(from_env, f"${KEY_ENV}")
+    return None
 
 
 def exit_code(status: int, error_code: object) -> int:

@@ -143,16 +143,10 @@ def find_url(args: argparse.Namespace, env: dict[str, str]) -> str:
 
 
 def find_key(args: argparse.Namespace, env: dict[str, str]) -> str | None:
-    if args.admin_key_file is not None:
-        try:
-            with open(args.admin_key_file, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise Exit(at.USAGE, f"--admin-key-file: cannot read {args.admin_key_file}: {exc}") from None
-        return at.check_key(text, f"--admin-key-file {args.admin_key_file}")
-    if (from_env := env.get(at.KEY_ENV)) is not None:
-        return at.check_key(from_env, f"${at.KEY_ENV}")
-    return None  # a server with no admin keys answers loopback clients without one
+    try:
+        return at.read_key(args.admin_key_file, env)
+    except ValueError as exc:
+        raise Exit(at.USAGE, str(exc)) from None
 
 
 # ---- the commands ------------------------------------------------------------------------

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.admin_target import url_from_server
+from router.admin_target import KEY_ENV, URL_ENV, read_key, url_from_server
 from supervisor import pid_file
 from supervisor.config import Config
 
-ENV_URL = "CORRAL_URL"
-ENV_ADMIN_KEY = "CORRAL_ADMIN_KEY"
+ENV_URL, ENV_ADMIN_KEY = URL_ENV, KEY_ENV
 _MAX_ANSWER = 1 << 20  # an answer is a few names; --url may point anywhere
 
 
@@ -65,13 +64,11 @@ def target(cfg: Config, url: str | None, admin_key_file: str | None) -> Target:
     url = url or os.environ.get(ENV_URL) or url_from_server(
         {"host": srv.host, "port": srv.port, "tls_cert": srv.tls_cert}
     )
-    key = os.environ.get(ENV_ADMIN_KEY)
-    if admin_key_file is not None:
-        try:
-            key = Path(admin_key_file).read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ReloadError(f"--admin-key-file: cannot read {admin_key_file}: {exc}") from None
-    return Target(url.rstrip("/"), key or None, srv.tls_cert, srv.pid_file, cfg.supervisor.reload_settle)
+    try:
+        key = read_key(admin_key_file, os.environ)
+    except ValueError as exc:
+        raise ReloadError(str(exc)) from None
+    return Target(url.rstrip("/"), key, srv.tls_cert, srv.pid_file, cfg.supervisor.reload_settle)
 
 
 def _open(t: Target, method: str, route: str, timeout: float) -> Any:
