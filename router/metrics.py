@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 from router import access_log
 from router.request_metrics import RequestMetrics
 from supervisor.lifecycle import State
+from supervisor.stats import ModelStats
 from supervisor.supervisor import Supervisor
 
 # (metric suffix, ModelStats field, help); all per-model gauges, absent values are skipped.
@@ -74,6 +75,7 @@ class SupervisorCollector(Collector):
             if m.prompt_tokens_decoded is not None:
                 decoded.add_metric([m.name], float(m.prompt_tokens_decoded))
         yield decoded
+        yield from _worker_counters(stats)
         yield GaugeMetricFamily(
             "corral_load_queue_length", "Requests waiting for room to load their model.",
             value=float(len(sup.admission.queued())),
@@ -82,6 +84,33 @@ class SupervisorCollector(Collector):
             "corral_config_error", "1 while the last reload's config was invalid (the old one runs).",
             value=1.0 if sup.config_error else 0.0,
         )
+
+
+# (metric, ModelStats field, help): counters the running worker reports in its pings.
+_WORKER_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (
+        "corral_model_kv_repairs",
+        "kv_repairs",
+        "Slots whose cached tokens and KV cells disagreed, found by the worker's check before a "
+        "decode and dropped rather than served from (each one is a bug; as of the last ping).",
+    ),
+    (
+        "corral_model_kv_prefixes_refused",
+        "kv_prefixes_refused",
+        "Cached prompt prefixes that matched but were decoded again, because the sliding "
+        "window's KV cells no longer reached down to them (as of the last ping).",
+    ),
+)
+
+
+def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
+    for name, key, doc in _WORKER_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=["model"])
+        for m in stats:
+            value = getattr(m, key)
+            if value is not None:
+                family.add_metric([m.name], float(value))
+        yield family
 
 
 def register(app: QuartTrio, supervisor: Supervisor) -> None:

@@ -154,6 +154,8 @@ class ModelHandle:
             loaded=LoadedFacts.of(ready) if ready is not None else None,
             prompt_tokens_decoded=pong.prompt_tokens_decoded if pong is not None else None,
             kv_cells_used=pong.kv_cells_used if pong is not None else None,
+            kv_repairs=pong.kv_repairs if pong is not None else None,
+            kv_prefixes_refused=pong.kv_prefixes_refused if pong is not None else None,
             requests_per_minute=self.requests.count(time.monotonic()),
             tokens_generated=conn.tokens_generated if conn is not None else None,
         )

@@ -59,6 +59,8 @@ class ModelStats:
     # before one): n > 1 choices decode their shared prompt once.
     prompt_tokens_decoded: int | None = None
     kv_cells_used: int | None = None  # as of the last Pong
+    kv_repairs: int | None = None  # as of the last Pong: worker/kv_cache.py
+    kv_prefixes_refused: int | None = None
     # Requests that took a lease in the last 60 s (supervisor/request_rate.py); a request
     # that failed before reaching the worker is not counted.
     requests_per_minute: int = 0

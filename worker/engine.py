@@ -16,7 +16,9 @@ A step:
      an n > 1 request that joined it sample there too (worker/siblings.py).
 What goes into the batch, and what to free when the KV cache is full (purge idle caches,
 then halve the batch, then preempt the newest request), are decided in worker/step_plan.py;
-this module performs them.
+this module performs them. Every change to a sequence's KV cells goes through
+worker/kv_cache.py, which changes the slot's books with it, and before each decode checks
+that the two agree for every slot (a slot that does not is dropped, never served from).
 
 Nothing a request carries may abort the process: the batch never exceeds n_batch, sampling
 only happens where logits were requested, and sampler chains always end in dist or greedy.
@@ -36,6 +38,7 @@ import msgspec
 from worker.batch import BatchBuffer
 from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
 from worker.embeddings import embed
+from worker.kv_cache import KvCache
 from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
 from worker.preparer import Preparer, Work
@@ -81,11 +84,12 @@ def _pending(slot: Slot[Request]) -> int:
 
 
 class Engine:
-    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False, swa_full: bool = True) -> None:
+    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False) -> None:
         self.m = m
         self.emit = emit
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
+        self.kv = KvCache(m.memory, m.attention)
         # With a unified KV cache one sequence may use every cell; the engine enforces the
         # per-request limit itself and preempts when the shared pool runs out.
         self.n_ctx_slot = m.n_ctx
@@ -95,7 +99,6 @@ class Engine:
         # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
         # evaluation of their prompt, and what prefix reuse saves.
         self.prompt_tokens_decoded = 0
-        self.swa_full = swa_full  # whether a sibling may copy cells from any slot (siblings.py)
         self.batch = BatchBuffer(m.n_batch)
         self._clock = 0
         # Set when a request was preempted for KV space; cleared when any request finishes.
@@ -220,7 +223,7 @@ class Engine:
             req = self.waiting[0]
             if req.preempted and self._kv_full and self.active:
                 return
-            slot = choose_slot(self.slots, req.tokens)
+            slot = choose_slot(self.slots, req.tokens, self.kv.usable)
             if slot is None:
                 return
             self.waiting.popleft()
@@ -249,26 +252,17 @@ class Engine:
             prefilling = (
                 leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0
             )
-            start = sibling_start(prefilling, self.slots, slot, req.tokens, may_copy=self.swa_full)
+            start = sibling_start(prefilling, self.slots, slot, req.tokens, self.kv.usable)
         if isinstance(start, Join):
             # Its cells come from the leader once the prompt is decoded (_join).
-            llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
-            slot.cache.clear()
+            self.kv.drop(slot)
             req.follows = self._leader(req)
             return 0
         if isinstance(start, CopyPrefix):
-            llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
-            llama_cpp.llama_memory_seq_cp(self.m.memory, start.source.seq_id, slot.seq_id, 0, start.n)
-            slot.cache[:] = start.source.cache[: start.n]
+            self.kv.copy_prefix(start.source, slot, start.n)
             return start.n
-        keep = reusable_prefix(slot.cache, req.tokens)
-        if keep < len(slot.cache):
-            if not llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, keep, -1):
-                # Partial removal can fail on recurrent/SWA caches: drop the sequence.
-                llama_cpp.llama_memory_seq_rm(self.m.memory, slot.seq_id, -1, -1)
-                keep = 0
-            del slot.cache[keep:]
-        return keep
+        # Never more than the KV cache still holds for that prefix (kv_rules.py).
+        return self.kv.keep(slot, reusable_prefix(slot.cache, req.tokens))
 
     def _leader(self, req: Request) -> Request | None:
         """Choice 0 of `req`'s Generate, while it is still in the engine."""
@@ -298,6 +292,9 @@ class Engine:
         return plan
 
     def _step(self) -> None:
+        # Whatever admission, the last step or a bug did to the KV cache, nothing is decoded
+        # from cells that are not what the slots' books say.
+        self.kv.check(self.slots, self._redo)
         for s in self.slots:
             f = s.request
             if f is not None and f.follows is not None:
@@ -330,7 +327,7 @@ class Engine:
             slot = req.slot
             assert slot is not None and req.sampler is not None
             start = len(slot.cache)
-            slot.cache.extend(req.tokens[start : start + n_fed])
+            self.kv.decoded(slot, req.tokens[start : start + n_fed])
             self.prompt_tokens_decoded += max(0, min(start + n_fed, len(req.prompt)) - start)
             if wants:
                 followers = joined[id(req)]
@@ -353,9 +350,7 @@ class Engine:
         same cells with another sequence id, so nothing is decoded again."""
         assert f.slot is not None and leader.slot is not None
         n = len(leader.prompt)
-        llama_cpp.llama_memory_seq_rm(self.m.memory, f.slot.seq_id, -1, -1)
-        llama_cpp.llama_memory_seq_cp(self.m.memory, leader.slot.seq_id, f.slot.seq_id, 0, n)
-        f.slot.cache[:] = leader.prompt
+        self.kv.copy_prefix(leader.slot, f.slot, n)
         f.cached = n
         f.follows = None
 
@@ -387,14 +382,12 @@ class Engine:
         remedy = make_room(self.slots, self.batch.n, lambda s: s.request is not None and s.request.follows is not None)
         if isinstance(remedy, Purge):
             for s in remedy.slots:
-                llama_cpp.llama_memory_seq_rm(self.m.memory, s.seq_id, -1, -1)
-                s.cache.clear()
+                self.kv.drop(s)
         elif isinstance(remedy, Preempt):
             victim = remedy.slot
             req = victim.request
             assert req is not None
-            llama_cpp.llama_memory_seq_rm(self.m.memory, victim.seq_id, -1, -1)
-            victim.cache.clear()
+            self.kv.drop(victim)
             victim.request = None
             req.slot = None
             req.follows = None
@@ -407,10 +400,31 @@ class Engine:
     def _fail_plan(self, plan: list[tuple[Request, int, int, bool]], rc: int) -> None:
         for req, *_ in plan:
             if rc == 1:
-                # A single request filled the whole pool: that is its context limit.
+                # A single request filled the whole pool: that is its context limit. A decode
+                # that found no room placed nothing, so its cache is as the books say.
                 self._finish(req, "length", events=None, flush=True, stop_type="limit")
             else:
+                # llama.cpp keeps the ubatches that succeeded before one failed: the cells no
+                # longer match the books.
+                if req.slot is not None:
+                    self.kv.drop(req.slot)
                 self._error(req, "internal", f"llama_decode failed with {rc}")
+
+    def _redo(self, slot: Slot[Request]) -> None:
+        """`slot`'s cells were dropped by the invariant check: its request, if any, decodes
+        its tokens (prompt and output so far) again, as a preempted one does, and its
+        output goes on where it was."""
+        req = slot.request
+        if req is None or req.follows is not None:
+            return
+        if req.kv_redone:
+            # Dropped twice: something keeps breaking its cells, and a third try would only
+            # loop. It ends with an error rather than an answer from a wrong cache.
+            self._error(req, "internal", "the KV cache did not hold this request's tokens (logged)")
+            return
+        req.kv_redone = True
+        req.cached = 0
+        log.error("request %s decodes its %d tokens again", req.label, len(req.tokens))
 
     def _accept(self, req: Request, tok: int, events: list[TokenEvent], lp: TokenLogprob | None = None) -> None:
         req.n_gen += 1
@@ -537,7 +551,6 @@ class Engine:
             if r in self.waiting:
                 self.waiting.remove(r)
             self._release(r)
-        # A failed decode leaves this sequence's cache in an unknown state: drop it.
         self.emit(Error(id=req.id, code=code, message=message))  # type: ignore[arg-type]
 
     def _release(self, req: Request) -> None:
@@ -559,8 +572,7 @@ class Engine:
         for s in self.slots:
             if s.request is not None:
                 self._error(s.request, code, message)
-            llama_cpp.llama_memory_seq_rm(self.m.memory, s.seq_id, -1, -1)
-            s.cache.clear()
+            self.kv.drop(s)
 
     # ---- embeddings ---------------------------------------------------------------------------
 

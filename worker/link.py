@@ -94,6 +94,8 @@ class Link:
                     threads=e.threads if e else 0,
                     prompt_tokens_decoded=e.prompt_tokens_decoded if e else 0,
                     kv_cells_used=e.kv_cells_used if e else 0,
+                    kv_repairs=e.kv.repairs if e else 0,
+                    kv_prefixes_refused=e.kv.prefixes_refused if e else 0,
                 )
             )
         elif isinstance(frame, SlotsQuery):
@@ -163,7 +165,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
             await link.flush_and_exit(1, timeout=2.0)
             return
 
-        engine = Engine(model, link.emit, embeddings=spec.embeddings, swa_full=spec.swa_full)
+        engine = Engine(model, link.emit, embeddings=spec.embeddings)
         for frame in link.early:
             engine.submit(frame)
         link.early.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +18,7 @@ import llama_cpp
 
 from worker import chat_formats
 from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
+from worker.kv_rules import Attention
 from worker.protocol import WorkerSpec
 
 _POOLING = {
@@ -83,6 +84,8 @@ class LoadedModel:
     template_source: str = ""
     bos_text: str = ""
     eos_text: str = ""
+    # What a sequence's KV cells must hold (worker/kv_rules.py).
+    attention: Attention = field(default_factory=Attention)
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -272,6 +275,20 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         template_source=template_source,
         bos_text=bos_text,
         eos_text=eos_text,
+        attention=_attention(model),
+    )
+
+
+def _attention(model: llama_cpp.llama_model_p) -> Attention:
+    """How far back the model's layers look (worker/kv_rules.py). llama.cpp's API gives the
+    window's size and whether the memory is recurrent, not the window's kind: llama4 is the
+    one generative architecture with a chunked window (src/models/llama4.cpp); the
+    symmetric ones are embedding models, which keep no slot caches."""
+    recurrent = bool(llama_cpp.llama_model_is_recurrent(model)) or bool(llama_cpp.llama_model_is_hybrid(model))
+    return Attention(
+        n_swa=max(int(llama_cpp.llama_model_n_swa(model)), 0),
+        chunked=_meta(model, "general.architecture") == "llama4",
+        recurrent=recurrent,
     )
 
 

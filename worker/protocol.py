@@ -139,7 +139,9 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # Weight repacking (llama-server's --repack). Off by default: on AMX CPUs a repacked
     # model segfaults on the first multi-token decode (ggml-org/llama.cpp#20824).
     repack: bool = False
-    # Keep the full KV history of sliding-window layers so prefix reuse stays exact.
+    # Give sliding-window layers a KV cache as large as n_ctx, so that cells that have left
+    # the window usually stay for prefix reuse. Usually, not always: llama.cpp may still give
+    # them away, and the worker checks before it keeps a prefix (worker/kv_rules.py).
     swa_full: bool = True
     # How tool calls are offered and written: "auto" decides from the chat template
     # (worker/chat_formats.py); a built-in template takes tools only as "generic".
@@ -451,6 +453,10 @@ class Pong(Frame):
     prompt_tokens_decoded: int = 0
     # KV cells the slots' caches hold now (cells that siblings share count once a slot).
     kv_cells_used: int = 0
+    # Slots whose books and KV cells disagreed and were dropped (each one a bug), and cached
+    # prefixes the sliding window no longer held (decoded again): worker/kv_cache.py.
+    kv_repairs: int = 0
+    kv_prefixes_refused: int = 0
 
 
 class Occupancy(Frame):

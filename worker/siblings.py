@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, Sequence, TypeVar, Union
 
-from worker.slots import Slot, common_prefix, reusable_prefix
+from worker.slots import Slot, Usable, all_usable, common_prefix, reusable_prefix
 
 R = TypeVar("R")
 
@@ -48,19 +48,16 @@ def sibling_start(
     slots: Sequence[Slot[R]],
     chosen: Slot[R],
     prompt: Sequence[int],
-    may_copy: bool = True,
+    usable: Usable[R] = all_usable,
 ) -> SiblingStart[R]:
     """How a sibling admitted into `chosen` starts. `leader_prefilling`: its leader holds a
     slot and has not sampled its first token (so its prompt logits are still to come).
-    `may_copy`: another slot's cells are whole (the KV cache keeps the full history of
-    sliding-window layers, swa_full); otherwise a slot far past the prompt may have
-    dropped the window cells a copy would need, and only Join (the same cells the leader
-    itself goes on from) is safe."""
+    `usable(slot, n)`: how many of a slot's first n cached tokens its KV cells can still
+    give (a sliding-window model may have given away the cells a shorter prefix needs:
+    worker/kv_rules.py)."""
     if leader_prefilling:
         return Join()
-    if not may_copy:
-        return None
-    own = reusable_prefix(chosen.cache, prompt)
+    own = usable(chosen, reusable_prefix(chosen.cache, prompt))
     best: Slot[R] | None = None
     best_n = own
     for s in slots:
@@ -68,7 +65,7 @@ def sibling_start(
             continue
         # Back off one token, as reusable_prefix does: the last prompt position must be
         # decoded again for its logits.
-        n = min(common_prefix(s.cache, prompt), len(prompt) - 1)
+        n = usable(s, min(common_prefix(s.cache, prompt), len(prompt) - 1))
         if n > best_n:
             best, best_n = s, n
     return CopyPrefix(best, best_n) if best is not None else None

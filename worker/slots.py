@@ -1,14 +1,18 @@
 """The slot pool: which slot a request gets, and how much of its cache it can keep.
 
 Pure logic over plain data, no ctypes: the engine asks, then performs the KV operations.
-A slot is one llama.cpp sequence id. Its `cache` mirrors exactly the tokens that the KV cache
-holds for that sequence, so prefix reuse is a list comparison.
+A slot is one llama.cpp sequence id. Its `cache` lists the tokens at positions 0 .. n-1 of
+that sequence, which the KV cache holds too (worker/kv_cache.py keeps the two in step and
+checks them every step). Which prefix of them can be kept for a new prompt is a list
+comparison, then a question to the KV cache: a sliding-window model may no longer hold the
+cells a shorter prefix needs (worker/kv_rules.py), so the caller says how many of a slot's
+first n tokens are `usable`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, Sequence, TypeVar
+from typing import Callable, Generic, Sequence, TypeVar
 
 R = TypeVar("R")
 
@@ -33,17 +37,28 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def choose_slot(slots: Sequence[Slot[R]], prompt: Sequence[int]) -> Slot[R] | None:
-    """The idle slot whose cache shares the longest prefix with `prompt`, else the least
-    recently used idle slot (its cache is the least likely to be wanted again). None when
-    every slot is busy."""
+# How many of a slot's first n cached tokens its KV cells can still give (KvCache.usable).
+Usable = Callable[[Slot[R], int], int]
+
+
+def all_usable(slot: Slot[R], n: int) -> int:
+    """For models whose every cached token stays usable, and for tests of the choice alone."""
+    return n
+
+
+def choose_slot(
+    slots: Sequence[Slot[R]], prompt: Sequence[int], usable: Usable[R] = all_usable
+) -> Slot[R] | None:
+    """The idle slot whose cache has the longest prefix `prompt` can keep (`usable` says how
+    much of a matching prefix the KV cache still holds), else the least recently used idle
+    slot (its cache is the least likely to be wanted again). None when every slot is busy."""
     best: Slot[R] | None = None
     best_key: tuple[int, int] = (-1, 0)
     for slot in slots:
         if not slot.idle:
             continue
-        # Longer shared prefix first; among equals, the older slot.
-        key = (common_prefix(slot.cache, prompt), -slot.last_used)
+        # Longer usable prefix first; among equals, the older slot.
+        key = (usable(slot, reusable_prefix(slot.cache, prompt)), -slot.last_used)
         if best is None or key > best_key:
             best, best_key = slot, key
     return best

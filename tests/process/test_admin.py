@@ -23,7 +23,7 @@ FIELDS = {
     "name", "aliases", "state", "pid", "rss_bytes", "slots", "slots_busy", "queued", "waiting",
     "in_flight", "last_used", "load_seconds", "restarts", "last_error", "pinned",
     "cost_bytes", "threads", "loaded", "prompt_tokens_decoded", "kv_cells_used",
-    "requests_per_minute",
+    "kv_repairs", "kv_prefixes_refused", "requests_per_minute",
     "tokens_generated",
 }
 

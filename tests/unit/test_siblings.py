@@ -37,11 +37,30 @@ def test_a_late_sibling_copies_the_longest_cached_prefix_from_any_slot() -> None
     assert start == CopyPrefix(leader, len(PROMPT) - 1)
 
 
-def test_without_whole_sliding_window_history_a_late_sibling_copies_nothing() -> None:
+def test_a_late_sibling_copies_nothing_the_kv_cache_no_longer_holds() -> None:
+    """Issue 20: a slot whose sliding-window cells have moved past the prompt cannot give
+    it; copying it anyway decoded the rest of the prompt over missing cells."""
     leader = slot(0, PROMPT + [9, 9], req=Req("leader", 8))
-    chosen = slot(1)
-    assert sibling_start(False, [leader, chosen], chosen, PROMPT, may_copy=False) is None
-    assert sibling_start(True, [leader, chosen], chosen, PROMPT, may_copy=False) == Join()
+    other = slot(1, PROMPT[:3])
+    chosen = slot(2)
+
+    def usable(s: Slot[Req], n: int) -> int:
+        return 0 if s is leader else n
+
+    assert sibling_start(False, [leader, other, chosen], chosen, PROMPT, usable) == CopyPrefix(other, 3)
+    assert sibling_start(False, [leader, chosen], chosen, PROMPT, usable) is None
+    # Joining shares the cells the leader itself goes on from: always safe.
+    assert sibling_start(True, [leader, chosen], chosen, PROMPT, usable) == Join()
+
+
+def test_a_late_sibling_weighs_its_own_slot_by_what_it_can_keep() -> None:
+    chosen = slot(1, PROMPT + [8])
+    other = slot(0, PROMPT[:2])
+
+    def usable(s: Slot[Req], n: int) -> int:
+        return 0 if s is chosen else n
+
+    assert sibling_start(False, [other, chosen], chosen, PROMPT, usable) == CopyPrefix(other, 2)
 
 
 def test_a_late_sibling_prefills_when_its_own_slot_holds_as_much() -> None:

@@ -72,6 +72,19 @@ def test_longest_prefix_beats_recency() -> None:
     assert choose_slot(slots, [1, 2, 3]).seq_id == 1
 
 
+def test_a_longer_prefix_the_kv_cache_no_longer_holds_loses() -> None:
+    """Issue 20: the slot with the longest matching tokens had given away the sliding-window
+    cells that prefix needed; it kept winning the same prompt, which was answered from
+    missing cells every time. What counts is what the cells can still give."""
+    slots = [slot(0, [1, 2, 3, 4, 9, 9], last_used=1), slot(1, [1, 2], last_used=5)]
+
+    def usable(s: Slot[object], n: int) -> int:
+        return 0 if s.seq_id == 0 else n
+
+    assert choose_slot(slots, [1, 2, 3, 4, 5]).seq_id == 0  # without the question
+    assert choose_slot(slots, [1, 2, 3, 4, 5], usable).seq_id == 1
+
+
 def test_tie_goes_to_least_recently_used() -> None:
     slots = [
         slot(0, [1, 2, 7], last_used=5),
@@ -142,9 +155,11 @@ def test_choose_slot_random_agrees_with_spec() -> None:
         if not idle:
             assert got is None
             continue
-        best = max(common_prefix(s.cache, prompt) for s in idle)
+        # Ranked by what the prompt would keep: a slot holding the whole prompt keeps as much
+        # as one holding all but its last token (that one is decoded again either way).
+        best = max(reusable_prefix(s.cache, prompt) for s in idle)
         want = min(
-            (s for s in idle if common_prefix(s.cache, prompt) == best), key=lambda s: s.last_used
+            (s for s in idle if reusable_prefix(s.cache, prompt) == best), key=lambda s: s.last_used
         )
         assert got is want
 

@@ -1,0 +1,116 @@
+"""The KV cache and the slots' books of it, changed together.
+
+A slot's `cache` lists the tokens it believes its sequence holds; llama.cpp's memory holds
+the cells. Every operation that changes one changes the other here, in one place: keeping
+a prefix, copying a sibling's prompt, dropping a sequence, and what a decode added. What
+the cells must hold is decided in worker/kv_rules.py; this module asks llama.cpp where a
+sequence's cells start and end, and acts.
+
+`check` compares the two for every slot, each step, before the batch is decoded. It costs
+two calls per slot that return a map's first and last key. A slot that disagrees has its
+sequence dropped (its request, if any, decodes its tokens again, as a preempted one does),
+the fact is logged as an error and counted (`repairs`, exported as
+corral_model_kv_repairs): it means a bug, and is never served from.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence, TypeVar
+
+import llama_cpp
+
+from worker.kv_rules import Attention
+from worker.slots import Slot
+
+log = logging.getLogger("worker.kv")
+
+R = TypeVar("R")
+
+
+class KvCache:
+    def __init__(self, memory: llama_cpp.llama_memory_t, attention: Attention) -> None:
+        self.memory = memory
+        self.attention = attention
+        # Slots whose books disagreed with the cells and were dropped: each one is a bug.
+        self.repairs = 0
+        # Cached prefixes that matched a prompt but could not be kept, because the sliding
+        # window's cells no longer reach down to them: the prompt was decoded again.
+        self.prefixes_refused = 0
+
+    # ---- questions ----------------------------------------------------------------------------
+
+    def span(self, slot: Slot[R]) -> tuple[int, int]:
+        """The lowest and highest position llama.cpp holds for `slot`'s sequence (-1, -1:
+        none). For a sliding-window model, those of its sliding-window cache."""
+        seq = slot.seq_id
+        return (
+            int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq)),
+            int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq)),
+        )
+
+    def usable(self, slot: Slot[R], n: int) -> int:
+        """How many of `slot`'s first `n` cached tokens can really be kept: `n`, or 0 when
+        the cells no longer reach down to what a prefix that short needs."""
+        if n <= 0 or n >= len(slot.cache):
+            return max(n, 0)
+        pos_min, _ = self.span(slot)
+        return n if self.attention.keepable(n, len(slot.cache), pos_min) else 0
+
+    # ---- changes, each to both layers -----------------------------------------------------------
+
+    def drop(self, slot: Slot[R]) -> None:
+        """Forget `slot`'s sequence entirely."""
+        llama_cpp.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
+        slot.cache.clear()
+
+    def keep(self, slot: Slot[R], n: int) -> int:
+        """Keep the first `n` tokens of `slot`'s sequence, or as many as can be (`usable`);
+        returns how many were kept."""
+        n = min(n, len(slot.cache))
+        kept = self.usable(slot, n)
+        if kept < n:
+            self.prefixes_refused += 1
+            log.debug(
+                "slot %d: its first %d tokens cannot be kept (sliding-window cells start at %d); "
+                "decoding the prompt again", slot.seq_id, n, self.span(slot)[0],
+            )
+        if kept == len(slot.cache):
+            return kept
+        if kept == 0 or not llama_cpp.llama_memory_seq_rm(self.memory, slot.seq_id, kept, -1):
+            # A recurrent memory refuses to remove part of a sequence: drop it whole.
+            self.drop(slot)
+            return 0
+        del slot.cache[kept:]
+        return kept
+
+    def copy_prefix(self, source: Slot[R], target: Slot[R], n: int) -> None:
+        """Make `target`'s sequence the first `n` tokens of `source`'s. In a unified KV
+        cache a copy only tags the same cells with a second sequence id. The caller has
+        checked `usable(source, n)`."""
+        llama_cpp.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self.memory, source.seq_id, target.seq_id, 0, n)
+        target.cache[:] = source.cache[:n]
+
+    def decoded(self, slot: Slot[R], tokens: Sequence[int]) -> None:
+        """A decode that succeeded placed `tokens` after `slot`'s cached ones."""
+        slot.cache.extend(tokens)
+
+    # ---- the invariant ----------------------------------------------------------------------
+
+    def check(self, slots: Sequence[Slot[R]], on_drop: Callable[[Slot[R]], None]) -> int:
+        """Compare every slot's books with its cells; drop each sequence that disagrees and
+        tell `on_drop` (its request, if any, must decode its tokens again). Returns how many
+        were dropped."""
+        dropped = 0
+        for slot in slots:
+            pos_min, pos_max = self.span(slot)
+            problem = self.attention.problem(len(slot.cache), pos_min, pos_max)
+            if problem is None:
+                continue
+            self.repairs += 1
+            dropped += 1
+            log.error("KV invariant violated for slot %d: %s; dropping its cache", slot.seq_id, problem)
+            self.drop(slot)
+            on_drop(slot)
+        return dropped
