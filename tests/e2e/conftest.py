@@ -93,13 +93,23 @@ def start_server(
     pytest.fail(f"corral serve did not become healthy:\n{log.read_text()}")
 
 
+# What a worker logs when its KV check finds a slot whose cached tokens and KV cells
+# disagree (worker/kv_cache.py): always a bug, so no e2e server may ever log it.
+KV_INVARIANT_VIOLATED = "KV invariant violated"
+
+
 def stop_server(server: Server) -> int:
+    """Stop `server` (SIGTERM) and return its exit code; fails the test if any of its
+    workers found its KV cache out of step with its slots while it ran."""
     server.process.send_signal(signal.SIGTERM)
     try:
-        return server.process.wait(timeout=30)
+        rc = server.process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         server.process.kill()
         raise
+    violations = [line for line in server.log_text().splitlines() if KV_INVARIANT_VIOLATED in line]
+    assert not violations, "a worker's KV check found a slot out of step:\n" + "\n".join(violations[:5])
+    return rc
 
 
 THREE_MODELS = """

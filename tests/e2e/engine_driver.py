@@ -1,0 +1,131 @@
+"""The worker's engine in this process, on the demo model, driven as the worker's link would
+drive it: Generate and Cancel frames in, the frames it emits collected per request. No
+processes and no HTTP, so that a randomized test can run thousands of request mixes, and
+can look at the engine's slots and the KV cache's cells between them."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tests.e2e.kv_state import cache_positions
+from worker.engine import Engine
+from worker.model import LoadedModel, load
+from worker.protocol import Cancel, Error, Frame, Generate, SamplingParams, Step, WorkerSpec
+
+
+@dataclass
+class Outcome:
+    """What one Generate produced: each choice's tokens and finish reason, or an error."""
+
+    n: int
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    finish: dict[int, str] = field(default_factory=dict)
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class EngineDriver:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.model: LoadedModel = load(spec, lambda p: None)
+        self.engine = Engine(self.model, self._emit)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._outcomes: dict[int, Outcome] = {}
+        # The engine thread runs until the process ends, as in the worker.
+        threading.Thread(target=self.engine.run, name="engine", daemon=True).start()
+
+    def _emit(self, frame: Frame) -> None:
+        with self._lock:
+            if isinstance(frame, Step):
+                for ev in frame.events:
+                    o = self._outcomes.get(ev.id)
+                    if o is None:
+                        continue
+                    o.tokens.setdefault(ev.index, []).extend(ev.tokens)
+                    if ev.finish_reason is not None:
+                        o.finish[ev.index] = ev.finish_reason
+                        if len(o.finish) == o.n:
+                            o.done.set()
+            elif isinstance(frame, Error):
+                o = self._outcomes.get(frame.id)
+                if o is not None:
+                    o.error = f"{frame.code}: {frame.message}"
+                    o.done.set()
+
+    def generate(
+        self, tokens: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None, n: int = 1
+    ) -> tuple[int, Outcome]:
+        rid = next(self._ids)
+        outcome = Outcome(n=n)
+        with self._lock:
+            self._outcomes[rid] = outcome
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True)
+        self.engine.submit(Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n))
+        return rid, outcome
+
+    def cancel(self, rid: int) -> None:
+        """Cancel `rid` as a disconnecting client does; its outcome no longer matters (a
+        request still being prepared is dropped without a word)."""
+        with self._lock:
+            o = self._outcomes.pop(rid, None)
+        if o is not None:
+            o.done.set()
+        self.engine.submit(Cancel(id=rid))
+
+    def run_alone(self, tokens: list[int], max_tokens: int, timeout: float = 120.0) -> list[int]:
+        """A greedy request on its own; the tokens it generated."""
+        _, o = self.generate(tokens, max_tokens)
+        assert o.done.wait(timeout), "the request did not finish"
+        assert o.error is None, o.error
+        return o.tokens.get(0, [])
+
+    def wait_idle(self, timeout: float = 120.0) -> None:
+        """Until no request is running, waiting or being prepared, seen twice in a row."""
+        deadline = time.monotonic() + timeout
+        calm = 0
+        while calm < 2:
+            assert time.monotonic() < deadline, "the engine did not become idle"
+            e = self.engine
+            calm = calm + 1 if e.active == 0 and e.queued == 0 and e.inbox.empty() else 0
+            time.sleep(0.05)
+
+    def cell_problems(self) -> list[str]:
+        """Every slot's books against the cells of each of its KV caches, read from
+        llama.cpp's state: the full-attention cache must hold exactly positions 0 .. n-1,
+        the sliding-window one a contiguous run ending at n-1 that reaches down to the
+        window of position n. Call only while the engine is idle."""
+        problems = []
+        att = self.model.attention
+        for slot in self.engine.slots:
+            n = len(slot.cache)
+            caches = cache_positions(self.model.ctx, slot.seq_id)
+            full, *sliding = caches
+            if full != list(range(n)):
+                problems.append(f"slot {slot.seq_id}: {n} tokens, full-attention cells {_runs(full)}")
+            for cells in sliding:
+                # The state leaves out cells hidden from the last position (n - 1); those
+                # position n needs must all be there.
+                if n == 0:
+                    ok = not cells
+                else:
+                    ok = bool(cells) and cells == list(range(cells[0], n)) and cells[0] <= att.lowest_needed(n)
+                if not ok:
+                    problems.append(f"slot {slot.seq_id}: {n} tokens, sliding-window cells {_runs(cells)}")
+        return problems
+
+
+def _runs(positions: list[int]) -> str:
+    """Positions as runs, 0..699,750..800: what a failure message can show."""
+    if not positions:
+        return "none"
+    out, start, prev = [], positions[0], positions[0]
+    for p in positions[1:]:
+        if p != prev + 1:
+            out.append(f"{start}..{prev}")
+            start = p
+        prev = p
+    out.append(f"{start}..{prev}")
+    return ",".join(out)
