@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from tests.e2e.kv_state import cache_positions
 from worker.engine import Engine
 from worker.model import LoadedModel, load
-from worker.protocol import Cancel, Error, Frame, Generate, SamplingParams, Step, WorkerSpec
+from worker.protocol import Cancel, Error, Frame, Generate, SamplingParams, Step, TokenLogprob, WorkerSpec
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Outcome:
 
     n: int
     tokens: dict[int, list[int]] = field(default_factory=dict)
+    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -45,6 +46,7 @@ class EngineDriver:
                     if o is None:
                         continue
                     o.tokens.setdefault(ev.index, []).extend(ev.tokens)
+                    o.logprobs.setdefault(ev.index, []).extend(ev.logprobs)
                     if ev.finish_reason is not None:
                         o.finish[ev.index] = ev.finish_reason
                         if len(o.finish) == o.n:
@@ -56,13 +58,21 @@ class EngineDriver:
                     o.done.set()
 
     def generate(
-        self, tokens: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None, n: int = 1
+        self,
+        tokens: list[int],
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        n: int = 1,
+        logprobs: int | None = None,
     ) -> tuple[int, Outcome]:
         rid = next(self._ids)
         outcome = Outcome(n=n)
         with self._lock:
             self._outcomes[rid] = outcome
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs
+        )
         self.engine.submit(Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n))
         return rid, outcome
 
@@ -75,12 +85,12 @@ class EngineDriver:
             o.done.set()
         self.engine.submit(Cancel(id=rid))
 
-    def run_alone(self, tokens: list[int], max_tokens: int, timeout: float = 120.0) -> list[int]:
-        """A greedy request on its own; the tokens it generated."""
-        _, o = self.generate(tokens, max_tokens)
+    def run_alone(self, tokens: list[int], max_tokens: int, timeout: float = 120.0) -> Outcome:
+        """A greedy request on its own, with its top-2 logprobs."""
+        _, o = self.generate(tokens, max_tokens, logprobs=2)
         assert o.done.wait(timeout), "the request did not finish"
         assert o.error is None, o.error
-        return o.tokens.get(0, [])
+        return o
 
     def wait_idle(self, timeout: float = 120.0) -> None:
         """Until no request is running, waiting or being prepared, seen twice in a row."""

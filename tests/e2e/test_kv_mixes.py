@@ -32,13 +32,22 @@ from worker.protocol import WorkerSpec
 
 N_CTX = int(os.environ.get("CORRAL_KV_MIX_N_CTX", "1024"))
 MIXES = int(os.environ.get("CORRAL_KV_MIXES", "12"))
-CANARY_TEXT = "<start_of_turn>user\nName three colours of the rainbow.<end_of_turn>\n<start_of_turn>model\n"
-CANARY_TOKENS = 24
+# The canary: a chat turn's head, which every prompt of a mix may share, and a text whose
+# greedy continuation has a wide margin at every token. llama.cpp's CPU logits for the same
+# text differ by up to 0.3 between batch shapes and cell layouts (measured here: a prompt
+# decoded in one batch, token by token, or after a kept prefix), so a canary with a near
+# tie would flip with no bug at all: "Name three colours of the rainbow." had a margin of
+# 0.02. This one's smallest margin is about 1.8, and with the 4-token head's sliding-window
+# cells gone (issue 20) it answers "H I J K I K I K ..." instead of "H I J K L M ...".
+CANARY_TEXT = "<start_of_turn>user\nWrite the alphabet: A B C D E F G"
+CANARY_TOKENS = 16
+MIN_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
 class Ask:
-    kind: str  # "head": the canary's template prefix + corpus; "plain"; "near": near n_ctx;
+    kind: str  # "head": the canary's template prefix + corpus; "plain"; "near": near n_ctx
+    # (after the head when `seed` is even);
     # "again": an earlier prompt of the mix, or that prompt extended
     length: int
     offset: int
@@ -76,15 +85,19 @@ class Mixer:
                         zip(range(400), ["red", "cold", "long", "quiet", "old"] * 80))
         self.corpus = m.tokenize(text, add_special=False, parse_special=False)
         assert len(self.corpus) > 2000 + N_CTX
-        self.fresh = self.d.run_alone(self.canary, CANARY_TOKENS)
+        fresh = self.d.run_alone(self.canary, CANARY_TOKENS)
+        self.fresh = fresh.tokens[0]
         assert len(self.fresh) == CANARY_TOKENS
+        margins = [lp.logprob - max(t.logprob for t in lp.top if t.token != lp.token) for lp in fresh.logprobs[0]]
+        assert min(margins) >= MIN_MARGIN, f"the canary has near ties, it would flip on numerics alone: {margins}"
 
     def prompt(self, ask: Ask, earlier: list[list[int]]) -> list[int]:
         body = self.corpus[ask.offset : ask.offset + ask.length]
         if ask.kind == "head":
             return self.head + body
-        if ask.kind == "near":
-            return self.corpus[ask.offset : ask.offset + N_CTX - 1 - ask.length % 60]
+        if ask.kind == "near":  # a chat turn half the time, as in issue 20
+            head = self.head if ask.seed % 2 == 0 else []
+            return head + self.corpus[ask.offset : ask.offset + N_CTX - 1 - len(head) - ask.length % 60]
         if ask.kind == "again" and earlier:
             base = earlier[ask.seed % len(earlier)]
             return base if ask.length % 2 else base + body[: ask.length % 200 + 1]
@@ -118,7 +131,7 @@ class Mixer:
         d.wait_idle()
         assert d.engine.kv.repairs == repairs, "the engine's KV check had to repair a slot (see the log)"
         assert d.cell_problems() == []
-        again = d.run_alone(self.canary, CANARY_TOKENS)
+        again = d.run_alone(self.canary, CANARY_TOKENS).tokens[0]
         assert again == self.fresh, "the canary's greedy answer changed after the mix"
         d.wait_idle()
         assert d.cell_problems() == []
