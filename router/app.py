@@ -19,7 +19,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import access_log, admin, auth, bodies, connections, cors, dashboard, metrics, native, openapi, schemas, sse
+from router import (
+    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, native, openapi, schemas, site_guard, sse,
+)
 from router.errors import render, render_config_error, render_http, render_native, to_native
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
 from router.openai_format import Completion
@@ -46,8 +48,10 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     started = int(time.time())
     access_log.install(app)
+    # Before anything runs: a foreign page's request, or a rebound host name, is refused.
+    site_guard.install(app, supervisor)
     # Preflights are answered before keys are checked: browsers send none with them.
-    cors.install(app, config.server.cors_origins)
+    cors.install(app, lambda: supervisor.config.server.cors_origins)
     auth.install(app, supervisor)
     resolve = auth.scoped_resolve(supervisor)  # the models the request's key may use
 

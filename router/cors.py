@@ -1,8 +1,8 @@
 """CORS: which browser pages may call Corral, from `[server] cors_origins`.
 
 Off by default: no response carries Access-Control-Allow-Origin, so a page on another site
-cannot read an answer (and cannot use a key the browser does not have anyway). With
-origins configured:
+cannot read an answer; router/site_guard.py refuses its requests before they run. With
+origins configured (read at each request, so a reload applies them):
 - a preflight (OPTIONS with Origin and Access-Control-Request-Method) from an allowed
   origin is answered 204 before any key is checked, since browsers never send credentials
   on a preflight; it allows the headers the page asked for (the openai JS client sends
@@ -16,7 +16,7 @@ the key check, which that extension's hooks would run after. Pure except `instal
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -48,17 +48,15 @@ def preflight_headers(allow: str, requested_headers: str | None) -> dict[str, st
     return headers
 
 
-def install(app: QuartTrio, origins: Sequence[str]) -> None:
-    """Answer preflights and mark responses for `origins`. Registered before the key
-    check (router/auth.py), so a preflight never meets it."""
-    if not origins:
-        return
+def install(app: QuartTrio, origins: Callable[[], Sequence[str]]) -> None:
+    """Answer preflights and mark responses for the origins `origins()` gives now.
+    Registered before the key check (router/auth.py), so a preflight never meets it."""
 
     @app.before_request
     async def preflight() -> Response | None:
         if request.method != "OPTIONS" or "access-control-request-method" not in request.headers:
             return None
-        allow = allowed(request.headers.get("origin"), origins)
+        allow = allowed(request.headers.get("origin"), origins())
         if allow is None:
             return None  # not an allowed origin: the route answers as usual, without CORS
         headers = preflight_headers(allow, request.headers.get("access-control-request-headers"))
@@ -66,7 +64,7 @@ def install(app: QuartTrio, origins: Sequence[str]) -> None:
 
     @app.after_request
     async def mark(response: Response) -> Response:
-        allow = allowed(request.headers.get("origin"), origins)
+        allow = allowed(request.headers.get("origin"), origins())
         if allow is not None and "access-control-allow-origin" not in response.headers:
             response.headers["access-control-allow-origin"] = allow
             response.headers["access-control-expose-headers"] = EXPOSED

@@ -8,6 +8,7 @@ error is reported as `key.path: what is wrong`, so that `corral config check`, s
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 import os
@@ -52,8 +53,14 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     # Origins a browser page may call Corral from ("https://app.example", or "*"); none by
-    # default, so no other site's page can read an answer.
+    # default: a request from any other page is refused (router/site_guard.py). Applies on
+    # reload.
     cors_origins: list[str] = []
+    # Names (or addresses) by which clients may reach the server while no API key is
+    # configured, besides loopback names and the address it listens on: a reverse proxy's
+    # public name. ".example.com" admits every name under it; "*" turns the check off.
+    # Guards against DNS rebinding (router/site_guard.py). Applies on reload.
+    allowed_hosts: list[str] = []
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.
     log_format: Literal["text", "json"] = "text"
@@ -382,6 +389,21 @@ def _seconds(value: float) -> bool:
 
 # An Origin header's value (RFC 6454): scheme, host and an optional port, nothing more.
 _ORIGIN = re.compile(r"\*|[a-z][a-z0-9+.-]*://[^/?#\s]+")
+# A name as Host carries it, without port: DNS labels (".suffix" for every name under it)
+# or an IPv4 address; an IPv6 address is checked by _host_entry.
+_HOST_NAME = re.compile(r"\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+
+
+def _host_entry(value: str) -> bool:
+    """An allowed_hosts entry: a name, ".suffix", or an address (IPv6 with or without
+    brackets), never a port or a scheme."""
+    if ":" not in value:
+        return bool(_HOST_NAME.fullmatch(value))
+    try:
+        ipaddress.IPv6Address(value[1:-1] if value.startswith("[") and value.endswith("]") else value)
+    except ValueError:
+        return False
+    return True
 
 
 def _check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterator[str]:
@@ -430,6 +452,13 @@ def _check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterat
             yield (
                 f"server.cors_origins[{i}]: {origin!r} is not an origin: scheme://host[:port] "
                 'with no path (as a browser sends it), or "*"'
+            )
+    for i, host in enumerate(srv.allowed_hosts):
+        if host != "*" and not _host_entry(host):
+            yield (
+                f"server.allowed_hosts[{i}]: {host!r} is not a host name or address: a name as "
+                'clients send it in Host, without scheme or port ("llm.example.com"), '
+                '".example.com" for every name under it, or "*"'
             )
     default = srv.default_model
     if default is not None and default not in file.models and default not in broken and not any(

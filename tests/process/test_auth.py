@@ -229,9 +229,10 @@ async def test_cors_preflight_needs_no_key_and_errors_carry_the_origin(tmp_path:
     assert r.status_code == 204
     assert r.headers["access-control-allow-origin"] == "https://app.example"
     assert r.headers["access-control-allow-headers"] == ask["access-control-request-headers"]
-    # A page the config does not name gets no CORS answer, and meets the key check.
+    # A page the config does not name gets no CORS answer: it is refused before the key
+    # check (issue 20, item 5: router/site_guard.py).
     r = await client.options("/v1/chat/completions", headers={**ask, "origin": "https://evil.example"}, scope_base=REMOTE)
-    assert r.status_code == 401 and "access-control-allow-origin" not in r.headers
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     # The page can read an error's body and its headers.
     r = await client.get("/v1/models", headers={"origin": "https://app.example"}, scope_base=REMOTE)
     assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://app.example"
@@ -242,8 +243,11 @@ async def test_cors_preflight_needs_no_key_and_errors_carry_the_origin(tmp_path:
 
 async def test_without_cors_origins_no_response_carries_cors_headers(tmp_path: Path) -> None:
     client = create_app(sup := _keyed(tmp_path), sup.config).test_client()
-    r = await client.get("/v1/models", headers={"origin": "https://app.example", **_bearer(API)}, scope_base=REMOTE)
+    r = await client.get("/v1/models", headers=_bearer(API), scope_base=REMOTE)
     assert r.status_code == 200 and not any(h.lower().startswith("access-control-") for h in r.headers.keys())
+    # A foreign page's request, even with a key, is refused (issue 20, item 5).
+    r = await client.get("/v1/models", headers={"origin": "https://app.example", **_bearer(API)}, scope_base=REMOTE)
+    assert r.status_code == 403 and not any(h.lower().startswith("access-control-") for h in r.headers.keys())
 
 
 def _non_loopback_address() -> str | None:
