@@ -3,15 +3,24 @@ tool calls, as streamed deltas and as the whole message.
 
 Reasoning is split off first (router/reasoning.py), and tool calls are looked for only in
 what remains (router/tool_calls.py), so a call the model merely thinks about is not made.
+
+Two rules on the calls found (issue 20):
+- a call to a function the request did not declare is no call: its text is content, since
+  a client cannot dispatch it;
+- a call exactly like an earlier one of the same reply (same function, same arguments) is
+  a model repeating itself, not a parallel call: it and all that follows are dropped, and
+  the reply `ended`, so that the router can stop its generation. The demo model, forced to
+  call with parallel calls allowed, wrote the same two calls in turn until max_tokens.
 Pure: the router feeds it the worker's text.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import string
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 from router.reasoning import ReasoningSplitter
 from router.tool_calls import Call, ToolCallParser
@@ -50,30 +59,43 @@ class ChatOutput:
     tools: ToolFormat | None  # None: no tools were offered; all text is content
     reasoning: bool  # split <think> blocks off
     in_reasoning: bool = False  # the prompt ended inside an open block
+    # The functions the request declared (None: any name is taken as a call).
+    declared: Collection[str] | None = None
     content: str = ""
     reasoning_text: str = ""
     calls: list[MadeCall] = field(default_factory=list)
+    ended: bool = False  # a call repeated an earlier one: nothing more is taken
 
     def __post_init__(self) -> None:
         self._splitter = ReasoningSplitter(self.in_reasoning) if self.reasoning else None
         self._parser = ToolCallParser(self.tools) if self.tools is not None else None
+        self._seen: set[tuple[str, str]] = set()
 
     def feed(self, text: str) -> list[dict[str, Any]]:
+        if self.ended:
+            return []
         if self._splitter is None:
             return self._content(text, final=False)
         reasoning, content = self._splitter.feed(text)
         return self._reasoning(reasoning) + self._content(content, final=False)
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self, cut: bool = False) -> list[dict[str, Any]]:
+        """What was held back, once the output has ended; `cut`: it ended at max_tokens (or
+        was stopped), so a call still being written is dropped."""
+        if self.ended:
+            return []
         out: list[dict[str, Any]] = []
         if self._splitter is not None:
             reasoning, content = self._splitter.finish()
             out += self._reasoning(reasoning) + self._content(content, final=False)
-        return out + self._content("", final=True)
+        return out + self._content("", final=True, cut=cut)
 
     def finish_reason(self, worker_reason: str) -> str:
-        """OpenAI's finish_reason: "tool_calls" once a call was made."""
-        return "tool_calls" if self.calls and worker_reason in ("stop", "length") else worker_reason
+        """OpenAI's finish_reason: "tool_calls" once a call was made, also when max_tokens
+        cut a later call short (that one is dropped) or the calls ended in a repeat."""
+        if self.calls and worker_reason in ("stop", "length", "cancelled"):
+            return "tool_calls"
+        return worker_reason
 
     def message(self) -> dict[str, Any]:
         """The whole reply's `message` object."""
@@ -95,20 +117,27 @@ class ChatOutput:
         self.reasoning_text += text
         return [{"reasoning_content": text}]
 
-    def _content(self, text: str, final: bool) -> list[dict[str, Any]]:
+    def _content(self, text: str, final: bool, cut: bool = False) -> list[dict[str, Any]]:
         if self._parser is None:
             pieces: list[str | Call] = [text] if text else []
         else:
             pieces = self._parser.feed(text) if text else []
             if final:
-                pieces += self._parser.finish()
+                pieces += self._parser.finish(cut)
         out: list[dict[str, Any]] = []
         for p in pieces:
+            if not isinstance(p, str) and self.declared is not None and p.name not in self.declared:
+                p = p.raw  # not a function the client has: its text, as the model wrote it
             if isinstance(p, str):
                 if p:
                     self.content += p
                     out.append({"content": p})
                 continue
+            key = (p.name, _canonical(p.arguments))
+            if key in self._seen:
+                self.ended = True
+                break
+            self._seen.add(key)
             made = MadeCall(len(self.calls), call_id(self.tools, p.id), p.name, p.arguments)
             self.calls.append(made)
             # OpenAI's streaming shape: the id, type and name first, then the arguments.
@@ -121,3 +150,11 @@ class ChatOutput:
             )
             out.append({"tool_calls": [{"index": made.index, "function": {"arguments": made.arguments}}]})
         return out
+
+
+def _canonical(arguments: str) -> str:
+    """Arguments compared as JSON values, not as text (key order and spacing aside)."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        return arguments

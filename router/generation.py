@@ -147,6 +147,7 @@ class Generation:
         self._at = 0  # the stream being read
         # A chat's parser per choice (content, reasoning, tool calls); None for completions.
         self._tools: ToolFormat | None = None
+        self._declared: frozenset[str] | None = None  # the offered functions' names
         self._reasoning = False
         self._outputs: dict[int, ChatOutput] | None = None
 
@@ -204,6 +205,8 @@ class Generation:
                 )
         if job.chat:
             self._tools = fmt if tools.offered else None
+            if tools.offered:
+                self._declared = frozenset(t["function"]["name"] for t in tools.offered)
             self._reasoning = ready is not None and ready.reasoning
             self._outputs = {}
         for prompt in job.prompts:
@@ -242,9 +245,18 @@ class Generation:
         out = self._outputs.get(ev.index)
         if out is None:
             out = self._outputs[ev.index] = ChatOutput(
-                tools=self._tools, reasoning=self._reasoning, in_reasoning=ev.in_reasoning
+                tools=self._tools, reasoning=self._reasoning, in_reasoning=ev.in_reasoning,
+                declared=self._declared,
             )
         return out
+
+    def end_choice(self, index: int) -> None:
+        """Stop choice `index` (as the response numbers choices) in the worker: its output
+        has ended (ChatOutput.ended). Its final event still comes, with finish_reason
+        "cancelled" and its usage; the other choices go on. Never blocks."""
+        at, choice = divmod(index, self._n)
+        if at < len(self._streams):
+            self._streams[at].cancel_choice(choice)
 
     def __aiter__(self) -> Generation:
         return self
@@ -287,20 +299,34 @@ class Generation:
         self._lease.release()
 
 
+def _cut(worker_reason: str) -> bool:
+    """Whether output that ended so was cut short: a call being written is dropped."""
+    return worker_reason in ("length", "cancelled")
+
+
 async def whole(gen: Generation, fmt: Completion, job: GenerationJob) -> bytes:
-    """The response body of a non-streamed completion of n choices per prompt."""
+    """The response body of a non-streamed completion of n choices per prompt. A chat's
+    text goes through its choice's parser as it comes, so that a choice whose tool calls
+    began repeating is stopped then, not at max_tokens."""
     choices = Choices()
     timings: Timings | None = None
     async for ev in gen:
         choices.add(ev)
         if ev.finish_reason is not None and ev.timings is not None:
             timings = ev.timings
+        out = gen.output(ev)
+        if out is not None:
+            was_ended = out.ended
+            if ev.text:
+                out.feed(ev.text)
+            if out.ended and not was_ended and ev.finish_reason is None:
+                gen.end_choice(ev.index)
+            if ev.finish_reason is not None:
+                out.finish(cut=_cut(ev.finish_reason))
     ordered = choices.ordered()
     for c in ordered:
         out = gen.output(TokenEvent(id=0, index=c.index, in_reasoning=c.in_reasoning))
         if out is not None:
-            out.feed(c.text)
-            out.finish()
             c.message = out.message()
             c.finish_reason = out.finish_reason(c.finish_reason or "stop")
     return fmt.whole_choices(ordered, choices.usage(job.n), job.logprobs, timings if job.timings else None)
@@ -340,9 +366,12 @@ async def events(gen: Generation, fmt: Completion, job: GenerationJob) -> AsyncI
                 if text or lp is not None:
                     yield fmt.chunk(text, index=i, logprobs=lp, timings=timings)
             else:
+                was_ended = out.ended
                 deltas = out.feed(text) if text else []
+                if out.ended and not was_ended and ev.finish_reason is None:
+                    gen.end_choice(i)  # its final event follows, "cancelled"
                 if ev.finish_reason is not None:
-                    deltas += out.finish()
+                    deltas += out.finish(cut=_cut(ev.finish_reason))
                     reason = out.finish_reason(ev.finish_reason)
                 for n, delta in enumerate(deltas):
                     # The logprobs ride with the first chunk of the text they cover.

@@ -10,6 +10,13 @@
   - an integer with no bound gets JSON's safe-integer range, ±(2^53 - 1), 16 digits at
     most. The demo model, asked for a number of nights, wrote zeros until max_tokens;
     llama.cpp's grammar allows 16 digits, and outlines bounds digits for the same reason.
+  - a number with no bound gets the same range and at most 10 digits after the point
+    (`multipleOf` 1e-10: llguidance then writes no exponent, and refuses a finer step).
+    Asked for a price, the demo model wrote "1000000..." and "1.1000000..." until
+    max_tokens (issue 20); llama.cpp's grammar bounds a number's parts to 16 digits each.
+  - a value the schema leaves free (`{}`, `true`, an object with no `properties`, an array
+    with no `items`: what `response_format: json_object` and a tool without parameters
+    allow) is any JSON value whose numbers are so bounded, defined once in `$defs`.
   Narrowing only ever removes answers: whatever the narrowed schema accepts, the client's
   own accepts too.
 - `relocated`: a schema embedded inside a larger one (a tool's parameters inside the
@@ -87,11 +94,39 @@ def _uses(schema: Any, keywords: frozenset[str], depth: int = 0) -> bool:
 
 # JSON's safe-integer range (RFC 8259, section 6): the bound of an integer that sets none.
 SAFE_INTEGER = 2**53 - 1
+# The finest step of a number that sets none: 10 digits after the point.
+NUMBER_STEP = 1e-10
+
+# Any JSON value, with its numbers bounded: what a free position of a schema becomes.
+ANY_VALUE = "corral_any_value"
+_ANY_REF = {"$ref": f"#/$defs/{ANY_VALUE}"}
+_BOUNDED_NUMBER = {"type": "number", "minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER, "multipleOf": NUMBER_STEP}
+_ANY_VALUE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        _BOUNDED_NUMBER,
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "array", "items": _ANY_REF},
+        {"type": "object", "additionalProperties": _ANY_REF},
+    ]
+}
+# Keywords that say something of a value without constraining it.
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"})
+
+
+def _is_type(s: dict[str, Any], name: str) -> bool:
+    t = s.get("type")
+    return t == name or (isinstance(t, list) and name in t)
 
 
 def _is_integer(s: dict[str, Any]) -> bool:
-    t = s.get("type")
-    return t == "integer" or (isinstance(t, list) and "integer" in t)
+    return _is_type(s, "integer")
+
+
+def _free(s: Any) -> bool:
+    """Whether a subschema allows any value at all."""
+    return s is True or (isinstance(s, dict) and set(s) <= _ANNOTATIONS)
 
 
 def narrowed(schema: dict[str, Any]) -> dict[str, Any]:
@@ -99,34 +134,60 @@ def narrowed(schema: dict[str, Any]) -> dict[str, Any]:
     - every object that lists `properties`, and says nothing of `additionalProperties` or
       `patternProperties`, closed to other keys; an object whose `required` names a key
       it does not list stays open (closing it would make it unsatisfiable);
-    - every integer without a lower (upper) bound given -SAFE_INTEGER (SAFE_INTEGER).
+    - every integer without a lower (upper) bound given -SAFE_INTEGER (SAFE_INTEGER);
+    - every number so too, and NUMBER_STEP as its step unless it has one;
+    - every free position (a subschema that allows anything, an object's other keys where
+      it has no `properties`, an array's items where it sets none) the bounded ANY_VALUE.
     A schema that uses a keyword in _NARROWING_UNSAFE anywhere is returned as it is.
     SchemaTooDeep past MAX_DEPTH levels."""
-    if _uses(schema, _NARROWING_UNSAFE):
+    if _uses(schema, _NARROWING_UNSAFE) or (isinstance(schema.get("$defs"), dict) and ANY_VALUE in schema["$defs"]):
         return schema
+    used = False
+
+    def free(s: Any) -> Any:
+        nonlocal used
+        if not _free(s):
+            return s
+        used = True
+        return dict(_ANY_REF)
 
     def narrow(s: Any, at: str, depth: int) -> Any:
-        if not isinstance(s, dict):
-            return s  # a boolean schema
+        if not isinstance(s, dict) or _free(s):
+            return free(s)  # a boolean schema, or one that allows anything
         out = _map_children(s, at, depth, narrow)
+        for key in ("additionalProperties", "items"):
+            if out.get(key) is True:
+                out[key] = free(True)
         props = out.get("properties")
         required = out.get("required")
-        if (
-            isinstance(props, dict)
-            and "additionalProperties" not in out
-            and "patternProperties" not in out
-            # (a malformed `required` is the engine's to refuse: leave it open)
-            and (not isinstance(required, list) or all(isinstance(r, str) and r in props for r in required))
-        ):
-            out["additionalProperties"] = False
-        if _is_integer(out):
+        if "additionalProperties" not in out and "patternProperties" not in out:
+            if isinstance(props, dict) and (
+                # (a malformed `required` is the engine's to refuse: leave it open)
+                not isinstance(required, list) or all(isinstance(r, str) and r in props for r in required)
+            ):
+                out["additionalProperties"] = False
+            elif (isinstance(props, dict) or _is_type(out, "object")) and (
+                required is None or (isinstance(required, list) and all(isinstance(r, str) for r in required))
+            ):
+                # Open, as sent (no properties, or a `required` key it does not list): its
+                # other keys' values are any value, with bounded numbers.
+                out["additionalProperties"] = free(True)
+        if _is_type(out, "array") and "items" not in out and "prefixItems" not in out:
+            out["items"] = free(True)
+        number = _is_type(out, "number")
+        if _is_integer(out) or number:
             if "minimum" not in out and "exclusiveMinimum" not in out:
                 out["minimum"] = -SAFE_INTEGER
             if "maximum" not in out and "exclusiveMaximum" not in out:
                 out["maximum"] = SAFE_INTEGER
+        if number and "multipleOf" not in out:
+            out["multipleOf"] = NUMBER_STEP
         return out
 
     result: dict[str, Any] = narrow(schema, "", 0)
+    if used:
+        defs = result.get("$defs")
+        result["$defs"] = {**(defs if isinstance(defs, dict) else {}), ANY_VALUE: _ANY_VALUE_SCHEMA}
     return result
 
 

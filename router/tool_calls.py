@@ -9,14 +9,19 @@ Formats (worker/chat_formats.py says which a model has):
   `{"tool_call": {...}}`) to call, `{"response": "..."}` to answer.
 
 Text that cannot be a call streams as content at once; only what may still become a
-marker, or a call still being written, is held back. A call that never completes or does
-not parse is content after all, as llama.cpp treats it. Pure: no I/O, no clock.
+marker, or a call still being written, is held back. The calls of an array (generic's
+`tool_calls`, mistral's) come out one by one as each is complete, not when the array is.
+A call that never completes or does not parse is content after all, as llama.cpp treats
+it, unless the output was cut (max_tokens, or the router ending it): then the call being
+written is dropped, and the whole calls before it stand (issue 20: a forced call cut by
+max_tokens came back as content). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from router.reasoning import held_suffix
@@ -29,6 +34,13 @@ class Call:
     name: str
     arguments: str  # JSON text
     id: str | None = None  # the model's own id, where its format has one (Mistral's)
+    # The text the call was read from: what becomes content if the call is not taken.
+    raw: str = field(default="", compare=False)
+
+
+# The head of generic's array of calls, as a grammar or a model lays it out.
+_GENERIC_ARRAY = re.compile(r'\{\s*"tool_calls"\s*:\s*\[')
+_GENERIC_HEAD = '{"tool_calls": ['
 
 
 Piece = Union[str, Call]  # content text, or one whole call
@@ -70,7 +82,7 @@ def _arguments_text(args: Any) -> str:
     return json.dumps(args, ensure_ascii=False)
 
 
-def call_from(obj: Any) -> Call | None:
+def call_from(obj: Any, raw: str = "") -> Call | None:
     """A call from one decoded JSON object, or None if it is not one."""
     if not isinstance(obj, dict):
         return None
@@ -81,13 +93,14 @@ def call_from(obj: Any) -> Call | None:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     call_id = obj.get("id")
-    return Call(name=name, arguments=_arguments_text(args), id=call_id if isinstance(call_id, str) else None)
+    return Call(name=name, arguments=_arguments_text(args), id=call_id if isinstance(call_id, str) else None, raw=raw)
 
 
-def _calls(values: Any) -> list[Call] | None:
-    """Calls from a decoded list (or one object); None unless every item is a call."""
+def _calls(values: Any, raw: str) -> list[Call] | None:
+    """Calls from a decoded list (or one object); None unless every item is a call. Each
+    keeps the whole block's text, when there is one call."""
     items = values if isinstance(values, list) else [values]
-    calls = [call_from(v) for v in items]
+    calls = [call_from(v, raw if len(items) == 1 else json.dumps(v, ensure_ascii=False)) for v in items]
     if not calls or any(c is None for c in calls):
         return None
     return [c for c in calls if c is not None]
@@ -99,9 +112,13 @@ class ToolCallParser:
     def __init__(self, fmt: ToolFormat) -> None:
         self._fmt = fmt
         self._buf = ""
-        # "start" (only whitespace so far), "content", "call" (a call being written), or
-        # "after_call" (only whitespace since the last call)
+        # "start" (only whitespace so far), "content", "call" (a call being written),
+        # "array" (inside an array of calls), or "after_call" (only whitespace since the
+        # last call)
         self._state = "start"
+        self._array_head = ""  # the text that opened the array being read
+        self._array_calls = 0  # calls read from it so far
+        self._array_close = "]"  # what closes it: "]", or "]" then "}" for generic
         self._marker = {"hermes": HERMES_OPEN, "mistral": MISTRAL_PREFIX, "llama3": LLAMA3_PYTHON_TAG}.get(fmt)
 
     def feed(self, text: str) -> list[Piece]:
@@ -112,14 +129,23 @@ class ToolCallParser:
                 break
         return out
 
-    def finish(self) -> list[Piece]:
-        """The rest, once the output has ended."""
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The rest, once the output has ended; `cut`: it was cut short (max_tokens, or the
+        router ended it), so a call still being written is dropped, not made content."""
         out: list[Piece] = []
-        if self._state == "call":
-            calls = self._complete_calls(self._buf, final=True)
-            if calls is not None:
-                out.extend(calls)
+        if self._state == "array":
+            if cut or self._buf.strip() in ("", "]", "]}", "] }"):
                 self._buf = ""
+            elif not self._array_calls:
+                self._buf = self._array_head + self._buf  # never a call: all of it is content
+        elif self._state == "call":
+            if cut:
+                self._buf = ""
+            else:
+                calls = self._complete_calls(self._buf, final=True)
+                if calls is not None:
+                    out.extend(calls)
+                    self._buf = ""
         if self._buf and self._state != "after_call":
             out.append(self._buf)
         self._buf = ""
@@ -144,6 +170,8 @@ class ToolCallParser:
                 return False
             self._state = "content"
             return True
+        if self._state == "array":
+            return self._array_step(out)
         if self._state == "content":
             if self._marker is None:  # generic: no marker after the start, all content
                 out.append(self._buf)
@@ -160,11 +188,80 @@ class ToolCallParser:
                 out.append(self._buf[:i])
             self._state, self._buf = "call", self._buf[i:]
             return True
-        # "call": wait until it is whole, then parse it
+        # "call": an array of calls is read call by call; anything else once it is whole
+        if self._open_array():
+            return True
+        if self._may_open_array():
+            return False
         calls = self._complete_calls(self._buf, final=False)
         if calls is None:
             return False
         out.extend(calls)
+        return True
+
+    def _open_array(self) -> bool:
+        """At an array of calls (generic's `{"tool_calls": [`, mistral's `[TOOL_CALLS][`):
+        consume its head and read it call by call."""
+        if self._fmt == "generic":
+            m = _GENERIC_ARRAY.match(self._buf)
+            if m is None:
+                return False
+            head, close = m.group(0), "]}"
+        elif self._fmt == "mistral" and self._buf.startswith(MISTRAL_PREFIX):
+            rest = self._buf[len(MISTRAL_PREFIX) :]
+            lead = len(rest) - len(rest.lstrip())
+            if rest[lead : lead + 1] != "[":
+                return False
+            head, close = self._buf[: len(MISTRAL_PREFIX) + lead + 1], "]"
+        else:
+            return False
+        self._state, self._array_head, self._array_calls, self._array_close = "array", head, 0, close
+        self._buf = self._buf[len(head) :]
+        return True
+
+    def _may_open_array(self) -> bool:
+        """Whether the call being written may still turn out to open an array."""
+        if self._fmt == "generic":
+            squeezed = re.sub(r"\s+", "", self._buf)
+            return _GENERIC_HEAD.replace(" ", "").startswith(squeezed)
+        if self._fmt == "mistral":
+            return not self._buf[len(MISTRAL_PREFIX) :].strip()
+        return False
+
+    def _array_step(self, out: list[Piece]) -> bool:
+        """One call of the array, its end, or nothing until more text comes."""
+        rest = self._buf.lstrip()
+        if rest.startswith(","):
+            rest = rest[1:].lstrip()
+        if not rest:
+            return False
+        if rest[0] == "]":
+            tail = rest[1:].lstrip()
+            if self._array_close == "]}":
+                if not tail:
+                    return False  # the object's "}" is still to come
+                if tail[0] == "}":
+                    tail = tail[1:]
+            self._buf, self._state = tail, "after_call"
+            return True
+        end = json_end(rest) if rest[0] == "{" else None
+        if end is None:
+            if rest[0] == "{":
+                return False  # a call still being written
+            # Not a call: the array and what follows are content after all.
+            self._buf, self._state = (self._array_head if not self._array_calls else "") + rest, "content"
+            return True
+        raw = rest[:end]
+        try:
+            call = call_from(json.loads(raw), raw)
+        except ValueError:
+            call = None
+        self._buf = rest[end:]
+        if call is None:
+            out.append(raw)
+        else:
+            self._array_calls += 1
+            out.append(call)
         return True
 
     def _complete_calls(self, text: str, final: bool) -> list[Piece] | None:
@@ -179,7 +276,7 @@ class ToolCallParser:
             body = text[len(HERMES_OPEN) : close if close >= 0 else len(text)]
             consumed = close + len(HERMES_CLOSE) if close >= 0 else len(text)
             try:
-                call = call_from(json.loads(body))
+                call = call_from(json.loads(body), text[:consumed])
             except ValueError:
                 call = None
             return self._emit([call] if call else None, text, consumed)
@@ -199,14 +296,14 @@ class ToolCallParser:
             return self._emit(None, text, consumed)
         if self._fmt == "generic":
             return self._generic(value, text, consumed)
-        return self._emit(_calls(value), text, consumed)
+        return self._emit(_calls(value, text[:consumed]), text, consumed)
 
     def _generic(self, value: Any, text: str, consumed: int) -> list[Piece]:
         if isinstance(value, dict):
             if "tool_calls" in value:
-                return self._emit(_calls(value["tool_calls"]), text, consumed)
+                return self._emit(_calls(value["tool_calls"], text[:consumed]), text, consumed)
             if "tool_call" in value:
-                return self._emit(_calls(value["tool_call"]), text, consumed)
+                return self._emit(_calls(value["tool_call"], text[:consumed]), text, consumed)
             if "response" in value and len(value) == 1:
                 answer = value["response"]
                 self._buf, self._state = text[consumed:], "content"

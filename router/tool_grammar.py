@@ -19,6 +19,12 @@ from worker.protocol import JSON_LAYOUT, Constraint, ToolFormat
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
+# The most calls one forced answer may hold with parallel calls allowed. A model that
+# will not end its calls (the demo model wrote call after call until max_tokens) is then
+# made to end after this many, and repeats end sooner (router/chat_output.py). Agents'
+# parallel calls (several files read at once) stay well below it.
+MAX_PARALLEL_CALLS = 16
+
 
 def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool's parameters schema as sent; a function that declares none takes any object."""
@@ -71,16 +77,17 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
     calls) to one of `tools`, written as a model of format `fmt` writes calls."""
     if not tools:
         raise ValueError("a forced tool call needs at least one tool")
+    more = f"{{0,{MAX_PARALLEL_CALLS - 1}}}"  # Lark's bounded repetition
     if fmt == "hermes":
         call = f"call: {_lark_string(HERMES_OPEN + chr(10))} call_json {_lark_string(chr(10) + HERMES_CLOSE)}"
-        start = 'start: call ("\\n" call)*' if parallel else "start: call"
+        start = f'start: call ("\\n" call){more}' if parallel else "start: call"
         rules = [start, call, *_alternatives(tools, "arguments")]
     elif fmt == "llama3":
         # Llama 3.x writes exactly one call per turn.
         rules = ["start: call_json", *_alternatives(tools, "parameters")]
     elif fmt == "mistral":
-        more = ' (", " call_json)*' if parallel else ""
-        rules = [f'start: {_lark_string(MISTRAL_PREFIX + "[")} call_json{more} "]"', *_alternatives(tools, "arguments")]
+        others = f' (", " call_json){more}' if parallel else ""
+        rules = [f'start: {_lark_string(MISTRAL_PREFIX + "[")} call_json{others} "]"', *_alternatives(tools, "arguments")]
     else:
         at = "/properties/tool_calls/items"
         items: dict[str, Any] = (
@@ -88,9 +95,9 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
             if len(tools) > 1
             else call_schema(tools[0], at=at)
         )
-        calls: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-        if not parallel:
-            calls["maxItems"] = 1
+        calls: dict[str, Any] = {
+            "type": "array", "items": items, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if parallel else 1,
+        }
         schema = {
             "type": "object",
             "properties": {"tool_calls": calls},

@@ -143,6 +143,13 @@ class RequestStream:
             self.finished = True
             self.conn.forget(self.id, cancel=True)
 
+    def cancel_choice(self, index: int) -> None:
+        """Stop choice `index` in the worker and go on reading: its final event comes
+        (finish_reason "cancelled", with its usage), as do the other choices' events.
+        Never blocks."""
+        if not self.finished and not self.conn.closed.is_set():
+            self.conn.send(Cancel(id=self.id, index=index))
+
 
 class WorkerConnection:
     def __init__(

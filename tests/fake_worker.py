@@ -218,7 +218,7 @@ class Engine:
     def handle(self, frame: Frame) -> None:
         if isinstance(frame, Generate):
             self.generate(frame)
-        elif isinstance(frame, Cancel):
+        elif isinstance(frame, Cancel) and frame.index is None:
             self.cancel(frame.id)
         elif isinstance(frame, Embed):
             self.embed(frame)

@@ -66,9 +66,11 @@ def detect_reasoning(source: str) -> bool:
 def resolve(option: str, source: str | None, reasoning: bool) -> ChatFormat:
     """A model's format from its `tool_format` and `reasoning` options and its template's
     source (None: a built-in template, which is C++ code that cannot render tools, so it
-    takes them only in the generic format, where the template never sees them)."""
+    takes them in the generic format, where the template never sees them, as llama-server
+    offers tools to any template: common/chat.cpp falls back to its generic format; the
+    config check refuses any other tool_format with a built-in template)."""
     if source is None:
-        tools: ToolFormat | None = "generic" if option == "generic" else None
+        tools: ToolFormat | None = "generic" if option in ("auto", "generic") else None
         return ChatFormat(tools=tools, reasoning=False)
     if option == "auto":
         tools = detect_tool_format(source)

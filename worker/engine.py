@@ -120,7 +120,8 @@ class Engine:
         preparing threads first; a Cancel goes to both, which drops the request wherever it
         is."""
         if isinstance(frame, Cancel):
-            self.prep.cancel(frame.id)
+            if frame.index is None:  # one choice ends only once it runs, in the engine
+                self.prep.cancel(frame.id)
             self.inbox.put(frame)
         elif isinstance(frame, SetThreads):
             self.inbox.put(frame)
@@ -206,6 +207,8 @@ class Engine:
             self.waiting.extend(group)
         elif isinstance(item, Cancel):
             for target in list(self.by_id.get(item.id, ())):
+                if item.index is not None and target.index != item.index:
+                    continue
                 if target in self.waiting:
                     self.waiting.remove(target)
                 self._finish(target, "cancelled", events=None)

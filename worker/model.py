@@ -43,6 +43,7 @@ class LoadError(Exception):
         self.detail = detail or message
 
 
+log = logging.getLogger("worker.model")
 _llama_log = logging.getLogger("llama.cpp")
 _GGML_LOG_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
 
@@ -254,6 +255,14 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         raise LoadError("llama.cpp could not create a context (n_ctx too large for memory?)")
 
     template, template_source = _template(spec, model, vocab)
+    if template is not None and template.format.tools == "generic" and spec.tool_format == "auto":
+        # Said once, at load: requests with tools get a system message describing them and
+        # are asked for a JSON reply, which a model not trained for it follows less well.
+        which = f"built-in {template_source!r}" if isinstance(template, BuiltinTemplate) else "Jinja"
+        log.info(
+            "the %s chat template has no tool-call format of its own: tools are offered in the "
+            "generic JSON format (set tool_format to choose another)", which,
+        )
     bos_text, eos_text = _bos_eos(vocab)
     desc = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, desc, 256)

@@ -239,7 +239,12 @@ class SlotsQuery(Frame):
 
 
 class Cancel(Frame):
+    """Stop generation `id`: every choice, or only choice `index` of an n > 1 request
+    (the router ends one whose tool calls began repeating). A cancelled choice still gets
+    its final event (finish_reason "cancelled", with usage) unless the router forgot it."""
+
     id: int
+    index: int | None = None
 
 
 class Ping(Frame):

@@ -116,12 +116,20 @@ def test_consecutive_tool_results_merge_into_one_user_turn() -> None:
     assert [json.loads(line)["tool_response"]["content"] for line in msgs[2].content.split("\n")] == ["A", "B"]
 
 
-def test_builtin_template_takes_tools_only_as_generic() -> None:
-    assert BuiltinTemplate("gemma").format.tools is None
+def test_a_builtin_template_takes_tools_in_the_generic_format_by_default() -> None:
+    """Issue 20, item 3: the stock config's chat_template = "gemma" refused every request
+    with tools (400) until the user found tool_format = "generic"; llama-server answers
+    the same request with its generic format (common/chat.cpp,
+    common_chat_params_init_generic, for any template without a format of its own)."""
+    for fmt in ("auto", "generic"):
+        t = BuiltinTemplate("gemma", fmt)
+        assert t.format.tools == "generic"
+        text = t.render(HISTORY, tools=[WEATHER])
+        assert "You can call these tools" in text and "21 degrees" in text
+    # Another format is refused by the config check, and cannot render here either.
+    assert BuiltinTemplate("gemma", "hermes").format.tools is None
     with pytest.raises(TemplateError):
-        BuiltinTemplate("gemma").render(HISTORY)
-    text = BuiltinTemplate("gemma", "generic").render(HISTORY, tools=[WEATHER])
-    assert "You can call these tools" in text and "21 degrees" in text
+        BuiltinTemplate("gemma", "hermes").render(HISTORY)
 
 
 @pytest.mark.parametrize("t", [template("Qwen-Qwen3-0.6B.jinja"), BuiltinTemplate("chatml")], ids=["jinja", "builtin"])
@@ -163,5 +171,5 @@ def test_detection_of_formats_by_markers() -> None:
     assert chat_formats.detect_tool_format("<tool_call>") == "hermes"
     assert chat_formats.detect_tool_format("<|start_header_id|>{{ '<|python_tag|>' }}") == "llama3"
     assert chat_formats.detect_tool_format("<start_of_turn>") == "generic"
-    assert chat_formats.resolve("auto", None, True) == chat_formats.ChatFormat(tools=None, reasoning=False)
+    assert chat_formats.resolve("auto", None, True) == chat_formats.ChatFormat(tools="generic", reasoning=False)
     assert chat_formats.resolve("generic", None, True).tools == "generic"

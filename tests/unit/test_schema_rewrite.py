@@ -18,7 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.schema_rewrite import MAX_DEPTH, SAFE_INTEGER, SchemaTooDeep, narrowed, relocated
+from router.schema_rewrite import (
+    _ANY_VALUE_SCHEMA, ANY_VALUE, MAX_DEPTH, NUMBER_STEP, SAFE_INTEGER, SchemaTooDeep, narrowed, relocated,
+)
 
 CITY = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
@@ -55,19 +57,56 @@ def test_objects_are_closed_at_every_schema_position() -> None:
     assert out["$defs"]["City"] == closed_city and out["definitions"]["Old"] == closed_city
 
 
+ANY = {"$ref": f"#/$defs/{ANY_VALUE}"}
+
+
 @pytest.mark.parametrize(
-    "schema",
+    ("schema", "expected"),
     [
-        {"type": "object"},  # json_object: any object
-        {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
-        {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
-        {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}},
+        # json_object: any object
+        ({"type": "object"}, {"type": "object", "additionalProperties": ANY}),
+        (
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+            {"type": "object", "properties": {"a": ANY}, "additionalProperties": ANY},
+        ),
+        (
+            {"type": "object", "properties": {"a": {"description": "x"}}, "additionalProperties": {"type": "string"}},
+            {"type": "object", "properties": {"a": ANY}, "additionalProperties": {"type": "string"}},
+        ),
+        (
+            {"type": "object", "properties": {"a": True}, "patternProperties": {"^x": {}}},
+            {"type": "object", "properties": {"a": ANY}, "patternProperties": {"^x": ANY}},
+        ),
         # `required` names a key the object does not list: closing would make it unsatisfiable
-        {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]},
+        (
+            {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]},
+            {"type": "object", "properties": {"a": ANY}, "required": ["a", "b"], "additionalProperties": ANY},
+        ),
+        ({"type": "array"}, {"type": "array", "items": ANY}),
+        ({}, ANY),
     ],
 )
-def test_objects_that_say_otherwise_stay_as_sent(schema: dict[str, Any]) -> None:
-    assert narrowed(schema) == schema
+def test_objects_that_say_otherwise_stay_open_with_bounded_values(schema: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Their choice stands; what they leave free is any JSON value with bounded numbers
+    (issue 20: json_object answers ran away in digits like typed numbers did)."""
+    out = narrowed(schema)
+    assert out.pop("$defs") == {ANY_VALUE: _ANY_VALUE_SCHEMA}
+    assert out == expected
+
+
+def test_a_free_value_takes_no_runaway_number_and_any_value_else() -> None:
+    schema = narrowed({"type": "object"})
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    tok = llguidance.LLTokenizer("byte")
+
+    def accepts(text: str) -> bool:
+        m = llguidance.LLMatcher(tok, grammar, log_level=0)
+        return bool(m.consume_tokens(tok.tokenize_str(text))) and not m.is_error() and m.is_accepting()
+
+    assert accepts('{"a":1.5,"b":[1,{"c":null}],"d":"x","e":true,"f":-9007199254740991}')
+    assert not accepts('{"a":1' + "0" * 17 + "}")  # 18 digits
+    assert not accepts('{"a":1.' + "0" * 11 + "}")  # 11 digits after the point
+    assert not accepts('{"a":[{"b":2' + "0" * 20 + "}]}")
 
 
 @pytest.mark.parametrize(
@@ -96,11 +135,13 @@ def test_a_keyword_under_which_closing_is_unsafe_leaves_the_whole_schema_open(sc
         ({"type": "integer", "minimum": 0}, {"minimum": 0, "maximum": SAFE_INTEGER}),
         ({"type": "integer", "exclusiveMaximum": 10}, {"minimum": -SAFE_INTEGER, "exclusiveMaximum": 10}),
         ({"type": "integer", "minimum": -10**20, "maximum": 10**20}, {"minimum": -10**20, "maximum": 10**20}),
-        ({"type": "number"}, {}),  # a number's digits after the point cannot be bounded this way
+        # Issue 20: the demo model wrote "1.1000000..." for a price until max_tokens.
+        ({"type": "number"}, {"minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER, "multipleOf": NUMBER_STEP}),
+        ({"type": "number", "multipleOf": 0.5, "minimum": 0}, {"maximum": SAFE_INTEGER}),
         ({"type": "string"}, {}),
     ],
 )
-def test_integers_without_bounds_get_the_safe_integer_range(schema: dict[str, Any], bounds: dict[str, int]) -> None:
+def test_numbers_without_bounds_get_the_safe_integer_range_and_a_step(schema: dict[str, Any], bounds: dict[str, int]) -> None:
     out = narrowed({"type": "object", "properties": {"n": schema}})["properties"]["n"]
     assert out == {**schema, **bounds}
 
@@ -111,7 +152,7 @@ def test_integers_without_bounds_get_the_safe_integer_range(schema: dict[str, An
         {"properties": {}, "required": [[1]]},
         {"properties": {}, "required": [{"a": 1}]},
         {"properties": [1]},
-        {"items": [True, 5, None]},
+        {"items": [5, None]},
         {"$defs": {"a": 5}},
         {"type": [["integer"]]},
         {"type": {"a": 1}},

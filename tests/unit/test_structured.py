@@ -12,6 +12,7 @@ import pytest
 
 from router import generation, structured
 from router import schemas as s
+from router.schema_rewrite import ANY_VALUE, narrowed
 from supervisor.errors import InvalidRequest
 from worker.protocol import Constraint
 
@@ -98,9 +99,11 @@ def test_completions_have_no_response_format() -> None:
 # ---- which constraint ---------------------------------------------------------------------------
 
 
-def test_json_object_is_the_any_object_schema() -> None:
+def test_json_object_is_the_any_object_schema_with_bounded_values() -> None:
     c = structured.constraint(s.ResponseFormatJsonObject())
-    assert c == Constraint(kind="json_schema", source='{"type":"object"}', param="response_format")
+    assert c is not None and c.param == "response_format" and c.kind == "json_schema"
+    assert json.loads(c.source) == narrowed({"type": "object"})
+    assert json.loads(c.source)["additionalProperties"] == {"$ref": f"#/$defs/{ANY_VALUE}"}
 
 
 def test_json_schema_format_carries_its_schema_closed() -> None:
@@ -113,7 +116,7 @@ def test_json_schema_format_carries_its_schema_closed() -> None:
 
 def test_json_schema_format_without_a_schema_is_any_object() -> None:
     c = structured.constraint(s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n")))
-    assert c is not None and json.loads(c.source) == {"type": "object"}
+    assert c is not None and json.loads(c.source) == narrowed({"type": "object"})
 
 
 def test_json_schema_extension() -> None:

@@ -239,3 +239,101 @@ def test_a_broken_grammar_does_not_validate() -> None:
     # The check above can fail: a grammar with a bad embedded schema is refused.
     src = tool_choice_grammar("hermes", TOOLS[:1], False).replace('"type": "string"', '"type": 7')
     assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", src)) != ""
+
+
+# ---- issue 20: cut calls, repeats, undeclared functions, calls one by one --------------------
+
+WEATHER_C = Call(name="get_weather", arguments='{"city": "Paris", "unit": "c"}')
+WEATHER_F = Call(name="get_weather", arguments='{"city": "Paris", "unit": "f"}')
+GENERIC_LOOP = (
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}, '
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "f"}}, '
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}, '
+    '{"name": "get_weather", "arguments": {"city": "Par'
+)
+
+
+def test_an_array_of_calls_comes_out_call_by_call() -> None:
+    p = ToolCallParser("generic")
+    assert p.feed('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}') == [WEATHER_C]
+    assert p.feed(', {"name": "get_weather", "arguments": {"city": "Paris", "unit": "f"}}') == [WEATHER_F]
+    assert p.feed("]}") == [] and p.finish() == []
+    p = ToolCallParser("mistral")
+    assert p.feed('[TOOL_CALLS][{"name": "f", "arguments": {}}') == [Call(name="f", arguments="{}")]
+
+
+@pytest.mark.parametrize("fmt", ["generic", "mistral", "hermes", "llama3"])
+def test_a_call_cut_short_is_dropped_and_the_whole_ones_stand(fmt: ToolFormat) -> None:
+    """On 8ad3c96 a forced answer cut by max_tokens came back as content, its calls lost."""
+    texts = {
+        "generic": '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}, {"name": "get_w',
+        "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}, {"name": "get_w',
+        "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>\n<tool_call>\n{"na',
+        "llama3": '{"name": "get_weather", "parameters": {"city": "Par',
+    }
+    for seed in range(20):
+        p = ToolCallParser(fmt)
+        pieces: list[Piece] = []
+        for chunk in splits(texts[fmt], seed):
+            pieces += p.feed(chunk)
+        pieces += p.finish(cut=True)
+        assert merged(pieces) == ([] if fmt == "llama3" else [WEATHER_C]), (fmt, seed)
+
+
+def test_a_reply_whose_calls_repeat_ends_at_the_first_repeat() -> None:
+    out = ChatOutput(tools="generic", reasoning=False, declared={"get_weather"})
+    deltas = []
+    for chunk in splits(GENERIC_LOOP, 5):
+        deltas += out.feed(chunk)
+    assert out.ended
+    assert out.feed('is"}}]}') == [] and out.finish(cut=True) == []
+    assert [(c.name, c.arguments) for c in out.calls] == [(WEATHER_C.name, WEATHER_C.arguments), (WEATHER_F.name, WEATHER_F.arguments)]
+    assert out.finish_reason("cancelled") == "tool_calls" and out.message()["content"] is None
+    assert not any("content" in d for d in deltas)
+    # Same arguments in another order or spacing are the same call.
+    out = ChatOutput(tools="generic", reasoning=False)
+    out.feed('{"tool_calls": [{"name": "f", "arguments": {"a": 1, "b": 2}}, {"name": "f", "arguments": {"b":2,"a":1}}')
+    assert out.ended and len(out.calls) == 1
+
+
+def test_with_none_whole_a_cut_forced_answer_is_length_and_no_content() -> None:
+    out = ChatOutput(tools="generic", reasoning=False, declared={"get_weather"})
+    out.feed('{"tool_calls": [{"name": "get_weather", "argu')
+    out.finish(cut=True)
+    assert out.calls == [] and out.content == "" and out.finish_reason("length") == "length"
+
+
+def test_a_call_to_an_undeclared_function_is_content() -> None:
+    out = ChatOutput(tools="hermes", reasoning=False, declared={"get_weather"})
+    text = (
+        '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+    )
+    out.feed(text)
+    out.finish()
+    assert [c.name for c in out.calls] == ["get_weather"]
+    assert out.content == '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    out = ChatOutput(tools="generic", reasoning=False, declared={"get_weather"})
+    out.feed('{"tool_calls": [{"name": "rm_rf", "arguments": {}}]}')
+    out.finish()
+    assert out.calls == [] and out.content == '{"name": "rm_rf", "arguments": {}}'
+    assert out.finish_reason("stop") == "stop"
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "generic"])
+def test_a_forced_answer_holds_at_most_sixteen_parallel_calls(fmt: ToolFormat) -> None:
+    from router.tool_grammar import MAX_PARALLEL_CALLS
+
+    grammar = llguidance.grammar_from("lark", tool_choice_grammar(fmt, TOOLS[1:], True))
+    tok = llguidance.LLTokenizer("byte")
+    one = {"hermes": '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>', "mistral": '{"name": "now", "arguments": {}}',
+           "generic": '{"name": "now", "arguments": {}}'}[fmt]
+    sep = {"hermes": "\n", "mistral": ", ", "generic": ", "}[fmt]
+
+    def accepts(n: int) -> bool:
+        body = sep.join([one] * n)
+        text = {"hermes": body, "mistral": f"[TOOL_CALLS][{body}]", "generic": f'{{"tool_calls": [{body}]}}'}[fmt]
+        m = llguidance.LLMatcher(tok, grammar, log_level=0)
+        return bool(m.consume_tokens(tok.tokenize_str(text))) and not m.is_error() and m.is_accepting()
+
+    assert accepts(1) and accepts(MAX_PARALLEL_CALLS) and not accepts(MAX_PARALLEL_CALLS + 1)
