@@ -96,8 +96,9 @@ def host_allowed(host: str | None, allowed_hosts: Sequence[str], bound: str) -> 
     the network may name (only when it is one address, not every interface)."""
     if "*" in allowed_hosts:
         return True
-    if host is None:
-        return True  # HTTP/1.0 without Host: no browser sends that
+    if not host:
+        # HTTP/1.0 without Host (Quart fills in ""): no browser sends that.
+        return True
     parsed = split_host(host)
     if parsed is None:
         return False

@@ -107,7 +107,7 @@ async def test_100_connection_close_requests_are_all_closed_by_the_server(tmp_pa
         async def one() -> None:
             c = await RawClient.connect(base)
             clients.append(c)  # held open: only the server may end the connection
-            await c.send(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             r = await c.reply()
             assert r.status == 200 and r.json() == {"status": "ok"}
             answered = trio.current_time()
@@ -146,7 +146,7 @@ async def test_a_413_says_connection_close_and_closes(tmp_path: Path) -> None:
         body = b'{"model": "a", "prompt": "' + b"x" * (17 * 1024 * 1024) + b'"}'
         # Only the headers: the server must refuse on Content-Length without the body.
         await c.send(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body)
         )
         with trio.fail_after(5):
@@ -167,7 +167,7 @@ async def test_keep_alive_survives_a_404_whose_body_arrives_late(tmp_path: Path)
         for path, status in ((b"/nope", 404), (b"/v1/models", 405), (b"/health", 405)):
             body = b'{"model": "a", "prompt": "hi"}'
             await c.send(
-                b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n" % (path, len(body))
             )
             await trio.sleep(0.04)  # the body follows its headers 40 ms later
@@ -176,7 +176,7 @@ async def test_keep_alive_survives_a_404_whose_body_arrives_late(tmp_path: Path)
                 r = await c.reply()
                 assert r.status == status
                 assert r.headers.get("connection", "keep-alive").lower() != "close"
-                await c.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                await c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 assert (await c.reply()).status == 200  # the same connection still answers
         await c.aclose()
 
@@ -190,7 +190,7 @@ async def test_an_early_answer_to_a_stalled_body_says_close_and_closes(
     sup = make_supervisor(tmp_path, {"a": {}})
     async with serving_http(sup) as base:
         c = await RawClient.connect(base)
-        await c.send(b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\": ")
+        await c.send(b"POST /nope HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"model\": ")
         with trio.fail_after(3):
             r = await c.reply()
             assert r.status == 404
@@ -205,7 +205,7 @@ async def test_an_idle_keep_alive_connection_times_out(tmp_path: Path) -> None:
     sup = make_supervisor(tmp_path, {"a": {}})
     async with serving_http(sup, keep_alive_timeout=0.5) as base:
         c = await RawClient.connect(base)
-        await c.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        await c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert (await c.reply()).status == 200
         with trio.fail_after(3):
             assert await c.closed_by_server()
@@ -228,7 +228,7 @@ async def test_doubled_slashes_are_answered_in_json_never_redirected(tmp_path: P
             (b"POST", b"//admin//reload", 404),
             (b"POST", b"/v1//chat/completions", 404),
         ):
-            await c.send(b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" % (method, path))
+            await c.send(b"%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n" % (method, path))
             r = await c.reply()
             assert r.status == status, (path, r)
             body = r.json()
