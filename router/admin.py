@@ -100,6 +100,8 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
                 "changed": list(d.changed),
                 "unchanged": list(d.unchanged),
                 "needs_restart": list(d.needs_restart),
+                # Served as failed, with the rest of the file applied: model -> problem.
+                "unloadable": d.unloadable,
             }
         )
 

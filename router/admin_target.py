@@ -120,4 +120,8 @@ def reload_lines(diff: dict[str, Any]) -> list[str]:
     unchanged = diff.get("unchanged")
     if unchanged:
         lines.append(f"unchanged: {', '.join(str(n) for n in unchanged)}")
+    unloadable = diff.get("unloadable")
+    if isinstance(unloadable, dict):
+        # Served as failed while the rest of the file runs: say so, or nobody notices.
+        lines += [f"cannot load: {problem}" for problem in unloadable.values()]
     return lines

@@ -28,6 +28,7 @@ from router.openai_format import Completion
 from supervisor.config import Config, ConfigError
 from supervisor.errors import CorralError, InternalError, InvalidRequest, Unsupported
 from supervisor.handle import ModelHandle
+from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
 
 log = logging.getLogger("corral.router")
@@ -93,7 +94,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return Response(spec, content_type="application/json")
 
     def model_entry(h: ModelHandle) -> dict[str, object]:
-        return {
+        entry: dict[str, object] = {
             "id": h.name,
             "object": "model",
             "created": started,
@@ -101,6 +102,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
             "aliases": list(h.spec.aliases),
             "state": h.state.value,
         }
+        if h.state in (State.FAILED, State.BACKOFF):
+            entry["last_error"] = h.last_error  # why, where a client looks first
+        return entry
 
     # Every OpenAI route also answers without its /v1 prefix, as llama-server's do: clients
     # configured with a bare base URL (http://host:8080) then work unchanged.

@@ -118,6 +118,9 @@ def check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print_problems(exc)
         return 1
+    if cfg.unloadable:  # serve would run the rest, but this file is not right
+        print_problems(ConfigError(list(cfg.unloadable.values()), str(path)))
+        return 1
     names = ", ".join(cfg.models)
     print(f"{path}: ok ({len(cfg.models)} model(s): {names})")
     return 0
@@ -130,6 +133,8 @@ def show_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print_problems(exc)
         return 1
+    for problem in cfg.unloadable.values():  # shown, as serve would run it: failed
+        print(f"{path}: {problem}", file=sys.stderr)
     data = config_show.effective(cfg)
     if args.json:
         print(json.dumps(data, indent=2))

@@ -52,6 +52,17 @@ class SupervisorCollector(Collector):
             for s in State:
                 state.add_metric([m.name, s.value], 1.0 if m.state is s else 0.0)
         yield state
+        # The reason as a label, as kube-state-metrics does for a pod's waiting reason: an
+        # alert on corral_model_state{state="failed"} can then say why without a second look.
+        failed = GaugeMetricFamily(
+            "corral_model_failed_info",
+            "1 for each failed or backing-off model, with its last error as the `error` label.",
+            labels=["model", "error"],
+        )
+        for m in stats:
+            if m.state in (State.FAILED, State.BACKOFF):
+                failed.add_metric([m.name, m.last_error or ""], 1.0)
+        yield failed
         for suffix, key, doc in _GAUGES:
             family = GaugeMetricFamily(f"corral_model_{suffix}", doc, labels=["model"])
             for m in stats:

@@ -2,7 +2,9 @@
 
 Parsing is stdlib `tomllib`; the schema is msgspec Structs that reject unknown keys. Every
 error is reported as `key.path: what is wrong`, so that `corral config check`, startup and
-(later) reload all say the same thing.
+(later) reload all say the same thing. A model file that cannot load is the exception: it
+is reported the same way but in `Config.unloadable`, so that one bad download fails that
+model alone (supervisor/model_loop.py) while `config check` still refuses it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -168,6 +170,10 @@ class Config:
     source: Path | None = None
     # Every key from api_keys, api_keys_file, CORRAL_API_KEYS and admin_keys.
     keys: Keyring = Keyring()
+    # Models whose file cannot load (gone, not a GGUF file, cut short): name -> the
+    # problem, as `models.<name>.path: ...`. Not a reason to refuse the file: `serve` and a
+    # reload run the other models and show these as failed; `config check` fails on them.
+    unloadable: dict[str, str] = field(default_factory=dict)
 
     def resolve(self, name: str) -> ModelSpec | None:
         """The model a request's `model` field names, by name or alias."""
@@ -208,8 +214,14 @@ def parse(
     problems = early + problems + list(_check(file, base_dir, broken))
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
-    if problems:
-        raise ConfigError(problems, source)
+    # A file that is not a GGUF model, or was cut short, would fail every load.
+    unloadable = {
+        name: f"models.{_key(name)}.path: {why}"
+        for name, m in file.models.items()
+        if (why := gguf_meta.problem(_resolve(m.path, base_dir))) is not None
+    }
+    if problems:  # refused anyway: every problem in one go
+        raise ConfigError(problems + list(unloadable.values()), source)
     default_idle = file.supervisor.idle_timeout
     models = {
         name: ModelSpec(
@@ -238,7 +250,7 @@ def parse(
         models_dir=None if srv.models_dir is None else str(_resolve(srv.models_dir, base_dir)),
         pid_file=None if srv.pid_file is None else str(_resolve(srv.pid_file, base_dir)),
     )
-    return with_server(Config(server, file.supervisor, models, keys=keyring), overrides)
+    return with_server(Config(server, file.supervisor, models, keys=keyring, unloadable=unloadable), overrides)
 
 
 def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, list[str]]:
@@ -472,9 +484,6 @@ def _check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterat
             yield f"{at}: model name must not be empty"
         elif not name.isprintable():
             yield f"{at}: model name {name!r} has control characters"
-        # A file that is not a GGUF model, or was cut short, would fail every load.
-        if (why := gguf_meta.problem(_resolve(m.path, base_dir))) is not None:
-            yield f"{at}.path: {why}"
         if not 1 <= m.slots <= 256:
             yield f"{at}.slots: must be 1..256, got {m.slots}"
         if m.n_ctx < 16:

@@ -61,6 +61,22 @@ def rewrite(path: Path, edit: Callable[[str], str]) -> Rewritten:
         after = edit(before)
         new = after.encode("utf-8")
         config = from_bytes(new, path)
+        # `serve` runs a config whose model file cannot load (that model fails alone), but
+        # an edit does not bring in a new one: `config add-model` with a typo in the path
+        # is refused, while `config set server.port` works with one bad download present.
+        added = _new_problems(config.unloadable, data, path)
+        if added:
+            raise ConfigError(added, str(path))
         if after != before:
             write_atomically(real, new)
     return Rewritten(path, before, after, config)
+
+
+def _new_problems(unloadable: dict[str, str], data: bytes, path: Path) -> list[str]:
+    """The unloadable-file problems of the edited config that the file before the edit
+    did not have."""
+    try:
+        old = from_bytes(data, path).unloadable
+    except ConfigError:
+        old = {}
+    return [problem for name, problem in unloadable.items() if old.get(name) != problem]

@@ -87,6 +87,9 @@ class ModelHandle:
         self.crashes = 0
         self.failures = 0  # failed starts in a row; reset by a worker that stays up min_uptime
         self.last_error: str | None = None
+        # Its file cannot load whatever is retried (gone, not a GGUF file, cut short): FAILED
+        # before any worker starts, until a reset or a reload finds the file mended.
+        self.unloadable = False
         self.load_seconds: float | None = None
         self.footprint = Footprint()
         self.threads: int | None = None  # the share of the cores given by the supervisor
@@ -387,6 +390,12 @@ class ModelHandle:
         self._poke()
 
     def _failed_error(self) -> WorkerUnavailable:
+        if self.unloadable:
+            return WorkerUnavailable(
+                f"model {self.name!r} is unavailable: {self.last_error}; mend the file, then "
+                "reset the model or reload the config",
+                retry=False,
+            )
         return WorkerUnavailable(
             f"model {self.name!r} failed to start {self.failures} times in a row "
             f"(last error: {self.last_error}); it stays unavailable until a reset or a "

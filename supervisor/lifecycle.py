@@ -26,6 +26,7 @@ S = State
 TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
     {
         (S.STOPPED, S.STARTING),  # STOPPED -> STARTING: a request asked for the model
+        (S.STOPPED, S.FAILED),  # STOPPED -> FAILED: its file cannot load, seen before any start
         (S.STARTING, S.READY),  # STARTING -> READY: the worker sent Ready
         (S.STARTING, S.BACKOFF),  # STARTING -> BACKOFF: failed start, retries remain
         (S.STARTING, S.FAILED),  # STARTING -> FAILED: failed start, no retries left

@@ -42,6 +42,7 @@ async def run_model(
         # Nobody waits on a preload; it keeps its place in the load queue for as long
         # as a request would.
         _want_for(h, h.settings.load_wait)
+    _check_file(h)  # one bad download shows as this model's FAILED, and nothing else's
     try:
         while not h._shutdown:
             _apply_asks(h)
@@ -62,6 +63,25 @@ async def run_model(
             h._attempt = None
         h.finished.set()
         h._announce()
+
+
+def _check_file(h: ModelHandle) -> bool:
+    """A STOPPED model whose file no retry can load (gone, not a GGUF file, cut short)
+    goes to FAILED at once, its waiters answered with the reason: backing off and retrying
+    would only delay the 503 that names the problem. True if it did. The header was read
+    at config time too; this catches a file changed since. In the event loop, not a
+    thread: a file unchanged since the last read costs one stat()."""
+    if h.state is not State.STOPPED:
+        return False
+    h.unloadable = False
+    if (why := gguf_meta.problem(h.spec.path)) is None:
+        return False
+    # The path is for the log only (clients see the reason).
+    log.error("%s: failed, its file cannot load (%s); the other models are served", h.name, why)
+    h.unloadable = True
+    h.last_error = f"the model file cannot load: {why.reason}"
+    _failed_start(h, h.last_error, permanent=True)
+    return True
 
 
 def _want_for(h: ModelHandle, seconds: float) -> None:
@@ -91,17 +111,11 @@ async def _admitted(h: ModelHandle) -> bool:
 
 async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
     """One worker, from spawn to exit."""
+    # Checked again here: the file may have changed since the model became STOPPED.
+    if _check_file(h):
+        return
     _set(h, State.STARTING, "requested")
     h.starts += 1
-    # A file that no retry can load (gone, not a GGUF file, cut short) fails at once:
-    # backing off and retrying would only delay the 503 that names the problem. The
-    # header was read at config time too; this catches a file changed since. In the
-    # event loop, not a thread: unchanged since that check, it costs one stat().
-    if (why := gguf_meta.problem(h.spec.path)) is not None:
-        log.error("%s: cannot load %s", h.name, why)  # the path is for the log only
-        h.last_error = f"the model file cannot load: {why.reason}"
-        _failed_start(h, f"load failed: {h.last_error}", permanent=True)
-        return
     h._hung = False
     h.footprint.forget()
     started = trio.current_time()
@@ -302,8 +316,12 @@ def _apply_asks(h: ModelHandle) -> None:
     if asks.reset and h.state is State.FAILED:
         h.failures = 0
         _set(h, State.STOPPED, "reset")
+    adopted = False
     if h._next_spec is not None and h.state is State.STOPPED:
         h.spec, h._next_spec = h._next_spec, None  # the old worker is gone
+        adopted = True
+    if asks.reset or asks.spec is not None or adopted:
+        _check_file(h)  # still or newly broken: FAILED at once, not at the next request
     if not isinstance(asks.threads, Unset):
         h.threads = asks.threads
         _tell_threads(h)

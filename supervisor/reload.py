@@ -7,7 +7,7 @@ Server settings cannot change on a live socket, so they are only reported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from supervisor.config import Config, ServerConfig
 
@@ -26,6 +26,9 @@ class ConfigDiff:
     unchanged: tuple[str, ...]
     # "server.port", ...: differ in the new file, take effect only after a restart
     needs_restart: tuple[str, ...]
+    # Models in the new file whose file cannot load: name -> `models.<name>.path: ...`.
+    # They are FAILED; every other model is served as the file says.
+    unloadable: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         parts = [
@@ -39,6 +42,8 @@ class ConfigDiff:
         ]
         if self.needs_restart:
             parts.append(f"needs a restart for {', '.join(self.needs_restart)}")
+        if self.unloadable:
+            parts.append(f"cannot load {', '.join(self.unloadable)}")
         return "; ".join(parts) or "no changes"
 
 
@@ -59,4 +64,5 @@ def diff(old: Config, new: Config, listening: ServerConfig | None = None) -> Con
             for name in live.__struct_fields__
             if name not in LIVE_SERVER_KEYS and getattr(live, name) != getattr(new.server, name)
         ),
+        unloadable=dict(new.unloadable),
     )

@@ -268,7 +268,8 @@ class Supervisor:
         self.planner.changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
         log.info("reloaded %s: %s", new.source or f"models_dir {new.server.models_dir}", d.summary())
         self.events.publish(
-            "reload", added=d.added, removed=d.removed, changed=d.changed, needs_restart=d.needs_restart
+            "reload", added=d.added, removed=d.removed, changed=d.changed, needs_restart=d.needs_restart,
+            unloadable=d.unloadable,
         )
         return d
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from contextlib import asynccontextmanager
 from functools import partial
@@ -113,3 +115,23 @@ async def serving_http(sup: Supervisor, **hypercorn: object) -> AsyncIterator[st
         finally:
             stop.set()
             nursery.cancel_scope.cancel()
+
+
+async def corral(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[bytes]:
+    """Run the CLI with a clean slate of CORRAL_* variables (the test's own `env` on top),
+    from `cwd`, so that no config of the machine's search path is found by accident."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    base.update(HOME=str(cwd), XDG_CONFIG_HOME=str(cwd / "xdg"), COLUMNS="200")
+    base.update(env)
+    return await trio.run_process(
+        [sys.executable, "-m", "router.cli", *args], cwd=cwd, env=base, check=False,
+        capture_stdout=True, capture_stderr=True,
+    )
+
+
+def out(done: subprocess.CompletedProcess[bytes]) -> str:
+    return done.stdout.decode()
+
+
+def err(done: subprocess.CompletedProcess[bytes]) -> str:
+    return done.stderr.decode()

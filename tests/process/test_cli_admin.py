@@ -17,30 +17,10 @@ import trio
 from supervisor.config import load
 from supervisor.supervisor import Supervisor
 from tests.harness import write_config
-from tests.process.support import WORKER_COMMAND, StartLog, serving_http
+from tests.process.support import WORKER_COMMAND, StartLog, corral, err, out, serving_http
 from tests.secrets import secret
 
 ADMIN = secret("cli-admin")
-
-
-async def corral(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[bytes]:
-    """Run the CLI with a clean slate of CORRAL_* variables (the test's own `env` on top),
-    from `cwd`, so that no config of the machine's search path is found by accident."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    base.update(HOME=str(cwd), XDG_CONFIG_HOME=str(cwd / "xdg"), COLUMNS="200")
-    base.update(env)
-    return await trio.run_process(
-        [sys.executable, "-m", "router.cli", *args], cwd=cwd, env=base, check=False,
-        capture_stdout=True, capture_stderr=True,
-    )
-
-
-def out(done: subprocess.CompletedProcess[bytes]) -> str:
-    return done.stdout.decode()
-
-
-def err(done: subprocess.CompletedProcess[bytes]) -> str:
-    return done.stderr.decode()
 
 
 def _supervisor(path: Path) -> Supervisor:
@@ -140,9 +120,17 @@ async def test_reload_prints_the_diff_or_every_problem(tmp_path: Path, start_log
             assert done.returncode == 1 and out(done) == ""
             *problems, last = err(done).splitlines()
             assert problems == [
-                f"models.e.path: no such file: {tmp_path / 'nowhere.gguf'}", "models.e.slots: must be 1..256, got 0",
+                "models.e.slots: must be 1..256, got 0", f"models.e.path: no such file: {tmp_path / 'nowhere.gguf'}",
             ]
             assert last == "corral reload: the new config is invalid; the server runs on with its old one"
+
+            # A missing file alone does not refuse the file: the rest applies, and it says so.
+            path.write_text(path.read_text().replace("slots = 0\n", ""))
+            done = await corral("reload", "--url", url, cwd=tmp_path)
+            assert done.returncode == 0, err(done)
+            assert out(done).splitlines() == [
+                "added: e", "needs restart: server.port", "unchanged: a, b, d", f"cannot load: models.e.path: no such file: {tmp_path / 'nowhere.gguf'}",
+            ]
 
 
 async def test_exit_codes_for_keys_unknown_models_and_no_server(tmp_path: Path, start_log: StartLog) -> None:

@@ -65,6 +65,21 @@ def test_a_refused_edit_names_the_key_and_leaves_bytes_and_mtime_alone(
     assert [p.name for p in cfg.parent.iterdir() if p.name.startswith(".corral.toml")] == []  # no temp file left
 
 
+def test_with_one_model_file_gone_other_edits_still_work_but_no_new_broken_path(
+    cfg: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad download fails its model alone (issue 20): `config set` of anything else must
+    not be refused for it, while an edit that points a model at a missing file still is."""
+    (cfg.parent / "embed.gguf").unlink()
+    rc, _, err = corral(capsys, "config", "set", "--config", str(cfg), "models.qwen.slots", "3")
+    assert rc == 0, err
+    assert tomllib.loads(cfg.read_text())["models"]["qwen"]["slots"] == 3
+    rc, _, err = corral(capsys, "config", "set", "--config", str(cfg), "models.qwen.path", "gone.gguf")
+    assert rc == 1 and "models.qwen.path: no such file" in err and "models.embed" not in err, err
+    rc, _, err = corral(capsys, "config", "check", str(cfg))
+    assert rc == 1 and "models.embed.path: no such file" in err
+
+
 def test_removing_the_last_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_gguf(tmp_path / "a.gguf")
     path = tmp_path / "c.toml"

@@ -34,13 +34,18 @@ def _break(gguf: Path, how: str) -> None:
 async def test_an_unloadable_file_fails_at_once_and_says_why(tmp_path: Path, how: str, reason: str) -> None:
     # With retries, the first would come after backoff_base = 30 s: far past the deadline.
     sup = make_supervisor(tmp_path, {"m": {}}, start_retries=3, backoff_base=30.0)
-    _break(tmp_path / "dummy.gguf", how)
     client = create_app(sup, sup.config).test_client()
     with trio.fail_after(10):
         async with running(sup):
+            # Loaded once, then unloaded: the file breaks while the model is stopped.
+            assert (await client.post("/admin/models/m/load")).status_code == 200
+            assert (await client.post("/admin/models/m/unload")).status_code in (200, 202)
+            h = sup.handles["m"]
+            await h.wait_for_state(State.STOPPED)
+            _break(tmp_path / "dummy.gguf", how)
             r = await client.post("/v1/completions", json={"model": "m", "prompt": "x"})
             body = await r.get_json()
-            h = sup.handles["m"]
+            # No second worker was started for it.
             assert (r.status_code, h.state, h.failures, h.starts) == (503, State.FAILED, 1, 1)
             assert h.last_error == f"the model file cannot load: {reason}"
             assert reason in body["error"]["message"] and str(tmp_path) not in body["error"]["message"]

@@ -254,17 +254,25 @@ def test_missing_path(base: Path) -> None:
     assert one_problem("[models.a]\nslots = 2\n", base) == "models.a.path: required key is missing"
 
 
-def test_nonexistent_model_file(base: Path) -> None:
-    msg = one_problem('[models.a]\npath = "missing.gguf"\n', base)
+def test_nonexistent_model_file_is_that_models_problem_not_the_configs(base: Path) -> None:
+    """One bad download must not stop the other models (issue 20): the config parses, and
+    the model's problem is kept for `serve` to show it failed and `config check` to refuse."""
+    cfg = parse('[models.a]\npath = "missing.gguf"\n[models.b]\npath = "m.gguf"\n', base)
+    assert set(cfg.models) == {"a", "b"} and list(cfg.unloadable) == ["a"]
+    msg = cfg.unloadable["a"]
     assert msg.startswith("models.a.path: no such file")
     assert str((base / "missing.gguf").resolve()) in msg
 
 
 def test_model_path_is_a_directory(base: Path) -> None:
     (base / "dir.gguf").mkdir()
-    assert one_problem('[models.a]\npath = "dir.gguf"\n', base) == (
-        f"models.a.path: {(base / 'dir.gguf').resolve()}: a folder, not a GGUF model file"
-    )
+    assert parse('[models.a]\npath = "dir.gguf"\n', base).unloadable == {
+        "a": f"models.a.path: {(base / 'dir.gguf').resolve()}: a folder, not a GGUF model file"
+    }
+
+
+def test_a_config_with_good_files_has_none_unloadable(base: Path) -> None:
+    assert parse(MINIMAL, base).unloadable == {}
 
 
 def test_duplicate_alias_across_models_names_both(base: Path) -> None:
@@ -455,11 +463,11 @@ n_ctx = 1
     keys = [p.split(":")[0] for p in ps]
     assert keys == [
         "server.port",
-        "models.a.path",
         "models.a.slots",
         "models.a.chat_template",
         "models.a.aliases[0]",
         "models.b.n_ctx",
+        "models.a.path",  # last: alone, it would not refuse the file (the model would fail)
     ]
 
 

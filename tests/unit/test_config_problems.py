@@ -137,9 +137,9 @@ def test_durations_in_the_file(base: Path) -> None:
     assert cfg.models["a"].idle_timeout == 3600 and cfg.models["a"].queue_timeout == 30
 
 
-def test_a_truncated_model_file_is_a_config_problem(base: Path) -> None:
+def test_a_truncated_model_file_is_that_models_problem(base: Path) -> None:
     data = (base / "m.gguf").read_bytes()
     (base / "cut.gguf").write_bytes(data[:-3])
-    assert _problems('[models.a]\npath = "cut.gguf"\n', base) == [
-        f"models.a.path: {(base / 'cut.gguf').resolve()}: not a GGUF model file (truncated header)"
-    ]
+    assert parse('[models.a]\npath = "cut.gguf"\n', base).unloadable == {
+        "a": f"models.a.path: {(base / 'cut.gguf').resolve()}: not a GGUF model file (truncated header)"
+    }

@@ -202,15 +202,18 @@ def test_links_are_followed_and_a_broken_one_is_passed_over(tmp_path: Path, capl
     assert "gone.gguf: a broken symbolic link" in caplog.text
 
 
-def test_a_table_whose_file_is_half_written_fails_the_config_saying_so(tmp_path: Path) -> None:
+def test_a_table_whose_file_is_half_written_fails_that_model_saying_so(tmp_path: Path) -> None:
     # The table asks for the model by name: leaving it out silently would be wrong, and
     # "path: required key is missing" would send the operator looking in the wrong place.
+    # It fails alone: the folder's other models are served (issue 20).
     put(tmp_path, "a.gguf", data=b"GG")
     put(tmp_path, "b.gguf")
-    ps = problems_of('[server]\nmodels_dir = "."\n[models.a]\nn_ctx = 512\n', tmp_path)
-    assert ps == [f"models.a.path: {tmp_path / 'a.gguf'}: not a GGUF model file (no GGUF magic)"], ps
+    cfg = parse('[server]\nmodels_dir = "."\n[models.a]\nn_ctx = 512\n', tmp_path)
+    assert sorted(cfg.models) == ["a", "b"]
+    want = {"a": f"models.a.path: {tmp_path / 'a.gguf'}: not a GGUF model file (no GGUF magic)"}
+    assert cfg.unloadable == want
     # An explicit path is checked the same way.
-    assert problems_of('[server]\nmodels_dir = "."\n[models.a]\npath = "a.gguf"\n', tmp_path) == ps
+    assert parse('[server]\nmodels_dir = "."\n[models.a]\npath = "a.gguf"\n', tmp_path).unloadable == want
 
 
 def test_the_command_line_folder_needs_no_file_and_wins_over_the_files(tmp_path: Path) -> None:
