@@ -96,9 +96,8 @@ def host_allowed(host: str | None, allowed_hosts: Sequence[str], bound: str) -> 
     the network may name (only when it is one address, not every interface)."""
     if "*" in allowed_hosts:
         return True
-    if not host:
-        # HTTP/1.0 without Host (Quart fills in ""): no browser sends that.
-        return True
+    if host is None:
+        return True  # HTTP/1.0 without Host: no browser sends that
     parsed = split_host(host)
     if parsed is None:
         return False
@@ -166,7 +165,10 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
     @app.before_request
     async def guard() -> None:
         server = supervisor.config.server
-        host = request.headers.get("host")
+        # Quart puts Host: "" on a request that had none (HTTP/1.0); only the raw headers
+        # tell that from a Host header sent empty, which is refused.
+        sent = any(name == b"host" for name, _ in request.scope.get("headers", ()))
+        host = request.headers.get("host") if sent else None
         origin = request.headers.get("origin")
         own = own_origin(
             request.scheme, host, request.headers.get("x-forwarded-proto"), request.headers.get("x-forwarded-host")
