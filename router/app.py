@@ -155,17 +155,29 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
                 "model",
             )
         inputs = schemas.embedding_inputs(r)
+        record = access_log.current()
+        asked = time.monotonic()
         async with handle.lease() as conn:
-            if inputs and isinstance(inputs[0], tuple):
-                result = await conn.embed([], tokens=[list(x) for x in inputs])
-            else:
-                result = await conn.embed([x for x in inputs if isinstance(x, str)])
+            # In the model's slot line like a generation (max_queue's 429, queue_timeout's
+            # 503): an input a slot, up to all of them. A client that leaves is dropped from
+            # the line, or its job is cancelled in the worker within one batch.
+            leased = time.monotonic()
+            ticket = await handle.take_slots(conn, len(inputs))
+            if record is not None:
+                record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
+            try:
+                if inputs and isinstance(inputs[0], tuple):
+                    result = await conn.embed([], tokens=[list(x) for x in inputs])
+                else:
+                    result = await conn.embed([x for x in inputs if isinstance(x, str)])
+            finally:
+                ticket.release()
         data = [
             {"object": "embedding", "index": i, "embedding": _encode_vector(v, r.encoding_format)}
             for i, v in enumerate(result.data)
         ]
         usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
-        if (record := access_log.current()) is not None:
+        if record is not None:
             record.prompt_tokens, record.generated_tokens = result.prompt_tokens, 0
         return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
 

@@ -1,13 +1,32 @@
-"""One embedding request, decoded whole: the engine calls `embed` between steps and emits
-what it returns.
+"""Embedding jobs, one decode at a time: the engine runs a job batch by batch between its
+other work, so that a Cancel (the client left) stops it within one batch.
 
 An embedding model has no generation to interleave with, so a job does not take part in the
 step loop: its inputs are packed into as few decodes as the batch allows, each input in a
 sequence of its own so that pooling gives one vector per input. The preparing threads have
-tokenized the inputs and checked that each fits a batch (worker/preparer.py).
+tokenized the inputs and checked that each fits a batch (worker/preparer.py). Jobs run one
+after another in arrival order; the router's slot line (supervisor/slot_queue.py) bounds how
+many wait.
+
+Before this, a job was decoded whole as soon as it reached the engine, and a Cancel queued
+behind it could do nothing: 40 abandoned requests of 4 inputs kept a worker at 100% CPU for
+25 s after their clients had gone (issue 20).
+
+One batch can itself take over a second: llama.cpp outputs every token of an embedding
+batch, so a causal model computes its vocabulary projection for each (1.15 s for one
+352-token input of the demo model on 2 cores). So a Cancel also stops the batch under way:
+the engine of an embedding model installs llama.cpp's abort callback, which ggml's CPU
+backend calls after each graph node (about 400 per decode, no measurable cost against a
+decode of this size; a generation engine never installs it, as there the calls would
+count), and which answers True once the job is `cancelled`. llama_decode then returns 2
+within a node.
 """
 
 from __future__ import annotations
+
+import collections
+import logging
+from typing import Callable
 
 import llama_cpp
 import numpy as np
@@ -17,37 +36,130 @@ from worker.model import LoadedModel
 from worker.protocol import EmbedResult, Error
 from worker.request import EmbedJob
 
+log = logging.getLogger("worker")
 
-def embed(m: LoadedModel, batch: BatchBuffer, n_seq: int, job: EmbedJob) -> EmbedResult | Error:
-    """The job's vectors, each scaled to unit length (L2), or the Error to answer with.
 
-    Runs on the engine thread and uses the whole KV cache: every sequence is cleared before
-    each decode (and after the last), so whatever the caller's slots had cached is gone
-    either way. `n_seq` is the context's sequence count, which bounds the inputs per decode
-    as `batch`'s capacity (n_batch) bounds their tokens.
-    """
-    tokenized = job.inputs
-    out: list[list[float]] = [[] for _ in tokenized]
-    i = 0
-    while i < len(tokenized):
+class EmbedRun:
+    """One job under way: `step()` decodes its next batch of inputs."""
+
+    def __init__(self, m: LoadedModel, batch: BatchBuffer, n_seq: int, job: EmbedJob) -> None:
+        self.m, self.batch, self.n_seq, self.job = m, batch, n_seq, job
+        self.out: list[list[float]] = [[] for _ in job.inputs]
+        self.done = 0  # inputs embedded so far
+        self.busy = 0  # sequences in the last decode (for occupancy)
+        # Set by the link's thread when the client has gone; read by the abort callback on
+        # the engine thread, in the middle of a decode (a bool: one atomic store).
+        self.cancelled = False
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    def step(self) -> EmbedResult | Error | None:
+        """Decode the next group of inputs (as many as fit `batch` and the context's
+        sequences). The answer once the last group is done, else None. Uses the whole KV
+        cache: every sequence is cleared before each decode and after the last."""
+        m, batch, tokenized = self.m, self.batch, self.job.inputs
+        if self.cancelled:  # the engine reads the Cancel next, and drops the job
+            return None
         batch.clear()
         group: list[int] = []
-        while i < len(tokenized) and len(group) < n_seq and len(tokenized[i]) <= batch.free:
+        i = self.done
+        while i < len(tokenized) and len(group) < self.n_seq and len(tokenized[i]) <= batch.free:
             batch.add(tokenized[i], 0, len(group), "all")
             group.append(i)
             i += 1
+        if not group:  # the preparer refuses an input longer than a batch: never here
+            return Error(id=self.job.id, code="internal", message="an input does not fit a batch")
+        self.busy = len(group)
         # Sequence ids restart at 0 in every group: the last group's pooled state must go.
         llama_cpp.llama_memory_clear(m.memory, True)
         rc = llama_cpp.llama_decode(m.ctx, batch.struct())
+        if rc == 2 and self.cancelled:  # aborted halfway: see the module's docstring
+            return None
         if rc != 0:
-            return Error(id=job.id, code="internal", message=f"llama_decode failed with {rc}")
+            return Error(id=self.job.id, code="internal", message=f"llama_decode failed with {rc}")
         for seq, idx in enumerate(group):
             ptr = llama_cpp.llama_get_embeddings_seq(m.ctx, seq)
             if not ptr:
-                return Error(id=job.id, code="internal", message="no pooled embedding")
+                return Error(id=self.job.id, code="internal", message="no pooled embedding")
             vec = np.ctypeslib.as_array(ptr, shape=(m.n_embd,)).astype(np.float64)
             norm = float(np.linalg.norm(vec))
             # A zero vector has no direction to keep; it goes out as it came.
-            out[idx] = (vec / norm if norm > 0 else vec).tolist()
-    llama_cpp.llama_memory_clear(m.memory, True)
-    return EmbedResult(id=job.id, data=out, prompt_tokens=sum(map(len, tokenized)))
+            self.out[idx] = (vec / norm if norm > 0 else vec).tolist()
+        self.done = i
+        if self.done < len(tokenized):
+            return None
+        llama_cpp.llama_memory_clear(m.memory, True)
+        return EmbedResult(id=self.job.id, data=self.out, prompt_tokens=sum(map(len, tokenized)))
+
+    def abandon(self) -> None:
+        """Cancelled: what it decoded is of no use to anyone."""
+        llama_cpp.llama_memory_clear(self.m.memory, True)
+
+
+class EmbedLine:
+    """An embedding engine's jobs: waiting in arrival order, and the one under way. The
+    engine thread calls everything but `cancel_soon`, which the link's thread calls."""
+
+    def __init__(
+        self, m: LoadedModel, batch: BatchBuffer, n_seq: int, emit: Callable[[EmbedResult | Error], None]
+    ) -> None:
+        self.m, self.batch, self.n_seq, self.emit = m, batch, n_seq, emit
+        self.jobs: collections.deque[EmbedJob] = collections.deque()
+        self.running: EmbedRun | None = None
+        self._abort = llama_cpp.ggml_abort_callback(self._should_abort)  # kept: C holds it
+        llama_cpp.llama_set_abort_callback(m.ctx, self._abort, None)
+
+    @property
+    def idle(self) -> bool:
+        return self.running is None and not self.jobs
+
+    @property
+    def busy(self) -> int:
+        """Sequences of the batch under way (counted as busy slots)."""
+        run = self.running
+        return run.busy if run is not None else 0
+
+    def add(self, job: EmbedJob) -> None:
+        self.jobs.append(job)
+
+    def step(self) -> bool:
+        """Decode one batch of the job under way, starting the next job if none is; emit
+        its answer once it is done. False if there was nothing to do. Every batch clears
+        the whole KV cache."""
+        if self.running is None:
+            if not self.jobs:
+                return False
+            self.running = EmbedRun(self.m, self.batch, self.n_seq, self.jobs.popleft())
+        run = self.running
+        try:
+            answer = run.step()
+        except Exception as exc:  # costs this job only
+            log.exception("embedding job %s", run.id)
+            answer = Error(id=run.id, code="internal", message=f"engine error: {exc}")
+        if answer is not None:
+            self.running = None
+            self.emit(answer)
+        return True
+
+    def cancel_soon(self, rid: int) -> None:
+        """From the link's thread: stop job `rid`'s decode under way, if it is running.
+        `drop` then removes it, once the engine reads the Cancel."""
+        run = self.running
+        if run is not None and run.id == rid:
+            run.cancelled = True
+
+    def drop(self, rid: int) -> None:
+        """Job `rid`'s client is gone: drop it, waiting or under way; nothing is sent."""
+        self.jobs = collections.deque(j for j in self.jobs if j.id != rid)
+        if self.running is not None and self.running.id == rid:
+            self.running.abandon()
+            self.running = None
+            log.info("embedding job %s cancelled", rid)
+
+    def _should_abort(self, _data: object) -> bool:
+        """llama.cpp's abort callback, called on the engine thread after every graph node
+        of a decode: stop once the job under way is cancelled."""
+        run = self.running
+        return run is not None and run.cancelled

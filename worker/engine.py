@@ -37,7 +37,7 @@ import msgspec
 
 from worker.batch import BatchBuffer
 from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
-from worker.embeddings import embed
+from worker.embeddings import EmbedLine
 from worker.kv_cache import KvCache
 from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
@@ -112,6 +112,8 @@ class Engine:
         self.prep = Preparer(
             m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher
         )
+        # An embedding model's jobs, a batch per loop (worker/embeddings.py).
+        self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
@@ -123,6 +125,8 @@ class Engine:
             if frame.index is None:  # one choice ends only once it runs, in the engine
                 self.prep.cancel(frame.id)
             self.inbox.put(frame)
+            if self.embeds is not None:  # after the put: the aborted engine finds the Cancel
+                self.embeds.cancel_soon(frame.id)
         elif isinstance(frame, SetThreads):
             self.inbox.put(frame)
         else:
@@ -130,7 +134,8 @@ class Engine:
 
     @property
     def active(self) -> int:
-        return sum(1 for s in self.slots if not s.idle)
+        """Slots at work: a running request's, or a sequence of the embedding batch."""
+        return sum(1 for s in self.slots if not s.idle) + (self.embeds.busy if self.embeds is not None else 0)
 
     @property
     def kv_cells_used(self) -> int:
@@ -141,7 +146,7 @@ class Engine:
     @property
     def queued(self) -> int:
         """Requests waiting for a slot, or still being prepared."""
-        return len(self.waiting) + self.prep.pending
+        return len(self.waiting) + (len(self.embeds.jobs) if self.embeds is not None else 0) + self.prep.pending
 
     def slot_states(self) -> list[SlotState]:
         """What each slot is doing (GET /slots). Called from the link's thread, not this
@@ -161,12 +166,15 @@ class Engine:
     def run(self) -> None:
         self.prep.start()
         while True:  # the process ends it: the link exits once a Shutdown has drained
-            busy = bool(self.waiting) or self.active > 0
+            busy = bool(self.waiting) or self.active > 0 or (self.embeds is not None and not self.embeds.idle)
             self._drain_inbox(block=not busy)
             try:
                 self._admit()
-                if self.active:
+                if any(not s.idle for s in self.slots):
                     self._step()
+                if self.embeds is not None and self.embeds.step():
+                    for s in self.slots:  # the batch cleared the KV cache
+                        s.cache.clear()
             except Exception as exc:  # a bug must cost requests, never the worker
                 log.exception("engine step failed")
                 self._fail_active("internal", f"engine error: {exc}")
@@ -206,6 +214,8 @@ class Engine:
             self.by_id[item.id] = group
             self.waiting.extend(group)
         elif isinstance(item, Cancel):
+            if self.embeds is not None:
+                self.embeds.drop(item.id)
             for target in list(self.by_id.get(item.id, ())):
                 if item.index is not None and target.index != item.index:
                     continue
@@ -213,7 +223,8 @@ class Engine:
                     self.waiting.remove(target)
                 self._finish(target, "cancelled", events=None)
         elif isinstance(item, EmbedJob):
-            self._embed(item)
+            assert self.embeds is not None, "the preparer makes embedding jobs only for embedding models"
+            self.embeds.add(item)
         elif isinstance(item, SetThreads):
             n = min(max(item.n_threads, 1), MAX_THREADS)
             self.m.set_threads(n)
@@ -576,16 +587,6 @@ class Engine:
             if s.request is not None:
                 self._error(s.request, code, message)
             self.kv.drop(s)
-
-    # ---- embeddings ---------------------------------------------------------------------------
-
-    def _embed(self, job: EmbedJob) -> None:
-        """One embedding request, decoded at once between steps (worker/embeddings.py)."""
-        answer = embed(self.m, self.batch, len(self.slots), job)
-        # It cleared the whole KV cache before decoding: no slot holds its prefix any more.
-        for s in self.slots:
-            s.cache.clear()
-        self.emit(answer)
 
 
 def _timings(req: Request) -> Timings:

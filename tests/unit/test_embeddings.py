@@ -1,6 +1,6 @@
 """worker/embeddings.py without a model: llama.cpp's three calls are replaced by a recorder,
-so the packing (n_batch tokens, n_seq sequences), the normalisation and the KV clears are
-checked exactly. The e2e tests check the same path against the demo model's real vectors."""
+so the packing (n_batch tokens, n_seq sequences), one decode per step, the normalisation and
+the KV clears are checked exactly. The e2e tests check the same path against the demo model's real vectors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import llama_cpp
 import pytest
 
 from worker.batch import BatchBuffer
-from worker.embeddings import embed
+from worker.embeddings import EmbedLine, EmbedRun
 from worker.protocol import EmbedResult, Error
 from worker.request import EmbedJob
 
@@ -71,7 +71,23 @@ def run(monkeypatch: pytest.MonkeyPatch) -> Any:
         for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
             monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
         model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
-        return embed(model, batch, n_seq, EmbedJob(id=7, inputs=inputs)), llama
+        job = EmbedRun(model, batch, n_seq, EmbedJob(id=7, inputs=inputs))
+        while (answer := job.step()) is None:
+            assert llama.calls[-1][0] == "decode"  # a step is one decode, then the inbox
+        return answer, llama
+
+    return go
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def go(inputs: list[list[int]], n_batch: int = 8, n_seq: int = 4) -> tuple[EmbedRun, FakeLlama]:
+        batch = BatchBuffer(n_batch)
+        llama = FakeLlama(batch)
+        for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
+            monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
+        model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+        return EmbedRun(model, batch, n_seq, EmbedJob(id=7, inputs=inputs)), llama
 
     return go
 
@@ -110,3 +126,70 @@ def test_a_failed_decode_is_an_internal_error_and_stops_the_job(run: Any) -> Non
 def test_a_missing_pooled_vector_is_an_internal_error(run: Any) -> None:
     answer, _ = run([[1]], pooled=False)
     assert answer == Error(id=7, code="internal", message="no pooled embedding")
+
+
+def test_each_step_decodes_one_batch_and_tells_how_many_sequences_it_used(started: Any) -> None:
+    job, llama = started([[1, 1, 1], [2, 2, 2], [3, 3, 3]], n_batch=6, n_seq=4)
+    assert job.step() is None
+    assert llama.calls == ["clear", ("decode", [[1, 1, 1], [2, 2, 2]])] and job.busy == 2
+    answer = job.step()
+    assert isinstance(answer, EmbedResult) and len(answer.data) == 3 and job.busy == 1
+    assert llama.calls[2:] == ["clear", ("decode", [[3, 3, 3]]), "clear"]
+
+
+def test_an_abandoned_job_decodes_nothing_more_and_leaves_the_cache_empty(started: Any) -> None:
+    """A client that left: the engine abandons its job between two batches (issue 20)."""
+    job, llama = started([[1] * 5, [2] * 5, [3] * 5], n_batch=5, n_seq=4)
+    assert job.step() is None
+    job.abandon()
+    assert llama.calls == ["clear", ("decode", [[1] * 5]), "clear"]
+
+
+def test_a_cancel_from_the_link_aborts_the_decode_under_way_and_nothing_is_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The abort callback that EmbedLine installs answers True once the running job is
+    cancelled, so llama_decode stops halfway (rc 2) rather than at the end of a batch that
+    may take over a second (issue 20)."""
+    batch = BatchBuffer(4)
+    llama = FakeLlama(batch)
+    installed: list[Any] = []
+    monkeypatch.setattr(llama_cpp, "llama_set_abort_callback", lambda ctx, cb, data: installed.append(cb))
+    for name in ("llama_memory_clear", "llama_get_embeddings_seq"):
+        monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
+    sent: list[Any] = []
+    model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+    line = EmbedLine(model, batch, 4, sent.append)
+    (abort,) = installed
+
+    def decode(ctx: object, b: object) -> int:
+        llama.llama_decode(ctx, b)
+        assert abort(None) is False  # ggml asks after a node: go on
+        line.cancel_soon(7)  # meanwhile, on the link's thread
+        line.cancel_soon(8)  # another id changes nothing
+        return 2 if abort(None) else 0  # ggml asks again, and stops
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+    line.add(EmbedJob(id=7, inputs=[[1, 1, 1], [2, 2, 2]]))
+    assert line.step() is True and not line.idle and sent == []
+    assert line.step() is True and llama.calls.count(("decode", [[2, 2, 2]])) == 0  # no second decode
+    line.drop(7)  # the engine reads the Cancel
+    assert line.idle and sent == [] and llama.calls[-1] == "clear"
+    assert line.step() is False
+
+
+def test_a_job_waiting_behind_another_is_dropped_without_a_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = BatchBuffer(8)
+    llama = FakeLlama(batch)
+    monkeypatch.setattr(llama_cpp, "llama_set_abort_callback", lambda ctx, cb, data: None)
+    for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
+        monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
+    sent: list[Any] = []
+    model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+    line = EmbedLine(model, batch, 4, sent.append)
+    line.add(EmbedJob(id=1, inputs=[[1]]))
+    line.add(EmbedJob(id=2, inputs=[[2]]))
+    line.drop(2)
+    while line.step():
+        pass
+    assert [a.id for a in sent] == [1] and ("decode", [[2]]) not in llama.calls
