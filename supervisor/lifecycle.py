@@ -42,6 +42,7 @@ TRANSITIONS: frozenset[tuple[State, State]] = frozenset(
         (S.STOPPING, S.STOPPED),  # STOPPING -> STOPPED: the worker is gone
         (S.BACKOFF, S.STARTING),  # BACKOFF -> STARTING: the delay passed
         (S.BACKOFF, S.STOPPED),  # BACKOFF -> STOPPED: shutdown or reset
+        (S.BACKOFF, S.FAILED),  # BACKOFF -> FAILED: its file cannot load, seen before the retry
         (S.FAILED, S.STOPPED),  # FAILED -> STOPPED: admin reset or config reload
     }
 )

@@ -66,12 +66,13 @@ async def run_model(
 
 
 def _check_file(h: ModelHandle) -> bool:
-    """A STOPPED model whose file no retry can load (gone, not a GGUF file, cut short)
-    goes to FAILED at once, its waiters answered with the reason: backing off and retrying
-    would only delay the 503 that names the problem. True if it did. The header was read
-    at config time too; this catches a file changed since. In the event loop, not a
-    thread: a file unchanged since the last read costs one stat()."""
-    if h.state is not State.STOPPED:
+    """A model without a worker (STOPPED, or BACKOFF before its retry) whose file no retry
+    can load (gone, not a GGUF file, cut short) goes to FAILED at once, its waiters
+    answered with the reason: backing off and retrying would only delay the 503 that names
+    the problem. True if it did. The header was read at config time too; this catches a
+    file changed since. In the event loop, not a thread: a file unchanged since the last
+    read costs one stat()."""
+    if h.state not in (State.STOPPED, State.BACKOFF):
         return False
     h.unloadable = False
     if (why := gguf_meta.problem(h.spec.path)) is None:
@@ -111,7 +112,7 @@ async def _admitted(h: ModelHandle) -> bool:
 
 async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
     """One worker, from spawn to exit."""
-    # Checked again here: the file may have changed since the model became STOPPED.
+    # Checked again here: the file may have changed since the model stopped.
     if _check_file(h):
         return
     _set(h, State.STARTING, "requested")

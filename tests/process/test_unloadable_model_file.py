@@ -6,6 +6,7 @@ replaced by something that is not a GGUF file, or cut short by a copy still runn
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import trio
 from router.app import create_app
 from supervisor.lifecycle import State
 from tests.harness import write_gguf
-from tests.process.support import make_supervisor, running
+from tests.process.support import StartLog, make_supervisor, running
 
 
 def _break(gguf: Path, how: str) -> None:
@@ -55,3 +56,21 @@ async def test_an_unloadable_file_fails_at_once_and_says_why(tmp_path: Path, how
             assert (await r.get_json())["reset"] is True
             r = await client.post("/v1/completions", json={"model": "m", "prompt": "x"})
             assert r.status_code == 200 and h.state is State.READY
+
+
+async def test_a_file_that_breaks_during_a_backoff_fails_before_the_retry_starts_a_worker(
+    tmp_path: Path, start_log: StartLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_FAIL_LOAD", "out of memory")  # a failure a retry might cure
+    sup = make_supervisor(tmp_path, {"m": {}}, start_retries=3, backoff_base=0.5)
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(10):
+        async with running(sup):
+            h = sup.handles["m"]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(client.post, "/v1/completions", json={"model": "m", "prompt": "x"}))
+                await h.wait_for_state(State.BACKOFF)
+                _break(tmp_path / "dummy.gguf", "missing")
+                await h.wait_for_state(State.FAILED)
+            assert (h.starts, h.unloadable, h.last_error) == (1, True, "the model file cannot load: no such file")
+            assert len(start_log.entries()) == 1  # the retry spawned nothing
