@@ -172,9 +172,8 @@ class Engine:
                 self._admit()
                 if any(not s.idle for s in self.slots):
                     self._step()
-                if self.embeds is not None and self.embeds.step():
-                    for s in self.slots:  # the batch cleared the KV cache
-                        s.cache.clear()
+                if self.embeds is not None:  # its slots never generate, so hold no cells
+                    self.embeds.step()
             except Exception as exc:  # a bug must cost requests, never the worker
                 log.exception("engine step failed")
                 self._fail_active("internal", f"engine error: {exc}")
