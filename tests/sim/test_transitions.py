@@ -72,6 +72,26 @@ async def failed_load_without_retries_then_reset(tmp_path: Path) -> None:
         assert await sup.resolve("a").reset()
 
 
+@scenario((S.STOPPED, S.FAILED))
+async def model_file_gone_at_start(tmp_path: Path) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"a": {}})
+    (tmp_path / "dummy.gguf").unlink()
+    async with running(sup):
+        assert "no such file" in str(await expect_503(sup))
+    assert launcher.starts == []
+
+
+@scenario((S.BACKOFF, S.FAILED))
+async def model_file_gone_during_a_backoff(tmp_path: Path) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"a": {}}, {"a": Behaviour(fail_load="broken")}, start_retries=3)
+    async with running(sup):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(expect_503, sup)
+            await until_state(sup.resolve("a"), S.BACKOFF)
+            (tmp_path / "dummy.gguf").unlink()
+    assert len(launcher.starts) == 1
+
+
 @scenario((S.STARTING, S.STOPPING))
 async def shutdown_during_load(tmp_path: Path) -> None:
     sup, _ = sim_supervisor(tmp_path, {"a": {}}, {"a": Behaviour(load_delay=100)})
