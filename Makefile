@@ -16,7 +16,7 @@ serve: setup model
 	$(BIN)/corral serve --config $(CONFIG)
 
 test: setup model system-packages
-	$(BIN)/mypy router supervisor worker
+	$(BIN)/mypy corral router supervisor worker
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup model

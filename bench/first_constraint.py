@@ -45,7 +45,7 @@ def serve(model: Path) -> tuple[subprocess.Popen[bytes], str]:
     (tmp / "config.toml").write_text(f"[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n{models}")
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(tmp / "config.toml")],
+        [sys.executable, "-m", "corral", "serve", "--config", str(tmp / "config.toml")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

@@ -166,7 +166,7 @@ def corral(model: str, tmp: Path) -> Iterator[str]:
         'chat_template = "gemma"\n'
     )
     with open(tmp / "corral.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        proc = subprocess.Popen([sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         yield from _serving(proc, f"http://127.0.0.1:{port}")
 

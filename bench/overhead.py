@@ -49,7 +49,7 @@ def serve(tree: Path, model: Path, tmp: Path) -> tuple[subprocess.Popen[bytes], 
     # `-m` puts the working folder first on sys.path: each server (and its worker, which
     # inherits the folder) runs its own tree's code.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
         cwd=tree, stdout=log, stderr=subprocess.STDOUT,
     )
     wait_healthy(f"http://127.0.0.1:{port}/health", proc)

@@ -175,7 +175,7 @@ def serve_corral(model: Path, threads: int | None = None) -> tuple[subprocess.Po
     )
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     wait_healthy(f"http://127.0.0.1:{port}/health", proc)
@@ -253,7 +253,7 @@ def bench_choices(model: Path, tokens: int, rounds: int, n: int = 4) -> dict[str
     )
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"

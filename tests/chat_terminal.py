@@ -26,7 +26,7 @@ def spawn(args: list[str], env: dict[str, str] | None = None) -> pexpect.spawn:
     codes of bracketed paste around each line."""
     full_env = {**os.environ, "TERM": "dumb", **(env or {})}
     return pexpect.spawn(
-        sys.executable, ["-m", "router.cli", "chat", *args],
+        sys.executable, ["-m", "corral", "chat", *args],
         cwd=str(ROOT), env=full_env, encoding="utf-8", timeout=PATIENCE, dimensions=(40, 200),
         # Started with SIGINT ignored, as under a shell without job control (a CI run put
         # in the background was): Ctrl-C must stop a reply all the same.

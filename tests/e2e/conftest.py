@@ -59,7 +59,7 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-CHECKOUT_CORRAL = (sys.executable, "-m", "router.cli")
+CHECKOUT_CORRAL = (sys.executable, "-m", "corral")
 
 
 def start_server(

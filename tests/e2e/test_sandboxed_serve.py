@@ -22,7 +22,7 @@ import pytest
 from tests.e2e.conftest import Server, start_server, stop_server
 
 SANDBOXED_CORRAL = (
-    sys.executable, "-m", "tests.e2e.syscall_sandbox", "--", sys.executable, "-m", "router.cli",
+    sys.executable, "-m", "tests.e2e.syscall_sandbox", "--", sys.executable, "-m", "corral",
 )
 CONFIG = """
 [server]

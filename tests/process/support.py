@@ -124,7 +124,7 @@ async def corral(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProce
     base.update(HOME=str(cwd), XDG_CONFIG_HOME=str(cwd / "xdg"), COLUMNS="200")
     base.update(env)
     return await trio.run_process(
-        [sys.executable, "-m", "router.cli", *args], cwd=cwd, env=base, check=False,
+        [sys.executable, "-m", "corral", *args], cwd=cwd, env=base, check=False,
         capture_stdout=True, capture_stderr=True,
     )
 

@@ -19,7 +19,7 @@ import trio
 import trustme
 
 from router.app import create_app
-from router.cli import serve
+from corral.serve import serve
 from supervisor.config import Config, parse
 from supervisor.supervisor import Supervisor
 from tests.harness import write_gguf, config_text, running
@@ -290,7 +290,7 @@ async def test_loopback_admin_over_a_real_socket_from_a_second_loopback_address(
 
 def _serve(config: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "corral", "serve", "--config", str(config)],
         capture_output=True, text=True, timeout=60, env=env,
     )
 

@@ -1,5 +1,5 @@
 """`corral chat` with fake workers: in-process replies through the chat route's own path
-(router/chat_local.py), the terminal over --url in a pty, and the ways a careless operator
+(corral/chat/in_process.py), the terminal over --url in a pty, and the ways a careless operator
 or a hostile server gets it wrong."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any, Iterator
 import pytest
 import trio
 
-from router.chat_http import HttpChat
-from router.chat_local import LocalChat, only_model
-from router.chat_session import ChatError, Event, Finished, Piece, ReplyOptions, request_body
-from router.cli import main, serve
+from corral.chat.over_http import HttpChat
+from corral.chat.in_process import LocalChat, only_model
+from corral.chat.session import ChatError, Event, Finished, Piece, ReplyOptions, request_body
+from corral.main import main
+from corral.serve import serve
 from supervisor.config import load
 from supervisor.supervisor import Supervisor
 from tests import chat_terminal as term

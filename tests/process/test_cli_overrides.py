@@ -11,14 +11,14 @@ from pathlib import Path
 import httpx
 import trio
 
-from router.cli import serve
+from corral.serve import serve
 from supervisor.config import load
 from tests.harness import write_config
 from tests.process.support import WORKER_COMMAND
 
 
 def _corral(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "corral", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_version() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from router.cli import main
+from corral.main import main
 from supervisor import pid_file
 from tests.harness import write_gguf
 from tests.secrets import secret

@@ -16,7 +16,8 @@ import pytest
 import trio
 import trustme
 
-from router.cli import main, serve
+from corral.main import main
+from corral.serve import serve
 from supervisor.config import ConfigError, load
 from tests.e2e.conftest import free_port
 from tests.harness import write_config

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from router.cli import serve
+from corral.serve import serve
 from supervisor.config import load
 from tests.e2e.conftest import free_port
 from tests.process.support import WORKER_COMMAND, expected_text
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORRAL_WITH_FAKE_WORKERS = (
     "import sys, supervisor.launcher as launcher; "
     f"launcher.default_worker_command = lambda: {WORKER_COMMAND!r}; "
-    "from router.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from corral.main import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -130,24 +130,24 @@ def test_serve_models_dir_without_a_config_file_and_sighup_rescans(
 def test_models_dir_with_no_model_and_no_config_says_so(tmp_path: Path, no_config_anywhere: dict[str, str]) -> None:
     (tmp_path / "empty").mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve", "--models-dir", "empty"],
+        [sys.executable, "-m", "corral", "serve", "--models-dir", "empty"],
         cwd=tmp_path, env=no_config_anywhere, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1
     assert f"server.models_dir: no *.gguf model in {tmp_path / 'empty'}" in done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve", "--models-dir", "nowhere"],
+        [sys.executable, "-m", "corral", "serve", "--models-dir", "nowhere"],
         cwd=tmp_path, env=no_config_anywhere, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1 and f"--models-dir: no such folder: {tmp_path / 'nowhere'}" in done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve", "--models-dir", ""],
+        [sys.executable, "-m", "corral", "serve", "--models-dir", ""],
         cwd=tmp_path, env=no_config_anywhere, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1 and "--models-dir: must not be empty" in done.stderr
     # Without --models-dir, a missing config is still an error.
     done = subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve"],
+        [sys.executable, "-m", "corral", "serve"],
         cwd=tmp_path, env=no_config_anywhere, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1 and "no config file given (--config) and none found" in done.stderr

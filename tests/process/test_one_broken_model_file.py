@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 
-from router.cli import serve
+from corral.serve import serve
 from supervisor.config import load
 from tests.harness import write_config, write_gguf
 from tests.process.support import WORKER_COMMAND, StartLog, corral, err, out
@@ -131,7 +131,7 @@ async def test_a_reload_that_meets_a_broken_file_applies_everything_else(
 def test_a_typo_in_the_toml_still_refuses_the_whole_file(tmp_path: Path) -> None:
     """Only a model file is tolerated: a config mistake still stops serve, as before."""
     path = write_config(tmp_path / "corral.toml", {"a": {"slots": "ten"}, "b": {"path": "gone.gguf"}})
-    done = subprocess.run([sys.executable, "-m", "router.cli", "serve", "--config", str(path)],
+    done = subprocess.run([sys.executable, "-m", "corral", "serve", "--config", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.splitlines() == [

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from router.cli import serve
+from corral.serve import serve
 from supervisor.config import load
 from tests.e2e.conftest import free_port
 from tests.harness import write_config

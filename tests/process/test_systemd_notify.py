@@ -45,7 +45,7 @@ def test_ready_watchdog_status_stopping(tmp_path: Path, abstract: bool) -> None:
         sink.bind(notify)
     env = {**os.environ, "NOTIFY_SOCKET": notify, "WATCHDOG_USEC": "400000"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:

@@ -165,7 +165,7 @@ def test_the_hardening_the_deployment_relies_on() -> None:
 
 
 def test_stop_timeout_covers_the_drain_and_the_worker_stops() -> None:
-    # router/cli.py: drain for drain_timeout, then stop the workers within
+    # corral/serve.py: drain for drain_timeout, then stop the workers within
     # 3 x stop_grace + 5 s; systemd's SIGKILL must not cut either short.
     drain = ServerConfig().drain_timeout
     grace = SupervisorConfig().stop_grace

@@ -26,7 +26,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT, start_server, stop_server
 
-PACKAGES = ("router", "supervisor", "worker")
+PACKAGES = ("corral", "router", "supervisor", "worker")
 # llama-cpp-python builds from source (about 5 minutes) only when pip's cache lacks it.
 INSTALL_LIMIT_S = 120
 CONFIG = """
@@ -52,7 +52,7 @@ class Installed:
 
 
 def source_files(root: Path) -> list[str]:
-    """The files of the three packages, relative to the tree: what the wheel must carry,
+    """The files of the four packages, relative to the tree: what the wheel must carry,
     Python or not (templates, static files)."""
     out = []
     for package in PACKAGES:
@@ -113,7 +113,7 @@ def test_the_wheel_carries_every_package_file_and_the_entry_point(installed: Ins
     assert not [n for n in names if n.startswith("tests/")]
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(installed.wheel).read(entry_points).decode()
-    assert "corral = router.cli:main" in text
+    assert "corral = corral.main:main" in text
 
 
 def test_installing_did_not_rebuild_llama_cpp(installed: Installed) -> None:
@@ -127,12 +127,12 @@ def test_installing_did_not_rebuild_llama_cpp(installed: Installed) -> None:
 def test_everything_is_imported_from_the_venv(installed: Installed) -> None:
     out = run(
         [str(installed.venv / "bin" / "python"), "-c",
-         "import router, supervisor, worker, llama_cpp\n"
-         "for m in (router, supervisor, worker, llama_cpp): print(m.__file__)"],
+         "import corral, router, supervisor, worker, llama_cpp\n"
+         "for m in (corral, router, supervisor, worker, llama_cpp): print(m.__file__)"],
         installed.outside, 60,
     )
     files = out.split()
-    assert len(files) == 4
+    assert len(files) == 5
     for f in files:
         assert Path(f).is_relative_to(installed.venv), files
     version = run([str(installed.venv / "bin" / "corral"), "--version"], installed.outside, 60)

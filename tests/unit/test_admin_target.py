@@ -1,4 +1,4 @@
-"""router/admin_target.py: where `corral status` and friends find the server, the key's
+"""corral/admin_target.py: where `corral status` and friends find the server, the key's
 checks, and what each answer means as an exit code."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router import admin_target as at
-from router.cli_admin import Exit, find_url
+from corral import admin_target as at
+from corral.admin_commands import Exit, find_url
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
 """`corral chat`'s pure side: commands, triple-quote blocks, the conversation, the request
-body, and the figures line (router/chat_session.py)."""
+body, and the figures line (corral/chat/session.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.chat_session import (
+from corral.chat.session import (
     Conversation,
     Exit,
     Help,

@@ -1,4 +1,4 @@
-"""`corral chat`'s terminal loop (router/cli_chat.py) over a scripted backend: what is
+"""`corral chat`'s terminal loop (corral/chat/terminal.py) over a scripted backend: what is
 kept of a reply, what Ctrl-C does at the prompt and mid-reply, and the figures line."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any, Generator, Iterator
 
 import pytest
 
-from router.chat_session import ChatError, Conversation, Event, Finished, Piece, ReplyOptions
-from router.cli_chat import Terminal, api_key
+from corral.chat.session import ChatError, Conversation, Event, Finished, Piece, ReplyOptions
+from corral.chat.terminal import Terminal, api_key
 
 
 class Script:

@@ -39,7 +39,7 @@ def test_seven_mistakes_of_seven_kinds_give_seven_lines_from_one_check(tmp_path:
     config = tmp_path / "config.toml"
     config.write_text(SEVEN_MISTAKES)
     done = subprocess.run(
-        [sys.executable, "-m", "router.cli", "config", "check", str(config)],
+        [sys.executable, "-m", "corral", "config", "check", str(config)],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 1

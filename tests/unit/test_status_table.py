@@ -1,4 +1,4 @@
-"""router/status_table.py: `corral status`'s table fits the width it is given."""
+"""corral/status_table.py: `corral status`'s table fits the width it is given."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from router.status_table import ago, elide, human_bytes, render
+from corral.status_table import ago, elide, human_bytes, render
 
 NOW = 1_800_000_000.0
 ERROR = "worker exited with code 1 before Ready:\nllama_model_load: error loading model: invalid magic"

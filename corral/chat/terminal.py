@@ -4,8 +4,8 @@
                                        $CORRAL_API_KEY or --api-key-file, never an argument
   corral chat MODEL [--config FILE]    in this process: the supervisor loads just MODEL
 
-The conversation and what a typed line means are in router/chat_session.py; the two ways
-of getting a reply in router/chat_http.py and router/chat_local.py. This module is the
+The conversation and what a typed line means are in corral/chat/session.py; the two ways
+of getting a reply in corral/chat/over_http.py and corral/chat/in_process.py. This module is the
 terminal: prompts, streamed text, Ctrl-C, the figures after each reply.
 """
 
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generator, Protocol, TextIO
 
-from router.chat_http import HttpChat
-from router.chat_local import LocalChat
-from router.chat_session import (
+from corral.chat.in_process import LocalChat
+from corral.chat.over_http import HttpChat
+from corral.chat.session import (
     HELP,
     ChatError,
     Conversation,
@@ -43,12 +43,12 @@ from router.chat_session import (
     request_body,
     stats_line,
 )
-from router.cli_common import add_config_option, config_path, print_problems
+from corral.args import add_config_option, config_path, print_problems
 from supervisor.config import ConfigError, load
 from worker import log_format
 
 if TYPE_CHECKING:
-    from router.cli_common import Subparsers
+    from corral.args import Subparsers
 
 URL_ENV = "CORRAL_URL"
 KEY_ENV = "CORRAL_API_KEY"

@@ -28,8 +28,8 @@ from typing import Any, Generator, Sequence
 import msgspec
 import trio
 
+from corral.chat.session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
 from router import schemas
-from router.chat_session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
 from router.generation import Generation, chat_job
 from supervisor.config import Config
 from supervisor.errors import ContextOverflow, CorralError

@@ -25,13 +25,13 @@ import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from router import admin_target as at
-from router.status_table import render
+from corral import admin_target as at
+from corral.status_table import render
 from supervisor import config_search
 from supervisor.config import ConfigError
 
 if TYPE_CHECKING:
-    from router.cli_common import Subparsers
+    from corral.args import Subparsers
 
 
 class Exit(Exception):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.admin_target import KEY_ENV, URL_ENV, read_key, url_from_server
+from corral.admin_target import KEY_ENV, URL_ENV, read_key, url_from_server
 from supervisor import pid_file
 from supervisor.config import Config
 

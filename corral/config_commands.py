@@ -10,7 +10,7 @@
 An edit keeps the rest of the file byte for byte (supervisor/config_edit.py), is checked
 as `serve` checks a file, and is written atomically, or refused with the file untouched
 (supervisor/config_rewrite.py). `--reload` then tells the running server
-(router/reload_client.py). Exit status: 0 done, 1 refused (nothing written), 3 written but
+(corral/reload_client.py). Exit status: 0 done, 1 refused (nothing written), 3 written but
 the server did not reload.
 """
 
@@ -25,9 +25,9 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from router import reload_client
-from router.admin_target import reload_lines
-from router.cli_common import add_config_option, config_path, print_problems
+from corral import reload_client
+from corral.admin_target import reload_lines
+from corral.args import add_config_option, config_path, print_problems
 from supervisor import config_edit, config_show
 from supervisor.config import ConfigError, from_bytes, load
 from supervisor.config_keys import SECRET_FIELDS, EditError
@@ -35,7 +35,7 @@ from supervisor.config_rewrite import Rewritten, rewrite
 from supervisor.templates import BUILTIN_CHAT_TEMPLATES
 
 if TYPE_CHECKING:
-    from router.cli_common import Subparsers
+    from corral.args import Subparsers
 
 EXIT_REFUSED = 1
 EXIT_NOT_RELOADED = 3

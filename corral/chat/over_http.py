@@ -15,7 +15,7 @@ import ssl
 from typing import Any, Generator, Iterator
 from urllib.parse import quote, urlsplit
 
-from router.chat_session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
+from corral.chat.session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
 
 CONNECT_TIMEOUT = 10.0
 # Between two reads of a reply: a first request may wait for the model to load

@@ -1,35 +1,12 @@
-"""`corral`: the command line.
-
-  corral serve [--config FILE] [--host H] [--port P] [--models-dir DIR]
-                                  run the router and the supervisor in one process
-  corral config check [FILE]      validate a config file and report every problem
-  corral config show [--json]     the effective config, defaults filled in, keys masked
-  corral config set KEY VALUE...  edit one key (models."qwen2.5".slots 8), typed by the schema
-  corral config unset KEY         back to the default
-  corral config add-model NAME PATH [--alias A ...] [--slots N] ...
-  corral config remove-model NAME
-                                  edits keep the rest of the file byte for byte, are checked
-                                  as serve checks a file, and are written atomically;
-                                  --reload then POSTs /admin/reload (or, unreachable or with
-                                  --signal, sends SIGHUP to [server] pid_file's pid)
-  corral status | load NAME | unload NAME | reset NAME | reload
-                                  see and steer a running server (router/cli_admin.py)
-  corral chat MODEL [--url URL | --config FILE]
-                                  chat in the terminal, over HTTP or in-process
-  corral --version
-
-Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
-~/.config/corral/config.toml and /etc/corral/config.toml (supervisor/config_search.py).
-
-This module is the composition root: it builds the supervisor and the HTTP app and runs
-both in one trio nursery. It lives in router/ because the supervisor never imports the
-router; imports go router -> supervisor -> worker.protocol.
+"""`corral serve`: the composition root. It builds the supervisor and the HTTP app and runs
+both in one trio nursery until SIGINT or SIGTERM, reloading on SIGHUP, and keeps systemd
+posted. It lives in the command-line package because nothing else may know both halves:
+imports go corral -> router -> supervisor -> worker.protocol.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import os
 import signal
@@ -42,12 +19,9 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from corral.args import config_path, print_problems
 from router.app import create_app
-from router import cli_config
-from router import cli_chat
-from router import cli_admin
 from router.auth import refuse_bind
-from router.cli_common import add_config_option, config_path, print_problems
 from supervisor import config_search, pid_file
 from supervisor.config import Config, ConfigError, load, without_file
 from supervisor.supervisor import Supervisor
@@ -151,39 +125,7 @@ async def _keep_systemd_posted(notifier: Notifier, supervisor: Supervisor) -> No
         await trio.sleep(period)
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("corral")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "unknown (not installed)"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="corral", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--version", action="version", version=f"corral {_version()}")
-    sub = ap.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve the models of a config file")
-    add_config_option(s)
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    s.add_argument("--host", help="address to listen on (overrides [server] host)")
-    s.add_argument("--port", type=int, help="port to listen on (overrides [server] port)")
-    s.add_argument(
-        "--models-dir",
-        metavar="DIR",
-        help="serve every *.gguf in DIR under its file stem (overrides [server] models_dir); "
-        "with it, no config file is needed",
-    )
-    s.set_defaults(run=_serve_command)
-    # Each further subcommand lives in a module of its own, with an add(sub) that sets
-    # its parser's `run`.
-    cli_config.add(sub)
-    cli_chat.add(sub)
-    cli_admin.add(sub)
-    args = ap.parse_args(argv)
-    return int(args.run(args))
-
-
-def _serve_command(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {
         key: value for key, value in (("host", args.host), ("port", args.port)) if value is not None
     }
@@ -223,6 +165,3 @@ def _serve_command(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Pure decisions behind `corral status/load/unload/reset/reload` (router/cli_admin.py):
+"""Pure decisions behind `corral status/load/unload/reset/reload` (corral/admin_commands.py):
 which URL the server is at, whether an admin key is usable, what an answer's status means
 as an exit code, and a reload's diff as lines."""
 

@@ -1,7 +1,7 @@
 """`corral chat`'s state and input, as plain data: what each line typed means, the
 conversation kept between replies, the request body a reply is asked with, and the
-figures shown after it. No I/O here: router/cli_chat.py owns the terminal, and the
-backends (router/chat_http.py, router/chat_local.py) turn a body into a reply.
+figures shown after it. No I/O here: corral/chat/terminal.py owns the terminal, and the
+backends (corral/chat/over_http.py, corral/chat/in_process.py) turn a body into a reply.
 
 Input, one line at a time:
   - a line is a message, unless it starts with `/` (a command: /help lists them);
