@@ -30,7 +30,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from worker.logits import Logits
 from worker.protocol import JSON_LAYOUT, Constraint
-from worker.request import RequestRejected
+from worker.rejected import RequestRejected
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

@@ -44,7 +44,8 @@ import msgspec
 from worker.constraint import Matcher, as_lark
 from worker.prompts import Prepared, Texts, VocabModel, pooling_problem, texts_for
 from worker.protocol import Constraint, Detokenize, Embed, Error, Frame, Generate, Render, Tokenize
-from worker.request import EmbedJob, Request, RequestRejected
+from worker.rejected import RequestRejected
+from worker.request import EmbedJob, Request
 
 log = logging.getLogger("worker.prepare")
 

@@ -37,7 +37,8 @@ from worker.protocol import (
     fewest_tokens,
     utf8_length,
 )
-from worker.request import EmbedJob, Request, RequestRejected
+from worker.rejected import RequestRejected
+from worker.request import EmbedJob, Request
 from worker.stops import StopMatcher
 
 # Pooling types whose output is one vector per input, which is what /v1/embeddings returns.

@@ -14,12 +14,12 @@ import msgspec
 
 from worker.logits import LogitBias, LogitsAdjustment
 from worker.logprobs import LogprobQueue
-from worker.protocol import ErrorCode, SamplingParams
+from worker.protocol import SamplingParams
 from worker.sampling import SamplerChain
 from worker.slots import Slot
 from worker.stops import StopMatcher
 
-if TYPE_CHECKING:  # worker.constraint imports this module for RequestRejected
+if TYPE_CHECKING:  # only the type: worker.constraint pulls in llguidance
     from worker.constraint import Matcher
 
 
@@ -109,20 +109,3 @@ class EmbedJob:
 
     id: int
     inputs: list[list[int]]
-
-
-class RequestRejected(Exception):
-    """The request cannot be served as sent: its Error frame, ready to emit."""
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        message: str,
-        param: str | None = None,
-        n_prompt_tokens: int | None = None,
-        n_ctx: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
-        # A context overflow's counts, which llama-server's error shape reports.
-        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx

@@ -15,7 +15,8 @@ import pytest
 from worker.constraint import NOTHING_ALLOWED, ConstraintFailed, Constraints, Matcher, as_lark
 from worker.preparer import Preparer
 from worker.protocol import Constraint, Error, Frame, Generate, SamplingParams
-from worker.request import EmbedJob, Request, RequestRejected
+from worker.rejected import RequestRejected
+from worker.request import EmbedJob, Request
 
 EOS = 0
 N_VOCAB = 257  # token 0 is EOS, token b + 1 is byte b

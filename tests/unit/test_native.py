@@ -15,7 +15,8 @@ from supervisor import errors as e
 from tests.unit.test_prompts import FakeModel, prepare
 from worker.prompts import Limit, detokenize_texts, piece
 from worker.protocol import Constraint, Detokenize, Generate, SamplingParams, Timings, TokenEvent, Usage
-from worker.request import Request, RequestRejected
+from worker.rejected import RequestRejected
+from worker.request import Request
 from worker.stops import StopMatcher
 
 

@@ -11,7 +11,8 @@ from worker.chat_formats import ChatFormat
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.prompts import Limit, Prepared, pooling_problem, texts_for
 from worker.protocol import ChatMessage, Embed, Generate, SamplingParams, Tokenize, TokenizeResult, fewest_tokens
-from worker.request import EmbedJob, Request, RequestRejected
+from worker.rejected import RequestRejected
+from worker.request import EmbedJob, Request
 
 
 class FakeModel:
