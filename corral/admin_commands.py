@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral import admin_target as at
 from corral.status_table import render
-from supervisor import config_search
+from supervisor.config import search as config_search
 from supervisor.config import ConfigError
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from supervisor import config_search
+from supervisor.config import search as config_search
 from supervisor.config import ConfigError
 
 if TYPE_CHECKING:  # generic only to the type checker; used in annotations alone

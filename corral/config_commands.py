@@ -7,9 +7,9 @@
   add-model NAME PATH [options]      a new [models.NAME] table
   remove-model NAME
 
-An edit keeps the rest of the file byte for byte (supervisor/config_edit.py), is checked
+An edit keeps the rest of the file byte for byte (supervisor/config/edit.py), is checked
 as `serve` checks a file, and is written atomically, or refused with the file untouched
-(supervisor/config_rewrite.py). `--reload` then tells the running server
+(supervisor/config/rewrite.py). `--reload` then tells the running server
 (corral/reload_client.py). Exit status: 0 done, 1 refused (nothing written), 3 written but
 the server did not reload.
 """
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from corral import reload_client
 from corral.admin_target import reload_lines
 from corral.args import add_config_option, config_path, print_problems
-from supervisor import config_edit, config_show
+from supervisor.config import edit as config_edit, show as config_show
 from supervisor.config import ConfigError, from_bytes, load
-from supervisor.config_keys import SECRET_FIELDS, EditError
-from supervisor.config_rewrite import Rewritten, rewrite
-from supervisor.templates import BUILTIN_CHAT_TEMPLATES
+from supervisor.config.key_paths import SECRET_FIELDS, EditError
+from supervisor.config.rewrite import Rewritten, rewrite
+from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
 
 if TYPE_CHECKING:
     from corral.args import Subparsers

@@ -19,7 +19,7 @@
   corral --version
 
 Without --config, a command uses the first of $CORRAL_CONFIG, ./corral.toml,
-~/.config/corral/config.toml and /etc/corral/config.toml (supervisor/config_search.py).
+~/.config/corral/config.toml and /etc/corral/config.toml (supervisor/config/search.py).
 
 This module builds the argument parser; each subcommand lives in a module of its own
 (corral/serve.py, corral/config_commands.py, corral/admin_commands.py, corral/chat/).

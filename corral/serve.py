@@ -22,7 +22,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from corral.args import config_path, print_problems
 from router.app import create_app
 from router.auth import refuse_bind
-from supervisor import config_search, pid_file
+from supervisor import pid_file
+from supervisor.config import search as config_search
 from supervisor.config import Config, ConfigError, load, without_file
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier

@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 from router import access_log
 from supervisor.errors import Forbidden, Unauthorized
 from supervisor.handle import ModelHandle
-from supervisor.keys import Key, Keyring
+from supervisor.config.keys import Key, Keyring
 from supervisor.supervisor import Supervisor, no_model, unknown_model
 
 

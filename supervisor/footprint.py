@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 
 from supervisor.config import ModelSpec
-from supervisor.gguf_meta import estimate_bytes
+from supervisor.config.gguf_meta import estimate_bytes
 
 
 def process_rss(pid: int | None) -> int | None:

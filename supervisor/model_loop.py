@@ -20,7 +20,8 @@ from functools import partial
 
 import trio
 
-from supervisor import gguf_meta, health
+from supervisor import health
+from supervisor.config import gguf_meta
 from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.handle import Asks, ModelHandle, Unset

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import psutil
 
-from supervisor.atomic_write import write_atomically
+from supervisor.config.atomic_write import write_atomically
 
 # The file's mtime and the process's start time come from different clocks' roundings.
 _SLACK_SECONDS = 1.0

@@ -20,7 +20,7 @@ import trio
 
 from supervisor.admission import Admission
 from supervisor.capacity import Limits, parse_size
-from supervisor import models_dir
+from supervisor.config import models_dir
 from supervisor.config import (
     Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes, with_server, without_file,
 )

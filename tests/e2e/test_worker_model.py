@@ -7,7 +7,7 @@ from typing import Iterator
 
 import pytest
 
-from supervisor.templates import BUILTIN_CHAT_TEMPLATES
+from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
 from tests.e2e.conftest import DEMO_MODEL
 from worker.chat_template import BuiltinTemplate, builtin_names
 from worker.model import LoadedModel, load
@@ -71,7 +71,7 @@ async def test_a_real_worker_changes_threads_live_and_costs_about_its_estimate()
     import trio
 
     from supervisor.launcher import open_worker, default_worker_command, stop_worker
-    from supervisor.gguf_meta import estimate_bytes
+    from supervisor.config.gguf_meta import estimate_bytes
     from tests.process.support import generate
     from worker.protocol import Ping, SetThreads
 

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from supervisor.lifecycle import State
-from supervisor.gguf_meta import WORKER_BASE_BYTES
+from supervisor.config.gguf_meta import WORKER_BASE_BYTES
 from tests.harness import write_gguf
 from tests.process.support import StartLog, alive, generate, make_supervisor, running, wait_for
 

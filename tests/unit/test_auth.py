@@ -8,10 +8,10 @@ import pytest
 
 from router import cors
 from router.auth import INCORRECT, MISSING, Access, access_of, authorize, is_loopback, presented_key, refuse_bind
-from supervisor import keys
+from supervisor.config import keys
 from supervisor.config import ConfigError, parse
 from supervisor.errors import Forbidden, Unauthorized
-from supervisor.keys import Keyring, KeySource
+from supervisor.config.keys import Keyring, KeySource
 from tests.harness import write_gguf, config_text
 from tests.secrets import secret
 

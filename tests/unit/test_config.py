@@ -1,4 +1,4 @@
-"""supervisor/config.py: parsing, defaults, path resolution and `key.path: message` errors."""
+"""supervisor/config/: parsing, defaults, path resolution and `key.path: message` errors."""
 
 from __future__ import annotations
 

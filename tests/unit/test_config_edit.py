@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import config_edit, config_show
+from supervisor.config import edit as config_edit, show as config_show
 from supervisor.config import parse
-from supervisor.config_keys import EditError, KeyPath, resolve, split, typed_value
+from supervisor.config.key_paths import EditError, KeyPath, resolve, split, typed_value
 from tests.harness import write_gguf
 from tests.secrets import secret
 

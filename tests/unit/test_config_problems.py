@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import ConfigError, parse
-from supervisor.config_types import parse_duration
+from supervisor.config.convert import parse_duration
 from tests.harness import write_gguf
 
 SEVEN_MISTAKES = """\

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import ConfigError
-from supervisor.config_search import find
+from supervisor.config.search import find
 
 
 def test_explicit_wins_over_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

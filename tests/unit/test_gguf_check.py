@@ -9,8 +9,8 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from supervisor import gguf_meta
-from supervisor.gguf_meta import problem
+from supervisor.config import gguf_meta
+from supervisor.config.gguf_meta import problem
 
 
 def _s(text: str) -> bytes:

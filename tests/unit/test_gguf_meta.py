@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.gguf_meta import WORKER_BASE_BYTES, NotGGUF, estimate_bytes, kv_cache_bytes, read_metadata
+from supervisor.config.gguf_meta import WORKER_BASE_BYTES, NotGGUF, estimate_bytes, kv_cache_bytes, read_metadata
 
 
 def _s(text: str) -> bytes:

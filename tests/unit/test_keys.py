@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import keys
+from supervisor.config import keys
 from supervisor.config import ConfigError, load, parse
-from supervisor.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
+from supervisor.config.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
 from tests.harness import write_gguf, config_text
 from tests.secrets import secret
 

@@ -1,4 +1,4 @@
-"""supervisor/models_dir.py and its hook in config.parse: a folder's *.gguf files as models
+"""supervisor/config/models_dir.py and its hook in config.parse: a folder's *.gguf files as models
 (stems, split sets, clashes with tables and aliases, files that are not ready)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import config_search
+from supervisor.config import search as config_search
 from supervisor.config import ConfigError, parse, without_file
-from supervisor.models_dir import Entry, fingerprint, scan
+from supervisor.config.models_dir import Entry, fingerprint, scan
 
 
 def gguf_bytes(architecture: str | None = "llama") -> bytes:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from supervisor.atomic_write import write_atomically
-from supervisor.config import Config, ConfigError, from_bytes, read_bytes
+from supervisor.config.atomic_write import write_atomically
+from supervisor.config.reading import from_bytes, read_bytes
+from supervisor.config.schema import Config, ConfigError
 
 
 @dataclass(frozen=True)

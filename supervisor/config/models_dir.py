@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from supervisor import gguf_meta
+from supervisor.config import gguf_meta
 
 log = logging.getLogger("corral.models_dir")
 

@@ -2,7 +2,7 @@
 
 `corral config set/unset` name a key as a dotted path, with TOML's quoting for a model
 name that holds dots or other odd characters. This module knows which paths exist (from
-the msgspec Structs of supervisor/config.py, so a new option needs no change here) and
+the msgspec Structs of supervisor/config/schema.py, so a new option needs no change here) and
 turns the operator's words into a value of the key's type. Pure: no file, no tomlkit.
 """
 
@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal, Sequence, get_args, get_origin
 
 import msgspec
 
-from supervisor.config_types import is_seconds, parse_duration
-from supervisor.keys import ApiKeyTable
-from supervisor.config import ModelConfig, ServerConfig, SupervisorConfig
+from supervisor.config.convert import is_seconds, parse_duration
+from supervisor.config.keys import ApiKeyTable
+from supervisor.config.schema import ModelConfig, ServerConfig, SupervisorConfig
 
 
 class EditError(Exception):

@@ -18,7 +18,7 @@ from tomlkit.exceptions import ParseError
 from tomlkit.items import InlineTable, Item, Table
 from tomlkit.toml_document import TOMLDocument
 
-from supervisor.config_keys import EditError, KeyPath, quote, resolve, typed_value, is_required
+from supervisor.config.key_paths import EditError, KeyPath, quote, resolve, typed_value, is_required
 
 
 def _parse(text: str) -> TOMLDocument:

@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import tomlkit
 
-from supervisor.config import Config
-from supervisor.config_keys import SECRET_FIELDS
+from supervisor.config.key_paths import SECRET_FIELDS
+from supervisor.config.schema import Config
 
 MASK = "***"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from supervisor.config import ConfigError
+from supervisor.config.schema import ConfigError
 
 ENV = "CORRAL_CONFIG"
 

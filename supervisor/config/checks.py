@@ -1,0 +1,171 @@
+"""What a config must satisfy beyond its types: ranges, paths that exist, names that can
+be an Origin or a Host, sizes that parse. Each problem is yielded as `key.path: message`,
+so that `corral config check`, startup and a reload all say the same thing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+from supervisor.capacity import parse_size
+from supervisor.config.schema import ConfigFile
+from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
+
+
+def toml_key(name: str) -> str:
+    """A key as TOML writes it in a dotted path: bare if it can be, quoted if not."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name, ensure_ascii=False)
+
+
+def resolve_path(path: str, base_dir: Path) -> Path:
+    """A path as the file writes it (~ expanded), relative to the file's folder."""
+    return (base_dir / os.path.expanduser(path)).resolve()
+
+
+def _seconds(value: float) -> bool:
+    """A duration: TOML allows nan and inf, and either would break a timer (0 already
+    means "never" where that makes sense)."""
+    return math.isfinite(value) and value >= 0
+
+
+# An Origin header's value (RFC 6454): scheme, host and an optional port, nothing more.
+_ORIGIN = re.compile(r"\*|[a-z][a-z0-9+.-]*://[^/?#\s]+")
+# A name as Host carries it, without port: DNS labels (".suffix" for every name under it)
+# or an IPv4 address; an IPv6 address is checked by _host_entry.
+_HOST_NAME = re.compile(r"\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+
+
+def _host_entry(value: str) -> bool:
+    """An allowed_hosts entry: a name, ".suffix", or an address (IPv6 with or without
+    brackets), never a port or a scheme."""
+    if ":" not in value:
+        return bool(_HOST_NAME.fullmatch(value))
+    try:
+        ipaddress.IPv6Address(value[1:-1] if value.startswith("[") and value.endswith("]") else value)
+    except ValueError:
+        return False
+    return True
+
+
+def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterator[str]:
+    """Semantic checks msgspec's types cannot express. Yields `key.path: message`.
+    `broken` models had tables too wrong to build; they were reported already."""
+    srv, sup = file.server, file.supervisor
+    if not srv.host or any(c.isspace() or not c.isprintable() for c in srv.host):
+        yield f"server.host: {srv.host!r} is not an address or a host name"
+    if not 0 <= srv.port <= 65535:
+        yield f"server.port: must be 0..65535, got {srv.port}"
+    if not _seconds(srv.drain_timeout):
+        yield f"server.drain_timeout: must be a finite number >= 0, got {srv.drain_timeout}"
+    if srv.max_body_bytes < 1024:
+        yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
+    if sup.health_misses < 1:
+        yield f"supervisor.health_misses: must be at least 1, got {sup.health_misses}"
+    if sup.max_loaded_models < 0:
+        yield f"supervisor.max_loaded_models: must be >= 0 (0 = no limit), got {sup.max_loaded_models}"
+    try:
+        parse_size(sup.memory_budget)
+    except ValueError as exc:
+        yield f"supervisor.memory_budget: {exc}"
+    pinned = [name for name, m in file.models.items() if m.pinned]
+    if sup.max_loaded_models > 0 and len(pinned) > sup.max_loaded_models:
+        yield (
+            f"supervisor.max_loaded_models: {len(pinned)} models are pinned "
+            f"({', '.join(pinned)}), more than max_loaded_models = {sup.max_loaded_models}"
+        )
+    if sup.start_retries < 0:
+        yield f"supervisor.start_retries: must be >= 0, got {sup.start_retries}"
+    for key in (
+        "idle_timeout", "start_timeout", "stop_grace", "health_interval",
+        "min_uptime", "backoff_base", "backoff_max", "load_wait", "reload_settle",
+    ):
+        if not _seconds(value := getattr(sup, key)):
+            yield f"supervisor.{key}: must be a finite number >= 0, got {value}"
+    if (srv.tls_cert is None) != (srv.tls_key is None):
+        yield "server.tls_cert: tls_cert and tls_key go together: set both, or neither"
+    for key in ("tls_cert", "tls_key"):
+        if (value := getattr(srv, key)) is not None and not resolve_path(value, base_dir).is_file():
+            yield f"server.{key}: no such file: {resolve_path(value, base_dir)}"
+    if srv.pid_file is not None and not resolve_path(srv.pid_file, base_dir).parent.is_dir():
+        yield f"server.pid_file: no such folder: {resolve_path(srv.pid_file, base_dir).parent}"
+    for i, origin in enumerate(srv.cors_origins):
+        if not _ORIGIN.fullmatch(origin):
+            yield (
+                f"server.cors_origins[{i}]: {origin!r} is not an origin: scheme://host[:port] "
+                'with no path (as a browser sends it), or "*"'
+            )
+    for i, host in enumerate(srv.allowed_hosts):
+        if host != "*" and not _host_entry(host):
+            yield (
+                f"server.allowed_hosts[{i}]: {host!r} is not a host name or address: a name as "
+                'clients send it in Host, without scheme or port ("llm.example.com"), '
+                '".example.com" for every name under it, or "*"'
+            )
+    default = srv.default_model
+    if default is not None and default not in file.models and default not in broken and not any(
+        default in m.aliases for m in file.models.values()
+    ):
+        yield f"server.default_model: {default!r} is neither a model nor an alias in [models]"
+    seen: dict[str, str] = {name: f"models.{name}" for name in file.models}
+    for name, m in file.models.items():
+        at = f"models.{toml_key(name)}"
+        if not name.strip():
+            yield f"{at}: model name must not be empty"
+        elif not name.isprintable():
+            yield f"{at}: model name {name!r} has control characters"
+        if not 1 <= m.slots <= 256:
+            yield f"{at}.slots: must be 1..256, got {m.slots}"
+        if m.n_ctx < 16:
+            yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
+        if not 1 <= m.n_batch:
+            yield f"{at}.n_batch: must be at least 1, got {m.n_batch}"
+        if m.threads is not None and not 1 <= m.threads <= 1024:
+            yield f"{at}.threads: must be 1..1024, got {m.threads}"
+        if m.n_gpu_layers < -1:
+            yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
+        if m.max_tokens is not None and m.max_tokens < 1:
+            yield f"{at}.max_tokens: must be at least 1, got {m.max_tokens}"
+        if m.max_queue is not None and m.max_queue < 0:
+            yield f"{at}.max_queue: must be >= 0 (0: no waiting at all), got {m.max_queue}"
+        if not _seconds(m.queue_timeout):
+            yield f"{at}.queue_timeout: must be a finite number >= 0 (0: no limit), got {m.queue_timeout}"
+        if m.idle_timeout is not None and not _seconds(m.idle_timeout):
+            yield f"{at}.idle_timeout: must be a finite number >= 0, got {m.idle_timeout}"
+        if m.pooling is not None and not m.embeddings:
+            yield f"{at}.pooling: only applies with embeddings = true"
+        elif m.pooling in ("none", "rank"):
+            # /v1/embeddings returns one vector per input; these give something else.
+            what = "a reranker's relevance score" if m.pooling == "rank" else "one vector per token"
+            yield (
+                f"{at}.pooling: {m.pooling!r} gives {what}, which /v1/embeddings cannot "
+                "return; use mean, cls or last"
+            )
+        if m.chat_template is not None and m.chat_template not in BUILTIN_CHAT_TEMPLATES:
+            t = resolve_path(m.chat_template, base_dir)
+            if not t.is_file():
+                yield (
+                    f"{at}.chat_template: {m.chat_template!r} is neither a Jinja file nor a "
+                    f"built-in template (built-in: {', '.join(sorted(BUILTIN_CHAT_TEMPLATES))})"
+                )
+        if m.tool_format not in ("auto", "generic") and m.chat_template in BUILTIN_CHAT_TEMPLATES:
+            # A built-in template is C++ code that renders no tools; only the generic
+            # format, which offers tools in a system message, works with one.
+            yield (
+                f"{at}.tool_format: {m.tool_format!r} needs a Jinja chat template; the built-in "
+                f"template {m.chat_template!r} takes tools only with tool_format = \"generic\""
+            )
+        for i, alias in enumerate(m.aliases):
+            if not alias.strip():
+                yield f"{at}.aliases[{i}]: must not be empty"
+            elif not alias.isprintable():
+                yield f"{at}.aliases[{i}]: {alias!r} has control characters"
+            elif alias in seen:
+                yield f"{at}.aliases[{i}]: {alias!r} is already used by {seen[alias]}"
+            else:
+                seen[alias] = f"{at}.aliases"

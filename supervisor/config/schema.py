@@ -1,0 +1,173 @@
+"""The config file's schema, and the config the supervisor runs on.
+
+`ConfigFile` and its tables are msgspec Structs that reject unknown keys: what the TOML may
+say. `Config` and `ModelSpec` are what reading it gives (supervisor/config/reading.py):
+paths resolved, defaults applied, keys gathered. A model's worker options are declared once,
+in worker.protocol.ModelOptions, which `ModelConfig` and `ModelSpec` inherit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from supervisor.config.convert import Seconds
+from supervisor.config.keys import ApiKeyTable, Keyring
+from worker.protocol import ModelOptions
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Upper bound on a request body; OpenAI payloads with long chats stay far below it.
+    max_body_bytes: int = 16 * 1024 * 1024
+    # On SIGTERM/SIGINT, how long requests in flight may take to finish before being cut.
+    drain_timeout: Seconds = 30.0
+    # Where a request that names no model goes (a name or an alias). Without it, a request
+    # must name its model. Applies on reload, unlike the keys above.
+    default_model: str | None = None
+    # Keys (supervisor/keys.py). With any API key, every route but /health needs a key.
+    # /admin/* and /metrics need an admin key; with none configured, they answer loopback
+    # clients only. All three apply on reload, and a reload re-reads the file.
+    api_keys: list[str | ApiKeyTable] = []
+    api_keys_file: str | None = None
+    admin_keys: list[str] = []
+    # Serving on an address other than loopback with no API key is refused unless this is
+    # set: anyone who can reach the port could use the models and reload the config.
+    allow_insecure_bind: bool = False
+    # HTTPS: a PEM certificate (chain) and its private key, both or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # Origins a browser page may call Corral from ("https://app.example", or "*"); none by
+    # default: a request from any other page is refused (router/site_guard.py). Applies on
+    # reload.
+    cors_origins: list[str] = []
+    # Names (or addresses) by which clients may reach the server while no API key is
+    # configured, besides loopback names and the address it listens on: a reverse proxy's
+    # public name. ".example.com" admits every name under it; "*" turns the check off.
+    # Guards against DNS rebinding (router/site_guard.py). Applies on reload.
+    allowed_hosts: list[str] = []
+    # "text" or "json" (one object a line) for the server's and its workers' logs, the
+    # access log included.
+    log_format: Literal["text", "json"] = "text"
+    # A folder whose *.gguf files are served under their file stems, with no table each
+    # (supervisor/models_dir.py); a [models.NAME] table of the same name overrides one.
+    # Rescanned at every reload; relative to the config file.
+    models_dir: str | None = None
+    # Where `corral serve` writes its pid at start (atomically) and removes it at exit, so
+    # that `corral config ... --reload --signal` can send it SIGHUP. Relative to the file.
+    pid_file: str | None = None
+
+
+class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    idle_timeout: Seconds = 600.0  # seconds; 0 = never unload
+    start_timeout: Seconds = 120.0  # seconds from spawn to Ready
+    stop_grace: Seconds = 5.0  # seconds between SIGTERM and SIGKILL
+    # A ping over the worker socket every health_interval seconds (0 disables). A worker
+    # that has not answered for health_misses intervals is hung: it is killed and replaced.
+    health_interval: Seconds = 10.0
+    health_misses: int = 3
+    # A worker that fails to load, or dies within min_uptime seconds of Ready, is a failed
+    # start: retried after backoff_base * 2^(n-1) seconds (capped at backoff_max), and after
+    # start_retries failures in a row the model is failed until a reset or reload.
+    min_uptime: Seconds = 5.0
+    start_retries: int = 3
+    backoff_base: Seconds = 1.0
+    backoff_max: Seconds = 60.0
+    # Capacity. A model that does not fit evicts the least recently used idle, unpinned
+    # models; if none can go, its requests queue (first come, first served) for up to
+    # load_wait seconds, then get 503 with Retry-After. load_wait also bounds a request's
+    # wait through a backoff. A model's cost is its GGUF size plus its KV cache until it
+    # has loaded, then its worker's resident memory.
+    max_loaded_models: int = 0  # 0: no limit
+    memory_budget: int | str = 0  # bytes, or "12GiB", "8GB", ...; 0: no limit
+    load_wait: Seconds = 60.0
+    # A reload (SIGHUP, POST /admin/reload) applies the file once it has stayed the same
+    # for this long, so a file caught mid-write is never applied half-written.
+    reload_settle: Seconds = 0.5
+
+
+class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
+    """A `[models.NAME]` table: the worker's options (inherited), and the supervisor's own."""
+
+    path: str
+    aliases: list[str] = []
+    idle_timeout: Seconds | None = None  # overrides [supervisor] idle_timeout
+    preload: bool = False  # load at start instead of on the first request
+    pinned: bool = False  # never unloaded for idleness
+    # Requests waiting for a slot (supervisor/slot_queue.py): beyond max_queue a request
+    # gets 429 at once (None: no bound); after queue_timeout seconds in line, 503 (0: no
+    # limit).
+    max_queue: int | None = None
+    queue_timeout: Seconds = 0.0
+    # The token limit of a request that sets none (max_tokens, max_completion_tokens or
+    # n_predict). None: the chat runs until the model stops or the context is full, and
+    # a legacy completion stops at 16, as OpenAI's does.
+    max_tokens: int | None = None
+
+
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    server: ServerConfig = ServerConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    models: dict[str, ModelConfig] = {}
+
+
+class ConfigError(Exception):
+    """One or more problems in a config file, each as `key.path: message`."""
+
+    def __init__(self, problems: list[str], source: str = "") -> None:
+        # Problems end up in one-line places (the log, systemd's STATUS=, a JSON field);
+        # a key such as [models."a\nb"] must not break them.
+        self.problems = [_one_line(p) for p in problems]
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(self.problems))
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class ModelSpec(ModelOptions, frozen=True):
+    """A model as the supervisor runs it: config with paths resolved and defaults applied.
+
+    A Struct like the config it comes from, so that it inherits the worker's options
+    rather than repeating them; a reload compares two of them whole.
+    """
+
+    name: str
+    path: Path
+    aliases: tuple[str, ...]
+    idle_timeout: float
+    preload: bool = False
+    pinned: bool = False
+    max_queue: int | None = None
+    queue_timeout: float = 0.0
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig
+    supervisor: SupervisorConfig
+    models: dict[str, ModelSpec]
+    source: Path | None = None
+    # Every key from api_keys, api_keys_file, CORRAL_API_KEYS and admin_keys.
+    keys: Keyring = Keyring()
+    # Models whose file cannot load (gone, not a GGUF file, cut short): name -> the
+    # problem, as `models.<name>.path: ...`. Not a reason to refuse the file: `serve` and a
+    # reload run the other models and show these as failed; `config check` fails on them.
+    unloadable: dict[str, str] = field(default_factory=dict)
+
+    def resolve(self, name: str) -> ModelSpec | None:
+        """The model a request's `model` field names, by name or alias."""
+        spec = self.models.get(name)
+        if spec is not None:
+            return spec
+        for spec in self.models.values():
+            if name in spec.aliases:
+                return spec
+        return None
