@@ -14,9 +14,11 @@ A step:
   3. one llama_decode over the whole batch;
   4. each request whose prompt is complete samples at its own batch index; the siblings of
      an n > 1 request that joined it sample there too (worker/siblings.py).
-What goes into the batch, and what to free when the KV cache is full (purge idle caches,
-then halve the batch, then preempt the newest request), are decided in worker/step_plan.py;
-this module performs them. Every change to a sequence's KV cells goes through
+Before a step, waiting requests take idle slots (worker/admission.py); each sampled token
+becomes output, or ends its request, in worker/outcomes.py, which keeps the book of who
+waits and who runs. What goes into the batch, and what to free when the KV cache is full
+(purge idle caches, then halve the batch, then preempt the newest request), are decided in
+worker/step_plan.py; this module performs them. Every change to a sequence's KV cells goes through
 worker/kv_cache.py, which changes the slot's books with it, and before each decode checks
 that the two agree for every slot (a slot that does not is dropped, never served from).
 
@@ -26,42 +28,26 @@ only happens where logits were requested, and sampler chains always end in dist 
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import time
 from typing import Callable, Union
 
 import llama_cpp
-import msgspec
 
+from worker.admission import Admission
 from worker.batch import BatchBuffer
-from worker.constraint import ConstraintFailed, Constraints, tokenizer_for
+from worker.constraint import Constraints, tokenizer_for
 from worker.embeddings import EmbedLine
 from worker.kv_cache import KvCache
 from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
+from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
-from worker.protocol import (
-    Cancel,
-    Error,
-    FinishReason,
-    Frame,
-    Occupancy,
-    SamplingParams,
-    SetThreads,
-    SlotState,
-    Step,
-    StopType,
-    Timings,
-    TokenEvent,
-    TokenLogprob,
-    Usage,
-)
+from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotState, Step, TokenEvent
 from worker.request import EmbedJob, Request
-from worker.sampling import SamplerChain
-from worker.siblings import CopyPrefix, Join, followers_to_detach, sibling_start
-from worker.slots import Slot, choose_slot, reusable_prefix
+from worker.siblings import followers_to_detach
+from worker.slots import Slot
 from worker.step_plan import Halve, Preempt, Purge, Remedy, make_room, plan_batch
 
 log = logging.getLogger("worker.engine")
@@ -93,18 +79,15 @@ class Engine:
         # With a unified KV cache one sequence may use every cell; the engine enforces the
         # per-request limit itself and preempts when the shared pool runs out.
         self.n_ctx_slot = m.n_ctx
-        self.waiting: collections.deque[Request] = collections.deque()
-        # A Generate's id -> its requests: one, or n siblings (choice 0 first).
-        self.by_id: dict[int, list[Request]] = {}
+        # Who waits, who runs, and how each ends (worker/outcomes.py).
+        self.requests = Requests(m, self.n_ctx_slot, emit)
+        self.admission = Admission(
+            self.slots, self.kv, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active
+        )
         # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
         # evaluation of their prompt, and what prefix reuse saves.
         self.prompt_tokens_decoded = 0
         self.batch = BatchBuffer(m.n_batch)
-        self._clock = 0
-        # Set when a request was preempted for KV space; cleared when any request finishes.
-        # Until then a preempted request waits: re-admitting it at once would only refill
-        # the cache and be preempted again.
-        self._kv_full = False
         self.threads = m.threads  # read by the link for Pong
         self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
         # Structured output: llguidance's tokenizer is built by the first constrained request.
@@ -146,7 +129,7 @@ class Engine:
     @property
     def queued(self) -> int:
         """Requests waiting for a slot, or still being prepared."""
-        return len(self.waiting) + (len(self.embeds.jobs) if self.embeds is not None else 0) + self.prep.pending
+        return len(self.requests.waiting) + (len(self.embeds.jobs) if self.embeds is not None else 0) + self.prep.pending
 
     def slot_states(self) -> list[SlotState]:
         """What each slot is doing (GET /slots). Called from the link's thread, not this
@@ -166,10 +149,10 @@ class Engine:
     def run(self) -> None:
         self.prep.start()
         while True:  # the process ends it: the link exits once a Shutdown has drained
-            busy = bool(self.waiting) or self.active > 0 or (self.embeds is not None and not self.embeds.idle)
+            busy = bool(self.requests.waiting) or self.active > 0 or (self.embeds is not None and not self.embeds.idle)
             self._drain_inbox(block=not busy)
             try:
-                self._admit()
+                self.admission.admit()
                 if any(not s.idle for s in self.slots):
                     self._step()
                 if self.embeds is not None:  # its slots never generate, so hold no cells
@@ -207,20 +190,11 @@ class Engine:
 
     def _handle(self, item: Inbound) -> None:
         if isinstance(item, Request):
-            # Siblings queue right behind choice 0, so that they are admitted in the same
-            # pass where slots allow and join its prompt evaluation.
-            group = [item, *item.siblings()]
-            self.by_id[item.id] = group
-            self.waiting.extend(group)
+            self.requests.add(item)
         elif isinstance(item, Cancel):
             if self.embeds is not None:
                 self.embeds.drop(item.id)
-            for target in list(self.by_id.get(item.id, ())):
-                if item.index is not None and target.index != item.index:
-                    continue
-                if target in self.waiting:
-                    self.waiting.remove(target)
-                self._finish(target, "cancelled", events=None)
+            self.requests.cancel(item.id, item.index)
         elif isinstance(item, EmbedJob):
             assert self.embeds is not None, "the preparer makes embedding jobs only for embedding models"
             self.embeds.add(item)
@@ -229,64 +203,6 @@ class Engine:
             self.m.set_threads(n)
             self.threads = n
             log.info("now decoding with %d threads", n)
-
-    def _admit(self) -> None:
-        """Move waiting requests into idle slots, reusing the best cached prefix."""
-        while self.waiting:
-            req = self.waiting[0]
-            if req.preempted and self._kv_full and self.active:
-                return
-            slot = choose_slot(self.slots, req.tokens, self.kv.usable)
-            if slot is None:
-                return
-            self.waiting.popleft()
-            keep = self._start_in(slot, req)
-            if req.sampler is None:
-                req.cached = keep
-                try:
-                    req.sampler = SamplerChain(self._resolved(req.params), self.m.n_vocab)
-                except Exception as exc:
-                    log.exception("sampler chain for request %s", req.label)
-                    self._error(req, "internal", f"could not build the sampler: {exc}")
-                    continue
-            self._clock += 1
-            slot.last_used = self._clock
-            slot.request = req
-            req.slot = slot
-            if not req.t_admitted:  # a preempted request keeps its first start
-                req.t_admitted = time.perf_counter()
-
-    def _start_in(self, slot: Slot[Request], req: Request) -> int:
-        """Make `slot`'s cache ready for `req` (as sibling_start and the prefix rules say);
-        returns the prompt tokens it need not decode."""
-        start = None
-        if req.index > 0:
-            leader = self._leader(req)
-            prefilling = (
-                leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0
-            )
-            start = sibling_start(prefilling, self.slots, slot, req.tokens, self.kv.usable)
-        if isinstance(start, Join):
-            # Its cells come from the leader once the prompt is decoded (_join).
-            self.kv.drop(slot)
-            req.follows = self._leader(req)
-            return 0
-        if isinstance(start, CopyPrefix):
-            self.kv.copy_prefix(start.source, slot, start.n)
-            return start.n
-        # Never more than the KV cache still holds for that prefix (kv_rules.py).
-        return self.kv.keep(slot, reusable_prefix(slot.cache, req.tokens))
-
-    def _leader(self, req: Request) -> Request | None:
-        """Choice 0 of `req`'s Generate, while it is still in the engine."""
-        group = self.by_id.get(req.id, [])
-        return group[0] if group and group[0].index == 0 else None
-
-    def _resolved(self, p: SamplingParams) -> SamplingParams:
-        # llama-server's convention: repeat_last_n = -1 means the whole context.
-        if p.repeat_last_n == -1:
-            return msgspec.structs.replace(p, repeat_last_n=self.n_ctx_slot)
-        return p
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -352,7 +268,7 @@ class Engine:
                     if r.max_new <= 0:
                         # llama-server's n_predict = 0: the prompt is now in the cache, and
                         # nothing is generated.
-                        self._finish(r, "length", events, stop_type="limit")
+                        self.requests.finish(r, "length", events, stop_type="limit")
                     else:
                         self._sample(r, last_idx, logits, events)
         if events:
@@ -381,14 +297,14 @@ class Engine:
                 for a in edits:
                     a.apply(view)
             except Exception as exc:  # costs this request only, never the step
-                self._constraint_failed(req, exc)
+                self.requests.constraint_failed(req, exc)
                 return
         tok = req.sampler.sample(self.m.ctx, batch_index)
         lp = None
         if wants_logprobs and view is not None:
             assert req.params.logprobs is not None
             lp = token_logprob(view, tok, req.params.logprobs, self.m.piece)
-        self._accept(req, tok, events, lp)
+        self.requests.accept(req, tok, events, lp)
 
     def _make_room(self) -> Remedy[Request]:
         """After llama_decode returned 1 (no KV space): perform what make_room decides."""
@@ -405,8 +321,8 @@ class Engine:
             req.slot = None
             req.follows = None
             req.preempted = True
-            self._kv_full = True
-            self.waiting.appendleft(req)
+            self.requests.kv_full = True
+            self.requests.waiting.appendleft(req)
             log.info("KV cache full: preempted request %s (%d tokens, resumes later)", req.label, len(req.tokens))
         return remedy
 
@@ -415,13 +331,13 @@ class Engine:
             if rc == 1:
                 # A single request filled the whole pool: that is its context limit. A decode
                 # that found no room placed nothing, so its cache is as the books say.
-                self._finish(req, "length", events=None, flush=True, stop_type="limit")
+                self.requests.finish(req, "length", events=None, flush=True, stop_type="limit")
             else:
                 # llama.cpp keeps the ubatches that succeeded before one failed: the cells no
                 # longer match the books.
                 if req.slot is not None:
                     self.kv.drop(req.slot)
-                self._error(req, "internal", f"llama_decode failed with {rc}")
+                self.requests.error(req, "internal", f"llama_decode failed with {rc}")
 
     def _redo(self, slot: Slot[Request]) -> None:
         """`slot`'s cells were dropped by the invariant check: its request, if any, decodes
@@ -433,170 +349,15 @@ class Engine:
         if req.kv_redone:
             # Dropped twice: something keeps breaking its cells, and a third try would only
             # loop. It ends with an error rather than an answer from a wrong cache.
-            self._error(req, "internal", "the KV cache did not hold this request's tokens (logged)")
+            self.requests.error(req, "internal", "the KV cache did not hold this request's tokens (logged)")
             return
         req.kv_redone = True
         req.cached = 0
         log.error("request %s decodes its %d tokens again", req.label, len(req.tokens))
 
-    def _accept(self, req: Request, tok: int, events: list[TokenEvent], lp: TokenLogprob | None = None) -> None:
-        req.n_gen += 1
-        p = req.params
-        if self.m.is_eog(tok) and not p.ignore_eos:
-            # The end-of-generation token is no content: no text, and no logprob.
-            self._finish(req, "stop", events, tokens=[tok], flush=True, stop_type="eos")
-            return
-        if req.matcher is not None:
-            try:
-                req.matcher.consume(tok)
-            except ConstraintFailed as exc:
-                self._constraint_failed(req, exc)
-                return
-        req.tokens.append(tok)
-        decoded = req.decoder.decode(self.m.piece(tok))
-        if lp is not None and req.logprobs is not None:
-            req.logprobs.push(lp, len(decoded))
-        text, matched = req.stops.feed(decoded)
-        if matched:
-            self._finish(req, "stop", events, text=text, tokens=[tok], stopped=True, stop_type="word")
-        elif req.matcher is not None and req.matcher.stopped:
-            # The grammar is complete and allows only EOS next: end here, a step sooner.
-            self._finish(req, "stop", events, text=text, tokens=[tok], flush=True, stop_type="eos")
-        elif req.n_gen >= req.max_new or len(req.tokens) >= self.n_ctx_slot:
-            self._finish(req, "length", events, text=text, tokens=[tok], flush=True, stop_type="limit")
-        else:
-            lps = req.logprobs.release(len(text)) if req.logprobs is not None else []
-            timings = _timings(req) if p.timings_per_token else None
-            events.append(self._event(req, text=text, tokens=[tok], logprobs=lps, timings=timings))
-
-    def _constraint_failed(self, req: Request, exc: Exception) -> None:
-        """The grammar could not go on (llguidance hit a limit, or a bug): this request
-        ends with an error that names its constraint's parameter; the others go on."""
-        c = req.params.constraint
-        if not isinstance(exc, ConstraintFailed):
-            log.exception("constraint of request %s", req.label, exc_info=exc)
-        self._release(req)
-        self.emit(
-            Error(
-                id=req.id,
-                code="invalid_request",
-                message=f"the output could not be kept to the grammar after {req.n_gen} tokens: {exc}",
-                param=c.param if c is not None else None,
-            )
-        )
-
-    def _event(
-        self,
-        req: Request,
-        text: str,
-        tokens: list[int],
-        logprobs: list[TokenLogprob],
-        finish_reason: FinishReason | None = None,
-        usage: Usage | None = None,
-        stop_type: StopType | None = None,
-        stopping_word: str = "",
-        timings: Timings | None = None,
-        id_slot: int | None = None,
-    ) -> TokenEvent:
-        """An event of `req`'s choice; its first carries the echoed prompt, if asked, and
-        says whether the output starts inside reasoning."""
-        echo, req.echo = req.echo, None
-        ev = TokenEvent(
-            id=req.id, text=text, tokens=tokens, finish_reason=finish_reason, usage=usage,
-            index=req.index, logprobs=logprobs, echo=echo, stop_type=stop_type,
-            stopping_word=stopping_word, timings=timings, id_slot=id_slot,
-        )
-        return self._first_marked(req, ev)
-
-    def _finish(
-        self,
-        req: Request,
-        reason: FinishReason,
-        events: list[TokenEvent] | None,
-        text: str = "",
-        tokens: list[int] | None = None,
-        flush: bool = False,
-        stopped: bool = False,
-        stop_type: StopType | None = None,
-    ) -> None:
-        if flush:
-            # Generation ended for a reason other than a stop string: what was held back (an
-            # incomplete UTF-8 tail, a possible stop-string start) is real output.
-            tail, matched = req.stops.feed(req.decoder.decode(b"", final=True))
-            text += tail if matched else tail + req.stops.flush()
-            stopped = matched
-        id_slot = req.slot.seq_id if req.slot is not None else None
-        lps: list[TokenLogprob] = []
-        if req.logprobs is not None:
-            # A stop string's tokens are not content: only those whose text went out count.
-            lps = req.logprobs.release(len(text)) if stopped else req.logprobs.release_all()
-            req.logprobs.drop()
-        self._release(req)
-        ev = self._event(
-            req,
-            text=text,
-            tokens=tokens or [],
-            logprobs=lps,
-            finish_reason=reason,
-            usage=Usage(prompt_tokens=len(req.prompt), completion_tokens=req.n_gen, cached_tokens=req.cached),
-            stop_type=stop_type,
-            stopping_word=req.stops.matched if stop_type == "word" else "",
-            timings=_timings(req),
-            id_slot=id_slot,
-        )
-        if events is None:
-            self.emit(Step(events=[ev]))
-        else:
-            events.append(ev)
-
-    @staticmethod
-    def _first_marked(req: Request, ev: TokenEvent) -> TokenEvent:
-        """`ev`, marked as starting inside reasoning if it is the request's first event
-        and its prompt ended in an open <think> block."""
-        if not req.announced:
-            req.announced = True
-            ev.in_reasoning = req.in_reasoning
-        return ev
-
-    def _error(self, req: Request, code: str, message: str) -> None:
-        # The Error ends the whole Generate for the supervisor: its other choices go too.
-        for r in list(self.by_id.get(req.id, ())) or [req]:
-            if r in self.waiting:
-                self.waiting.remove(r)
-            self._release(r)
-        self.emit(Error(id=req.id, code=code, message=message))  # type: ignore[arg-type]
-
-    def _release(self, req: Request) -> None:
-        group = self.by_id.get(req.id)
-        if group is not None and req in group:
-            group.remove(req)
-            if not group:
-                del self.by_id[req.id]
-        self._kv_full = False
-        if req.sampler is not None:
-            req.sampler.free()
-            req.sampler = None
-        req.matcher = None
-        if req.slot is not None:
-            req.slot.request = None
-            req.slot = None
-
     def _fail_active(self, code: str, message: str) -> None:
         for s in self.slots:
             if s.request is not None:
-                self._error(s.request, code, message)
+                self.requests.error(s.request, code, message)
             self.kv.drop(s)
 
-
-def _timings(req: Request) -> Timings:
-    """llama-server's timings for `req` so far: its prompt from taking a slot to its first
-    sample, then generation from there to now."""
-    now = time.perf_counter()
-    prompt_end = req.t_prompt_done or now
-    return Timings(
-        prompt_n=len(req.prompt) - req.cached,
-        prompt_ms=(prompt_end - req.t_admitted) * 1000.0 if req.t_admitted else 0.0,
-        predicted_n=req.n_gen,
-        predicted_ms=(now - req.t_prompt_done) * 1000.0 if req.t_prompt_done else 0.0,
-        cache_n=req.cached,
-    )

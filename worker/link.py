@@ -118,7 +118,7 @@ class Link:
         deadline = time.monotonic() + grace
         while self.engine is not None and (self.engine.active or self.engine.queued):
             if time.monotonic() >= deadline:
-                for rid in list(self.engine.by_id):
+                for rid in list(self.engine.requests.by_id):
                     self.engine.submit(Cancel(id=rid))
                 await trio.sleep(0.1)
                 break

@@ -31,7 +31,6 @@ MAX_LINES = 400
 # Modules still over MAX_LINES, each at most the size it had when this list was written.
 # Issue 21 splits them; the list may only shrink (a module under the limit must leave it).
 OVER_LIMIT: dict[str, int] = {
-    "worker/engine.py": 602,
     "worker/protocol.py": 552,
     "supervisor/config/": 536,
     "router/schemas.py": 479,
