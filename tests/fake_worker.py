@@ -1,4 +1,4 @@
-"""A fake worker: speaks the real wire protocol (worker/protocol.py) without loading a model.
+"""A fake worker: speaks the real wire protocol (worker/protocol/) without loading a model.
 
 Run as the supervisor runs a worker:
 

@@ -1,4 +1,4 @@
-"""worker/protocol.py: framing, round-trips for every frame type, and malformed input."""
+"""worker/protocol/: framing, round-trips for every frame type, and malformed input."""
 
 from __future__ import annotations
 

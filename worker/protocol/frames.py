@@ -1,24 +1,14 @@
-"""The wire contract between the supervisor and a worker process.
-
-Frames are msgspec Structs, tagged by class name, encoded as msgpack and sent with a 4-byte
-big-endian length prefix over one end of a socketpair. Many requests share the connection;
-each request-scoped frame carries the request id that the supervisor chose.
-
-This module imports only the standard library and msgspec: the supervisor and the router
-import it, and they must never pull in llama_cpp.
-"""
+"""The frames: every message between the supervisor and a worker, each a msgspec Struct
+tagged by its class name. Request-scoped frames carry the id the supervisor chose."""
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Literal, Union
 
 import msgspec
 
-# A frame larger than this is a protocol error, not a big request: the router's body limit is
-# far below it, so only a corrupted stream can produce one.
-MAX_FRAME_BYTES = 256 * 1024 * 1024
-HEADER = struct.Struct(">I")
+from worker.protocol.parameters import ChatMessage, SamplingParams, ToolFormat
+
 
 FinishReason = Literal["stop", "length", "cancelled"]
 # Why a generation stopped, in llama-server's words: an end-of-generation token, the length
@@ -28,140 +18,6 @@ StopType = Literal["eos", "limit", "word"]
 
 class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=True):
     """Base of every frame; the tag is the class name."""
-
-
-# ---- parameters -------------------------------------------------------------------------------
-
-
-class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """A grammar the output must match, enforced token by token while sampling.
-
-    `kind` says how to read `source`: a JSON schema (as JSON text), a Lark grammar in
-    llguidance's dialect (which can embed a JSON schema with `%json { ... }`), or a GBNF
-    grammar as llama.cpp writes them. `param` is the request parameter it came from, named
-    in the 400 when it does not compile.
-    """
-
-    kind: Literal["json_schema", "lark", "gbnf"]
-    source: str
-    param: str
-
-
-# How constrained JSON is laid out (llguidance's JSON options): no free whitespace. With
-# flexible whitespace a small model can pad between tokens without end; the separators are
-# Python's json.dumps defaults, so an answer reads as usual. Used for JSON schemas and for
-# the `%json` parts of Lark grammars (a schema's own "x-guidance" key overrides it).
-JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Everything a worker needs to build one request's sampler chain and stop rules.
-
-    The router validates ranges before a frame is built; the worker re-checks the few that
-    could abort llama.cpp, because no frame may crash it.
-    """
-
-    # These defaults are the only ones: the router's request types take theirs from here.
-    # They are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05;
-    # llama-cpp-python's server and Ollama are alike), not OpenAI's 1.0 with no truncation:
-    # with a 262k-token vocabulary and a small model, untruncated sampling at 1.0 wanders
-    # into stray scripts within a few tokens.
-    max_tokens: int | None = None  # None: up to the slot's context
-    temperature: float = 0.8  # 0 selects greedy
-    top_p: float = 0.95  # 1 disables
-    top_k: int = 40  # 0 disables
-    min_p: float = 0.05  # 0 disables
-    seed: int | None = None
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    stop: list[str] = []
-    ignore_eos: bool = False
-    constraint: Constraint | None = None
-    # llama-server's timings_per_token: every event carries Timings, not only the last.
-    timings_per_token: bool = False
-    # OpenAI's logit_bias with its ids parsed: added to the logits before sampling (the
-    # router bounds the values to -100..100; the worker checks the ids against its vocabulary).
-    logit_bias: dict[int, float] = {}
-    # None: no logprobs. k >= 0: each generated token's logprob and its k most likely
-    # alternatives, from the logits the sampler used (after logit_bias and any constraint).
-    logprobs: int | None = None
-
-
-class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """A function call an assistant made earlier in the conversation, as the client sent
-    it: `arguments` is the JSON text, parsed only when a template renders it."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    role: str
-    content: str = ""
-    # OpenAI's optional message fields, for tool calling and reasoning models; None is
-    # "not sent", which templates tell apart from an empty value (`'tool_calls' in message`).
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None  # a tool message: the call it answers
-    reasoning_content: str | None = None  # an assistant message's earlier reasoning
-
-
-Pooling = Literal["mean", "cls", "last", "rank", "none"]
-# How a model writes tool calls (see worker/chat_formats.py); "auto" reads its template.
-ToolFormat = Literal["hermes", "llama3", "mistral", "generic"]
-
-
-class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A model's options that the worker applies, and their defaults; listed nowhere else.
-
-    The config's `[models.NAME]` table, the supervisor's resolved spec and `WorkerSpec`
-    all inherit these fields, and `options_of` copies them from one to the next, so a new
-    option is declared here once and nothing names it on the way to the worker.
-    Keyword-only, so that a subclass's own required fields (a name, a path) come first:
-    in `WorkerSpec`'s JSON that keeps the model's name at the start of a `ps` line.
-    """
-
-    slots: int = 4
-    n_ctx: int = 4096  # KV cells shared by all slots
-    n_batch: int = 512  # most tokens in one decode step; prompts are prefilled in chunks of it
-    # None: the supervisor gives the worker a share of the cores; a worker that is still
-    # told None (started by hand, a test) uses all of them.
-    threads: int | None = None
-    n_gpu_layers: int = 0
-    # A built-in name ("gemma") or a Jinja file; the supervisor makes the path absolute
-    # before it reaches the worker.
-    chat_template: str | None = None
-    embeddings: bool = False
-    pooling: Pooling | None = None  # embeddings only; None: the model's own, else mean
-    # Weight repacking (llama-server's --repack). Off by default: on AMX CPUs a repacked
-    # model segfaults on the first multi-token decode (ggml-org/llama.cpp#20824).
-    repack: bool = False
-    # Give sliding-window layers a KV cache as large as n_ctx, so that cells that have left
-    # the window usually stay for prefix reuse. Usually, not always: llama.cpp may still give
-    # them away, and the worker checks before it keeps a prefix (worker/kv_rules.py).
-    swa_full: bool = True
-    # How tool calls are offered and written: "auto" decides from the chat template
-    # (worker/chat_formats.py); a built-in template takes tools only as "generic".
-    tool_format: Literal["auto", "hermes", "llama3", "mistral", "generic"] = "auto"
-    # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
-    reasoning: bool = True
-
-
-def options_of(source: ModelOptions) -> dict[str, Any]:
-    """`source`'s model options alone, without the fields its own class adds, as keyword
-    arguments for building another kind of ModelOptions."""
-    return {name: getattr(source, name) for name in ModelOptions.__struct_fields__}
-
-
-class WorkerSpec(ModelOptions, forbid_unknown_fields=True, frozen=True):
-    """What a worker loads. The supervisor passes it as JSON on the command line, so `ps`
-    shows which model a worker process serves."""
-
-    name: str
-    path: str
 
 
 # ---- supervisor -> worker ---------------------------------------------------------------------
@@ -480,73 +336,3 @@ FromWorker = Union[
     Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong, Occupancy,
     DetokenizeResult, Rendered, SlotsResult,
 ]
-
-_encoder = msgspec.msgpack.Encoder()
-_to_worker = msgspec.msgpack.Decoder(ToWorker)
-_from_worker = msgspec.msgpack.Decoder(FromWorker)
-
-
-class ProtocolError(Exception):
-    """The byte stream is not a valid frame sequence."""
-
-
-def encode(frame: Frame) -> bytes:
-    """Serialise one frame with its length prefix."""
-    body = _encoder.encode(frame)
-    return HEADER.pack(len(body)) + body
-
-
-def decode_to_worker(body: bytes | memoryview) -> ToWorker:
-    try:
-        frame: ToWorker = _to_worker.decode(body)
-        return frame
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(str(exc)) from exc
-
-
-def decode_from_worker(body: bytes | memoryview) -> FromWorker:
-    try:
-        frame: FromWorker = _from_worker.decode(body)
-        return frame
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(str(exc)) from exc
-
-
-class FrameBuffer:
-    """Incremental splitter: feed it bytes as they arrive, take whole frame bodies out.
-
-    Pure and I/O-free, so both the trio side and plain threads can use it. The bytes of a
-    frame still arriving are kept as a list of pieces and joined once, when the frame is
-    whole, and bodies are views into that one buffer: growing one buffer piece by piece
-    and slicing bodies out of it copied a 15 MB frame about eight times (34 ms with the GIL
-    held, a stall for every stream of the worker).
-    """
-
-    def __init__(self) -> None:
-        self._pieces: list[bytes] = []  # what has arrived since the last whole frame
-        self._have = 0  # their total length
-        self._need = HEADER.size  # bytes needed before another frame can be whole
-
-    def feed(self, data: bytes | bytearray) -> list[memoryview]:
-        self._pieces.append(bytes(data))
-        self._have += len(data)
-        if self._have < self._need:
-            return []
-        buf = memoryview(b"".join(self._pieces))
-        bodies: list[memoryview] = []
-        start = 0
-        self._need = HEADER.size
-        while len(buf) - start >= HEADER.size:
-            (size,) = HEADER.unpack_from(buf, start)
-            if size > MAX_FRAME_BYTES:
-                raise ProtocolError(f"frame of {size} bytes exceeds the limit")
-            end = start + HEADER.size + size
-            if len(buf) < end:
-                self._need = end - start
-                break
-            bodies.append(buf[start + HEADER.size : end])
-            start = end
-        rest = bytes(buf[start:])  # usually a few bytes of the next frame, or none
-        self._pieces = [rest] if rest else []
-        self._have = len(rest)
-        return bodies
