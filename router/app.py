@@ -20,7 +20,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from router import (
-    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, native, openapi, schemas, site_guard, sse,
+    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, native, openapi, request_fields, schemas,
+    site_guard, sse,
 )
 from router.errors import render, render_config_error, render_http, render_native, to_native
 from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
@@ -154,7 +155,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
                 "(set embeddings = true).",
                 "model",
             )
-        inputs = schemas.embedding_inputs(r)
+        inputs = request_fields.embedding_inputs(r)
         record = access_log.current()
         asked = time.monotonic()
         async with handle.lease() as conn:

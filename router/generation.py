@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from router import access_log, schemas, sse, structured, tool_schemas
+from router import access_log, request_fields, schemas, sse, structured, tool_schemas
 from router.chat_output import ChatOutput
 from router.choices import Choices, chat_logprobs, completion_logprobs, merged_usage
 from router.openai_format import Completion
@@ -73,27 +73,27 @@ def chat_job(r: schemas.ChatRequest, model: str, default_max_tokens: int | None 
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     param = "max_tokens"
     if max_tokens is None and r.n_predict is not None:
-        max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
+        max_tokens, param = request_fields.n_predict_tokens(r.n_predict), "n_predict"
     elif max_tokens is None:
         max_tokens = default_max_tokens
-    params = schemas.sampling_params(r, max_tokens, param)
-    params = msgspec.structs.replace(params, logprobs=schemas.chat_logprobs(r))
+    params = request_fields.sampling_params(r, max_tokens, param)
+    params = msgspec.structs.replace(params, logprobs=request_fields.chat_logprobs(r))
     return GenerationJob(
         model=model,
         params=_constrained(params, structured.constraint(r.response_format, r.json_schema, r.grammar)),
-        messages=tuple(schemas.chat_messages(r)),
+        messages=tuple(request_fields.chat_messages(r)),
         stream=r.stream,
         include_usage=_include_usage(r),
         tools=tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
-        template_kwargs=schemas.chat_template_kwargs(r.chat_template_kwargs),
+        template_kwargs=request_fields.chat_template_kwargs(r.chat_template_kwargs),
         n=r.n,
     )
 
 
 def completion_job(r: schemas.CompletionRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
-    params = schemas.sampling_params(r, *_completion_max_tokens(r, default_max_tokens))
-    params = msgspec.structs.replace(params, logprobs=schemas.completion_logprobs(r))
-    prompts = schemas.completion_prompts(r)
+    params = request_fields.sampling_params(r, *_completion_max_tokens(r, default_max_tokens))
+    params = msgspec.structs.replace(params, logprobs=request_fields.completion_logprobs(r))
+    prompts = request_fields.completion_prompts(r)
     one = prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None
     return GenerationJob(
         model=model,
@@ -112,7 +112,7 @@ def _completion_max_tokens(r: schemas.CompletionRequest, default: int | None) ->
     if r.max_tokens is not None:
         return r.max_tokens, "max_tokens"
     if r.n_predict is not None:
-        return schemas.n_predict_tokens(r.n_predict), "n_predict"
+        return request_fields.n_predict_tokens(r.n_predict), "n_predict"
     # The model's own default, else OpenAI's for the legacy completions endpoint.
     return (default if default is not None else 16), "max_tokens"
 
@@ -121,7 +121,7 @@ def _constrained(params: SamplingParams, c: Constraint | None) -> SamplingParams
     return params if c is None else msgspec.structs.replace(params, constraint=c)
 
 
-def _include_usage(r: schemas._Sampling) -> bool:
+def _include_usage(r: schemas.SamplingFields) -> bool:
     return bool(r.stream and r.stream_options and r.stream_options.include_usage)
 
 
@@ -182,9 +182,9 @@ class Generation:
             if job.prompt_parts is not None:  # its strings alone bound it from below
                 text = "".join(p for p in job.prompt_parts if isinstance(p, str))
             if ready is not None and (text is not None or messages is not None):
-                schemas.refuse_if_too_long(
+                request_fields.refuse_if_too_long(
                     ready,
-                    schemas.bounded_text(text, messages),
+                    request_fields.bounded_text(text, messages),
                     ready.n_ctx_slot - 1,
                     "the prompt",
                     f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",

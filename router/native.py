@@ -13,7 +13,7 @@ from typing import AsyncIterator, Callable
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router import bodies, schemas, sse, tool_schemas
+from router import bodies, request_fields, schemas, sse, tool_schemas
 from router.errors import render_native
 from router.generation import Generation, GenerationJob
 from router.native_format import NativeCompletion, encode, props_json, slots_json
@@ -91,7 +91,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
         handle = resolve(r.model)
         async with handle.lease() as conn:
             if (ready := conn.ready) is not None:
-                schemas.refuse_if_too_long(
+                request_fields.refuse_if_too_long(
                     ready,
                     r.content,
                     ready.n_ctx_slot,
@@ -121,9 +121,9 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
         handle = resolve(r.model)
         # The same checks and normalisation as a chat request's messages, tools and
         # template variables: the prompt is the one that request would get.
-        messages = schemas.chat_messages(schemas.ChatRequest(model=handle.name, messages=r.messages))
+        messages = request_fields.chat_messages(schemas.ChatRequest(model=handle.name, messages=r.messages))
         tools = tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls).offered
-        kwargs = schemas.chat_template_kwargs(r.chat_template_kwargs)
+        kwargs = request_fields.chat_template_kwargs(r.chat_template_kwargs)
         async with handle.lease() as conn:
             prompt = await conn.render(messages, list(tools) if tools else None, kwargs)
         return _json({"prompt": prompt})

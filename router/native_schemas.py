@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from router import schemas, structured
+from router import request_fields, schemas, structured
 from router.schemas import Int32, Seed
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import SamplingParams
@@ -24,7 +24,7 @@ from worker.protocol import SamplingParams
 TokenId = Int32
 
 
-class NativeCompletionRequest(schemas._Sampling, forbid_unknown_fields=True):
+class NativeCompletionRequest(schemas.SamplingFields, forbid_unknown_fields=True):
     """POST /completion. The sampling parameters and their defaults are the OpenAI routes'
     (which are llama-server's); what follows is /completion's own."""
 
@@ -122,8 +122,8 @@ def native_params(r: NativeCompletionRequest, default_max_tokens: int | None = N
     elif r.n_predict is None:
         max_tokens, param = default_max_tokens, "max_tokens"
     else:
-        max_tokens, param = schemas.n_predict_tokens(r.n_predict), "n_predict"
-    params = schemas.sampling_params(r, max_tokens, param, min_tokens=0)
+        max_tokens, param = request_fields.n_predict_tokens(r.n_predict), "n_predict"
+    params = request_fields.sampling_params(r, max_tokens, param, min_tokens=0)
     return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
 
 

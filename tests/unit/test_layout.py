@@ -33,7 +33,6 @@ MAX_LINES = 400
 # Issue 21 splits them; the list may only shrink (a module under the limit must leave it).
 OVER_LIMIT: dict[str, int] = {
     "supervisor/config/": 536,
-    "router/schemas.py": 479,
     "supervisor/connection.py": 405,
     "supervisor/handle.py": 404,
 }

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from router import request_fields as rf
 from router import schemas as s
 from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
@@ -156,14 +157,14 @@ def test_sampling_params_defaults_are_llama_servers() -> None:
     """Pins 840e918: unset parameters sampled untruncated at temperature 1.0, which on the demo
     model's 262k vocabulary produced stray scripts."""
     r = chat()
-    sp = s.sampling_params(r, r.max_tokens)
+    sp = rf.sampling_params(r, r.max_tokens)
     llama_server = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
     assert sp == SamplingParams(max_tokens=None, stop=[], **llama_server)
     # One set of defaults: a frame built directly samples as an HTTP client's request does.
     assert sp == SamplingParams(max_tokens=None, stop=[])
     # Explicit values win, including the ones that turn truncation off (OpenAI's defaults).
     openai = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-    sp = s.sampling_params(chat(**openai), None)
+    sp = rf.sampling_params(chat(**openai), None)
     assert sp == SamplingParams(max_tokens=None, stop=[], **openai)
 
 
@@ -194,7 +195,7 @@ def test_sampling_params_maps_everything() -> None:
         ignore_eos=True,
         stop="END",
     )
-    sp = s.sampling_params(r, 12)
+    sp = rf.sampling_params(r, 12)
     assert sp == SamplingParams(
         max_tokens=12,
         temperature=0.5,
@@ -212,10 +213,10 @@ def test_sampling_params_maps_everything() -> None:
 
 
 def test_stop_string_and_list() -> None:
-    assert s.sampling_params(chat(stop="x"), None).stop == ["x"]
-    assert s.sampling_params(chat(stop=["x", "y"]), None).stop == ["x", "y"]
-    assert s.sampling_params(chat(stop=None), None).stop == []
-    assert s.sampling_params(chat(stop=[]), None).stop == []
+    assert rf.sampling_params(chat(stop="x"), None).stop == ["x"]
+    assert rf.sampling_params(chat(stop=["x", "y"]), None).stop == ["x", "y"]
+    assert rf.sampling_params(chat(stop=None), None).stop == []
+    assert rf.sampling_params(chat(stop=[]), None).stop == []
 
 
 @pytest.mark.parametrize(
@@ -248,7 +249,7 @@ def test_stop_string_and_list() -> None:
 def test_sampling_params_range_checks_name_param(fields: dict[str, Any], param: str) -> None:
     r = chat(**fields)
     with pytest.raises(InvalidRequest) as info:
-        s.sampling_params(r, r.max_tokens)
+        rf.sampling_params(r, r.max_tokens)
     assert info.value.param == param
     assert param in info.value.message.lower()
 
@@ -257,7 +258,7 @@ def test_sampling_params_range_checks_name_param(fields: dict[str, Any], param: 
 def test_max_tokens_below_one(value: int) -> None:
     r = chat(max_tokens=value)
     with pytest.raises(InvalidRequest) as info:
-        s.sampling_params(r, r.max_tokens)
+        rf.sampling_params(r, r.max_tokens)
     assert info.value.param == "max_tokens"
     assert "max_tokens" in info.value.message
 
@@ -281,17 +282,17 @@ def test_max_tokens_below_one(value: int) -> None:
 )
 def test_sampling_params_boundaries_accepted(fields: dict[str, Any]) -> None:
     r = chat(**fields)
-    s.sampling_params(r, r.max_tokens)
+    rf.sampling_params(r, r.max_tokens)
 
 
 def test_logit_bias_reaches_the_worker_with_int_ids() -> None:
     r = chat(logit_bias={"123": 5.0, "7": -100})
-    assert s.sampling_params(r, None).logit_bias == {123: 5.0, 7: -100.0}
+    assert rf.sampling_params(r, None).logit_bias == {123: 5.0, 7: -100.0}
 
 
 def test_logit_bias_nan_is_refused() -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.logit_bias({"1": float("nan")})
+        rf.logit_bias({"1": float("nan")})
     assert info.value.param == "logit_bias"
 
 
@@ -301,7 +302,7 @@ def test_logit_bias_nan_is_refused() -> None:
      ({"logprobs": True, "top_logprobs": 20}, 20)],
 )
 def test_chat_logprobs(fields: dict[str, Any], want: int | None) -> None:
-    assert s.chat_logprobs(chat(**fields)) == want
+    assert rf.chat_logprobs(chat(**fields)) == want
 
 
 @pytest.mark.parametrize(
@@ -311,7 +312,7 @@ def test_chat_logprobs(fields: dict[str, Any], want: int | None) -> None:
 def test_chat_top_logprobs_refused(fields: dict[str, Any]) -> None:
     """OpenAI refuses top_logprobs without logprobs: true."""
     with pytest.raises(InvalidRequest) as info:
-        s.chat_logprobs(chat(**fields))
+        rf.chat_logprobs(chat(**fields))
     assert info.value.param == "top_logprobs"
 
 
@@ -319,10 +320,10 @@ def test_chat_top_logprobs_refused(fields: dict[str, Any]) -> None:
 def test_completion_logprobs_range(value: int | None, ok: bool) -> None:
     r = completion(prompt="x", logprobs=value)
     if ok:
-        assert s.completion_logprobs(r) == value
+        assert rf.completion_logprobs(r) == value
     else:
         with pytest.raises(InvalidRequest) as info:
-            s.completion_logprobs(r)
+            rf.completion_logprobs(r)
         assert info.value.param == "logprobs"
 
 
@@ -338,7 +339,7 @@ def test_chat_messages_plain_strings() -> None:
             {"role": "tool", "content": "42", "tool_call_id": "call_1"},
         ]
     )
-    assert s.chat_messages(r) == [
+    assert rf.chat_messages(r) == [
         ChatMessage(role="system", content="Be kind."),
         ChatMessage(role="user", content="Hi"),
         ChatMessage(role="assistant", content="Hello"),
@@ -355,7 +356,7 @@ def test_chat_messages_text_parts_joined() -> None:
             }
         ]
     )
-    assert s.chat_messages(r) == [ChatMessage(role="user", content="Hello, world")]
+    assert rf.chat_messages(r) == [ChatMessage(role="user", content="Hello, world")]
 
 
 def test_chat_messages_empty_parts_and_null_content() -> None:
@@ -366,7 +367,7 @@ def test_chat_messages_empty_parts_and_null_content() -> None:
             {"role": "user"},
         ]
     )
-    assert s.chat_messages(r) == [
+    assert rf.chat_messages(r) == [
         ChatMessage(role="user", content=""),
         ChatMessage(role="assistant", content=""),
         ChatMessage(role="user", content=""),
@@ -375,7 +376,7 @@ def test_chat_messages_empty_parts_and_null_content() -> None:
 
 def test_developer_maps_to_system() -> None:
     r = chat(messages=[{"role": "developer", "content": "rules"}, {"role": "user", "content": "q"}])
-    assert s.chat_messages(r)[0] == ChatMessage(role="system", content="rules")
+    assert rf.chat_messages(r)[0] == ChatMessage(role="system", content="rules")
 
 
 def test_image_part_rejected_naming_position() -> None:
@@ -392,7 +393,7 @@ def test_image_part_rejected_naming_position() -> None:
         ]
     )
     with pytest.raises(Unsupported) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages[1].content[1]"
     assert "messages[1].content[1]" in info.value.message
 
@@ -400,14 +401,14 @@ def test_image_part_rejected_naming_position() -> None:
 def test_non_dict_part_rejected() -> None:
     r = chat(messages=[{"role": "user", "content": ["just a string"]}])
     with pytest.raises(Unsupported) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages[0].content[0]"
 
 
 def test_text_part_without_string_text() -> None:
     r = chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}])
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages[0].content[0].text"
 
 
@@ -415,14 +416,14 @@ def test_text_part_without_string_text() -> None:
 def test_bad_role_rejected(role: Any) -> None:
     r = chat(messages=[{"role": "user", "content": "a"}, {"role": role, "content": "b"}])
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages[1].role"
 
 
 def test_missing_role_rejected() -> None:
     r = chat(messages=[{"content": "b"}])
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages[0].role"
 
 
@@ -430,27 +431,27 @@ def test_missing_role_rejected() -> None:
 def test_bad_content_type_rejected(content: Any) -> None:
     r = chat(messages=[{"role": "user", "content": content}])
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages[0].content"
 
 
 def test_empty_messages_rejected() -> None:
     r = chat(messages=[])
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages"
 
 
 def test_missing_messages_rejected() -> None:
     r = s.decode(body(model="m"), s.ChatRequest)
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(r)
+        rf.chat_messages(r)
     assert info.value.param == "messages"
 
 
 def test_chat_accepted_no_op_features() -> None:
     r = chat(tools=[], logprobs=False, response_format={"type": "text"}, user="u", store=False)
-    assert s.chat_messages(r) == [ChatMessage(role="user", content="hi")]
+    assert rf.chat_messages(r) == [ChatMessage(role="user", content="hi")]
 
 
 # ---- completion_prompts -------------------------------------------------------------------------
@@ -468,11 +469,11 @@ def test_chat_accepted_no_op_features() -> None:
     ],
 )
 def test_completion_prompt_shapes(prompt: Any, want: list[Any]) -> None:
-    assert s.completion_prompts(completion(prompt=prompt)) == want
+    assert rf.completion_prompts(completion(prompt=prompt)) == want
 
 
 def test_completion_prompt_default_empty() -> None:
-    assert s.completion_prompts(completion()) == [""]
+    assert rf.completion_prompts(completion()) == [""]
 
 
 @pytest.mark.parametrize(
@@ -490,7 +491,7 @@ def test_completion_prompt_default_empty() -> None:
 )
 def test_completion_prompt_bad_shapes_name_the_entry(prompt: Any, param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.completion_prompts(completion(prompt=prompt))
+        rf.completion_prompts(completion(prompt=prompt))
     assert info.value.param == param
 
 
@@ -503,59 +504,59 @@ def test_completion_prompt_bad_shapes_name_the_entry(prompt: Any, param: str) ->
 )
 def test_completion_unsupported_features(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(Unsupported) as info:
-        s.completion_prompts(completion(prompt="x", **fields))
+        rf.completion_prompts(completion(prompt="x", **fields))
     assert info.value.param == param
 
 
 def test_completion_echo_with_logprobs_unsupported() -> None:
     with pytest.raises(Unsupported) as info:
-        s.completion_logprobs(completion(prompt="x", echo=True, logprobs=1))
+        rf.completion_logprobs(completion(prompt="x", echo=True, logprobs=1))
     assert info.value.param == "echo"
 
 
 def test_completion_accepted_no_op_features() -> None:
-    assert s.completion_prompts(completion(prompt="x", echo=True, suffix="", best_of=1, logprobs=0)) == ["x"]
+    assert rf.completion_prompts(completion(prompt="x", echo=True, suffix="", best_of=1, logprobs=0)) == ["x"]
 
 
 # ---- embedding_inputs ---------------------------------------------------------------------------
 
 
 def test_embedding_single_string() -> None:
-    assert s.embedding_inputs(embedding(input="hello")) == ["hello"]
+    assert rf.embedding_inputs(embedding(input="hello")) == ["hello"]
 
 
 def test_embedding_list_of_strings() -> None:
-    assert s.embedding_inputs(embedding(input=["a", "b"])) == ["a", "b"]
+    assert rf.embedding_inputs(embedding(input=["a", "b"])) == ["a", "b"]
 
 
 def test_embedding_empty_list() -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.embedding_inputs(embedding(input=[]))
+        rf.embedding_inputs(embedding(input=[]))
     assert info.value.param == "input"
 
 
 @pytest.mark.parametrize("value", ["", ["a", ""]])
 def test_embedding_empty_string(value: Any) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.embedding_inputs(embedding(input=value))
+        rf.embedding_inputs(embedding(input=value))
     assert info.value.param == "input"
 
 
 @pytest.mark.parametrize(("value", "want"), [([1, 2, 3], [(1, 2, 3)]), ([[1, 2], [5]], [(1, 2), (5,)])])
 def test_embedding_token_arrays(value: Any, want: list[Any]) -> None:
-    assert s.embedding_inputs(embedding(input=value)) == want
+    assert rf.embedding_inputs(embedding(input=value)) == want
 
 
 @pytest.mark.parametrize("value", [["a", [1]], ["a", 1], [[1], []], [[-1]]])
 def test_embedding_bad_or_mixed_inputs(value: Any) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.embedding_inputs(embedding(input=value))
+        rf.embedding_inputs(embedding(input=value))
     assert info.value.param.startswith("input")
 
 
 def test_embedding_dimensions_unsupported() -> None:
     with pytest.raises(Unsupported) as info:
-        s.embedding_inputs(embedding(input="x", dimensions=64))
+        rf.embedding_inputs(embedding(input="x", dimensions=64))
     assert info.value.param == "dimensions"
 
 
@@ -579,30 +580,30 @@ def _ready(n_ctx_slot: int = 4096, max_token_bytes: int = 48) -> Any:
 
 
 def test_the_bounded_text_is_the_prompt_or_the_last_user_message_stripped() -> None:
-    assert s.bounded_text("abc", None) == "abc"
+    assert rf.bounded_text("abc", None) == "abc"
     msgs = [
         ChatMessage(role="user", content="first " * 100),
         ChatMessage(role="assistant", content="x" * 1000),
         ChatMessage(role="user", content="  last question \n"),
         ChatMessage(role="tool", content="y" * 1000),
     ]
-    assert s.bounded_text(None, msgs) == "last question"
-    assert s.bounded_text(None, [ChatMessage(role="system", content="z" * 10)]) == ""
+    assert rf.bounded_text(None, msgs) == "last question"
+    assert rf.bounded_text(None, [ChatMessage(role="system", content="z" * 10)]) == ""
 
 
 def test_a_text_over_the_byte_bound_is_refused_as_context_length_exceeded() -> None:
     ready = _ready(n_ctx_slot=100, max_token_bytes=4)
-    s.refuse_if_too_long(ready, "x" * 396, 99, "the prompt", "why", "prompt")  # 99 tokens could fit
+    rf.refuse_if_too_long(ready, "x" * 396, 99, "the prompt", "why", "prompt")  # 99 tokens could fit
     with pytest.raises(ContextOverflow) as info:
-        s.refuse_if_too_long(ready, "x" * 397, 99, "the prompt", "why", "prompt")
+        rf.refuse_if_too_long(ready, "x" * 397, 99, "the prompt", "why", "prompt")
     assert info.value.param == "prompt"
     assert info.value.message == "the prompt is at least 100 tokens (397 bytes of text); why"
     # Non-ASCII text counts its UTF-8 bytes.
     with pytest.raises(ContextOverflow):
-        s.refuse_if_too_long(ready, "é" * 199, 99, "the prompt", "why", "prompt")
+        rf.refuse_if_too_long(ready, "é" * 199, 99, "the prompt", "why", "prompt")
 
 
 @pytest.mark.parametrize("ready", [None, "no bound"])
 def test_without_a_bound_nothing_is_refused_here(ready: Any) -> None:
     r = _ready(max_token_bytes=0) if ready == "no bound" else None
-    s.refuse_if_too_long(r, "x" * 10_000_000, 99, "the prompt", "why", "prompt")
+    rf.refuse_if_too_long(r, "x" * 10_000_000, 99, "the prompt", "why", "prompt")

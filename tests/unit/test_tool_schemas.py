@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from router import generation
+from router import request_fields as rf
 from router import schemas as s
 from router.tool_schemas import tool_request
 from supervisor.errors import InvalidRequest
@@ -72,7 +73,7 @@ def test_tool_call_messages_become_protocol_messages() -> None:
             {"role": "tool", "tool_call_id": "call_1", "content": "cold", "name": "get_weather"},
         ]
     )
-    assert s.chat_messages(r)[1:] == [
+    assert rf.chat_messages(r)[1:] == [
         ChatMessage(role="assistant", content="", tool_calls=[ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}')]),
         ChatMessage(role="tool", content="cold", name="get_weather", tool_call_id="call_1"),
     ]
@@ -91,24 +92,24 @@ def test_tool_call_messages_become_protocol_messages() -> None:
 )
 def test_bad_tool_messages_name_their_parameter(message: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.chat_messages(chat(messages=[{"role": "user", "content": "q"}, message]))
+        rf.chat_messages(chat(messages=[{"role": "user", "content": "q"}, message]))
     assert info.value.param == param
 
 
 def test_two_final_assistant_messages_are_refused() -> None:
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
     with pytest.raises(InvalidRequest, match="prefill") as info:
-        s.chat_messages(chat(messages=msgs))
+        rf.chat_messages(chat(messages=msgs))
     assert info.value.param == "messages"
     # One is a prefill, and fine.
-    assert s.chat_messages(chat(messages=msgs[:2]))[-1] == ChatMessage(role="assistant", content="a")
+    assert rf.chat_messages(chat(messages=msgs[:2]))[-1] == ChatMessage(role="assistant", content="a")
 
 
 def test_chat_template_kwargs_are_accepted() -> None:
     assert chat(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {"enable_thinking": False}
 
 
-@pytest.mark.parametrize("key", s.TEMPLATE_OWN_VARIABLES)
+@pytest.mark.parametrize("key", rf.TEMPLATE_OWN_VARIABLES)
 def test_chat_template_kwargs_cannot_set_what_the_request_sets(key: str) -> None:
     # A second `messages` broke rendering with a 400 naming messages; `tools` handed the
     # template tools the request never offered.

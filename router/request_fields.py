@@ -1,0 +1,285 @@
+"""A decoded request's fields, checked beyond their types and turned into what the worker
+takes: sampling parameters, chat messages, prompts, embedding inputs, logprob counts, and
+the refusal of a text that certainly cannot fit. OpenAI's routes and llama-server's share
+them; the request shapes themselves are in router/schemas.py. Every failure is an
+InvalidRequest (or ContextOverflow) that names the parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router import tool_schemas
+from router.prompts import Prompt, prompt_list
+from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
+from router.schemas import ChatRequest, CompletionRequest, EmbeddingRequest, LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingFields
+
+
+def _range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise InvalidRequest(
+            f"Invalid '{name}': expected a value between {lo:g} and {hi:g}, got {value:g}.", name
+        )
+
+
+def sampling_params(
+    r: SamplingFields, max_tokens: int | None, max_tokens_param: str = "max_tokens", min_tokens: int = 1
+) -> SamplingParams:
+    """Validate the shared parameters and build the worker's view of them. The token limit
+    came from `max_tokens_param` (n_predict, for llama-server's clients), which names it in
+    a 400; llama-server's /completion allows 0 (prefill only)."""
+    _range("temperature", r.temperature, 0.0, 2.0)
+    _range("top_p", r.top_p, 0.0, 1.0)
+    _range("presence_penalty", r.presence_penalty, -2.0, 2.0)
+    _range("frequency_penalty", r.frequency_penalty, -2.0, 2.0)
+    _range("min_p", r.min_p, 0.0, 1.0)
+    _range("repeat_penalty", r.repeat_penalty, 0.0, 10.0)
+    if r.repeat_penalty == 0.0:  # llama.cpp requires > 0; 1.0 disables it
+        raise InvalidRequest("Invalid 'repeat_penalty': must be > 0 (1.0 disables it).", "repeat_penalty")
+    if r.top_k < 0:
+        raise InvalidRequest("Invalid 'top_k': must be >= 0 (0 disables it).", "top_k")
+    if r.repeat_last_n < -1:
+        raise InvalidRequest("Invalid 'repeat_last_n': must be >= -1.", "repeat_last_n")
+    if max_tokens is not None and max_tokens < min_tokens:
+        raise InvalidRequest(
+            f"Invalid '{max_tokens_param}': integer below minimum value. Expected a value >= {min_tokens}, "
+            f"but got {max_tokens} instead.",
+            max_tokens_param,
+        )
+    if not 1 <= r.n <= MAX_N:
+        raise InvalidRequest(f"Invalid 'n': expected a value between 1 and {MAX_N}, got {r.n}.", "n")
+    if r.stream_options is not None and not r.stream:
+        raise InvalidRequest(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+        )
+    stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are allowed.", "stop")
+    if any(not s for s in stops):
+        raise InvalidRequest("Stop strings must not be empty.", "stop")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        seed=r.seed,
+        repeat_penalty=r.repeat_penalty,
+        repeat_last_n=r.repeat_last_n,
+        presence_penalty=r.presence_penalty,
+        frequency_penalty=r.frequency_penalty,
+        stop=stops,
+        ignore_eos=r.ignore_eos,
+        timings_per_token=r.timings_per_token,
+        logit_bias=logit_bias(r.logit_bias),
+    )
+
+
+def n_predict_tokens(n_predict: int | None, param: str = "n_predict") -> int | None:
+    """llama-server's n_predict as a token limit: -1 (its default) is none; other values
+    below -1 are a 400."""
+    if n_predict is None or n_predict == -1:
+        return None
+    if n_predict < -1:
+        raise InvalidRequest(f"Invalid '{param}': expected -1 (no limit) or a value >= 0, got {n_predict}.", param)
+    return n_predict
+
+
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's `{"token id": bias}` with its ids parsed; biases within -100..100. Ids past
+    the model's vocabulary are the worker's to refuse (it knows the vocabulary)."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()) or int(key) > 2**31 - 1:
+            raise InvalidRequest(
+                f"Invalid key in 'logit_bias': {key!r} is not a token id (a non-negative integer).",
+                "logit_bias",
+            )
+        if not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:  # NaN fails this too
+            raise InvalidRequest(
+                f"Invalid value in 'logit_bias' for token {key}: expected a value between -100 and 100, got {value}.",
+                "logit_bias",
+            )
+        out[int(key)] = value
+    return out
+
+
+def chat_logprobs(r: ChatRequest) -> int | None:
+    """How many alternatives each token's logprobs carry (None: no logprobs)."""
+    if r.top_logprobs is not None:
+        if not r.logprobs:
+            raise InvalidRequest("'logprobs' must be set to true when 'top_logprobs' is used.", "top_logprobs")
+        if not 0 <= r.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(
+                f"Invalid 'top_logprobs': expected a value between 0 and {MAX_TOP_LOGPROBS}, got {r.top_logprobs}.",
+                "top_logprobs",
+            )
+    return (r.top_logprobs or 0) if r.logprobs else None
+
+
+def completion_logprobs(r: CompletionRequest) -> int | None:
+    """The legacy API's `logprobs`: the number of alternatives (OpenAI allows 0..5; as
+    llama-server, more are allowed, up to chat's 20)."""
+    if r.logprobs is None:
+        return None
+    if not 0 <= r.logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(
+            f"Invalid 'logprobs': expected a value between 0 and {MAX_TOP_LOGPROBS}, got {r.logprobs}.", "logprobs"
+        )
+    if r.echo:
+        raise Unsupported("logprobs with echo is not supported (the prompt's tokens have none).", "echo")
+    return r.logprobs
+
+
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
+
+
+def chat_messages(r: ChatRequest) -> list[ChatMessage]:
+    """Normalise OpenAI messages (string or text-part content) for the chat template."""
+    if not r.messages:
+        raise InvalidRequest("'messages' must contain at least one message.", "messages")
+    out: list[ChatMessage] = []
+    for i, m in enumerate(r.messages):
+        at = f"messages[{i}]"
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise InvalidRequest(
+                f"Invalid value for '{at}.role': expected one of {sorted(_ROLES)}.", f"{at}.role"
+            )
+        calls = m.get("tool_calls")
+        tool_calls = None
+        if calls is not None:
+            if role != "assistant":
+                raise InvalidRequest(f"'{at}.tool_calls' is only allowed on assistant messages.", f"{at}.tool_calls")
+            tool_calls = tool_schemas.message_tool_calls(at, calls) or None
+        tool_call_id = tool_schemas.optional_string(at, m, "tool_call_id")
+        if role == "tool" and tool_call_id is None:
+            raise InvalidRequest(f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id")
+        content = m.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise Unsupported(
+                        f"Only text content parts are supported ({at}.content[{j}]).",
+                        f"{at}.content[{j}]",
+                    )
+                t = part.get("text")
+                if not isinstance(t, str):
+                    raise InvalidRequest(
+                        f"'{at}.content[{j}].text' must be a string.", f"{at}.content[{j}].text"
+                    )
+                parts.append(t)
+            text = "".join(parts)
+        else:
+            raise InvalidRequest(
+                f"Invalid type for '{at}.content': expected a string or an array of parts.",
+                f"{at}.content",
+            )
+        # "developer" is OpenAI's newer name for the system role; templates know "system".
+        out.append(
+            ChatMessage(
+                role="system" if role == "developer" else role,
+                content=text,
+                name=tool_schemas.optional_string(at, m, "name"),
+                tool_calls=tool_calls,
+                tool_call_id=tool_call_id,
+                reasoning_content=tool_schemas.optional_string(at, m, "reasoning_content"),
+            )
+        )
+    # A final assistant message is continued (prefill); two at the end leave no turn to
+    # continue, only a conversation that does not alternate.
+    if len(out) >= 2 and out[-1].role == out[-2].role == "assistant":
+        raise InvalidRequest(
+            "'messages' ends with two assistant messages; a final assistant message is continued "
+            "(prefill), so at most one may end the conversation.",
+            "messages",
+        )
+    return out
+
+
+# Template variables the worker sets from the request itself; chat_template_kwargs may not
+# set them too (a second `messages` broke rendering, and `tools` passed the template a
+# value the request never offered).
+TEMPLATE_OWN_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def chat_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The request's extra chat template variables, without the ones Corral sets itself."""
+    for key in TEMPLATE_OWN_VARIABLES:
+        if kwargs is not None and key in kwargs:
+            raise InvalidRequest(
+                f"Invalid 'chat_template_kwargs.{key}': Corral sets this template variable from the "
+                f"request itself ({', '.join(TEMPLATE_OWN_VARIABLES)}); send messages and tools as "
+                "their own parameters.",
+                f"chat_template_kwargs.{key}",
+            )
+    return kwargs
+
+
+def completion_prompts(r: CompletionRequest) -> list[Prompt]:
+    """The request's prompts: each gives n choices (choice index = prompt index * n + j)."""
+    prompts = prompt_list(r.prompt, "prompt")
+    if len(prompts) * r.n > MAX_N * 8:
+        raise InvalidRequest(f"{len(prompts)} prompts times n = {r.n} choices is too many; at most {MAX_N * 8}.", "n")
+    if r.suffix:
+        raise Unsupported("suffix is not supported.", "suffix")
+    if r.best_of not in (None, 1):
+        raise Unsupported("best_of > 1 is not supported.", "best_of")
+    return prompts
+
+
+def embedding_inputs(r: EmbeddingRequest) -> list[str] | list[tuple[int, ...]]:
+    """The texts, or the token arrays, to embed (OpenAI takes either, not a mix)."""
+    if r.dimensions is not None:
+        raise Unsupported("dimensions is not supported.", "dimensions")
+    if isinstance(r.input, list) and not r.input:
+        raise InvalidRequest("'input' must not be empty.", "input")
+    inputs = prompt_list(r.input, "input")
+    texts = [x for x in inputs if isinstance(x, str)]
+    if texts and len(texts) != len(inputs):
+        raise InvalidRequest("'input' mixes strings and token arrays; send one kind.", "input")
+    if not texts:
+        return [x for x in inputs if not isinstance(x, str)]
+    for i, x in enumerate(texts):
+        if not x:
+            raise InvalidRequest(f"'input[{i}]' must not be an empty string.", "input")
+    return texts
+
+
+# ---- texts that certainly cannot fit -----------------------------------------------------------
+
+
+def bounded_text(prompt: str | None, messages: list[ChatMessage] | None) -> str:
+    """The text a prompt certainly contains, whatever its chat template: a completion's
+    prompt, or a chat's last user message without surrounding whitespace. Templates may
+    trim content, drop roles they do not know, or strip old reasoning, but every one writes
+    the question it is asked to answer."""
+    if messages is None:
+        return prompt or ""
+    return next((m.content for m in reversed(messages) if m.role == "user"), "").strip()
+
+
+def refuse_if_too_long(ready: Ready | None, text: str, most: int, what: str, why: str, param: str) -> None:
+    """ContextOverflow when `text` alone certainly makes more than `most` tokens.
+
+    This spares the worker a text it would refuse anyway: a 15 MB prompt is refused here
+    in the time it takes to read it, instead of crossing to the worker to be rendered and
+    measured there. It errs in one direction only; the worker checks the whole rendered
+    prompt exactly.
+    """
+    if ready is None or not ready.max_token_bytes or len(text) <= most:
+        return  # each token covers at least one byte: a short text needs no bound
+    n_bytes = utf8_length(text)
+    at_least = fewest_tokens(n_bytes, ready.max_token_bytes)
+    if at_least > most:
+        raise ContextOverflow(
+            f"{what} is at least {at_least} tokens ({n_bytes} bytes of text); {why}", param,
+            n_prompt_tokens=at_least, n_ctx=ready.n_ctx_slot,
+        )
