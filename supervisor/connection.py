@@ -1,7 +1,8 @@
 """The frame connection to one worker (supervisor/launcher.py starts and stops the process).
 
 Many requests share the connection: each gets an unbounded channel keyed by request id, so
-a slow client never stalls the reader for everyone else.
+a slow client never stalls the reader for everyone else. What a channel carries, and the
+worker's errors as CorralErrors, are in supervisor/replies.py.
 
 When the worker dies or breaks the protocol, every request in flight gets WorkerCrashed at
 once, and `closed` is set.
@@ -13,20 +14,12 @@ import contextlib
 import itertools
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable
 
 import trio
 
-from supervisor.errors import (
-    ContextOverflow,
-    CorralError,
-    InternalError,
-    InvalidRequest,
-    Unsupported,
-    WorkerCrashed,
-    WorkerUnavailable,
-)
+from supervisor.errors import CorralError, InternalError, WorkerCrashed
+from supervisor.replies import Reply, answer, expect, tell_gone
 from worker.protocol import (
     Cancel,
     ChatMessage,
@@ -61,46 +54,6 @@ from worker.protocol import (
 log = logging.getLogger("corral.worker")
 
 
-@dataclass(frozen=True)
-class Gone:
-    """Sentinel on a request channel: the worker is gone."""
-
-    reason: str
-
-
-Reply = Union[TokenEvent, Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult, Gone]
-
-
-def _unavailable(message: str, param: str | None) -> CorralError:
-    # A Generate that crossed the worker's Shutdown: a new worker will take it (503, retry).
-    return WorkerUnavailable(message, retry=True, retry_after=1.0)
-
-
-# The worker's error codes, as the errors that router/errors.py maps to HTTP.
-WORKER_ERRORS: dict[str, Callable[[str, str | None], CorralError]] = {
-    "context_length_exceeded": ContextOverflow,
-    "invalid_request": InvalidRequest,
-    "unsupported": Unsupported,
-    "unavailable": _unavailable,
-    "internal": InternalError,
-}
-
-
-async def _answer(recv: trio.MemoryReceiveChannel[Reply]) -> Reply:
-    """The worker's next answer to one request; its errors raise as CorralErrors."""
-    try:
-        reply = await recv.receive()
-    except trio.EndOfChannel:
-        raise WorkerCrashed("the worker closed the request without an answer") from None
-    if isinstance(reply, Gone):
-        raise WorkerCrashed(f"the model's worker failed mid-request: {reply.reason}")
-    if isinstance(reply, Error):
-        if reply.code == "context_length_exceeded":
-            raise ContextOverflow(reply.message, reply.param, reply.n_prompt_tokens, reply.n_ctx)
-        raise WORKER_ERRORS.get(reply.code, InternalError)(reply.message, reply.param)
-    return reply
-
-
 class RequestStream:
     """One generation's tokens, as the worker sends them; errors raise.
 
@@ -118,7 +71,7 @@ class RequestStream:
     async def receive(self) -> TokenEvent:
         """The next event; the last choice's event with a finish_reason is the last."""
         try:
-            reply = await _answer(self._recv)
+            reply = await answer(self._recv)
         except CorralError:
             self.finished = True
             raise
@@ -237,11 +190,11 @@ class WorkerConnection:
                 id=rid, text=text, add_special=add_special, parse_special=parse_special, with_pieces=with_pieces
             )
         )
-        return _expect(reply, TokenizeResult)
+        return expect(reply, TokenizeResult)
 
     async def detokenize(self, tokens: list[int]) -> str:
         reply = await self._call(lambda rid: Detokenize(id=rid, tokens=tokens))
-        return _expect(reply, DetokenizeResult).content
+        return expect(reply, DetokenizeResult).content
 
     async def render(
         self,
@@ -254,18 +207,18 @@ class WorkerConnection:
         reply = await self._call(
             lambda rid: Render(id=rid, messages=messages, tools=tools, template_kwargs=template_kwargs)
         )
-        return _expect(reply, Rendered).prompt
+        return expect(reply, Rendered).prompt
 
     async def slots(self) -> list[SlotState]:
         reply = await self._call(lambda rid: SlotsQuery(id=rid))
-        return _expect(reply, SlotsResult).slots
+        return expect(reply, SlotsResult).slots
 
     async def _call(self, frame: Callable[[int], Frame]) -> Reply:
         """Send one request that has a single answer, and wait for it."""
         rid, recv = self._open()
         self.send(frame(rid))
         try:
-            return await _answer(recv)
+            return await answer(recv)
         finally:
             self.forget(rid, cancel=True)
 
@@ -280,7 +233,7 @@ class WorkerConnection:
     def cancel_all(self, reason: str) -> None:
         """End every request in flight with WorkerCrashed(reason) and cancel it in the worker."""
         for rid, ch in list(self._pending.items()):
-            _tell_gone(ch, reason)
+            tell_gone(ch, reason)
             self.forget(rid, cancel=True)
 
     def forget(self, rid: int, cancel: bool) -> None:
@@ -382,24 +335,8 @@ class WorkerConnection:
         self.closed.set()
         self._out_send.close()
         for ch in self._pending.values():
-            _tell_gone(ch, reason)
+            tell_gone(ch, reason)
             ch.close()
         self._pending.clear()
         self._choices.clear()
         self._on_close()
-
-
-_T = TypeVar("_T")
-
-
-def _expect(reply: Reply, kind: type[_T]) -> _T:
-    """`reply` as the answer its request expects; another frame is a worker's bug."""
-    if not isinstance(reply, kind):
-        raise InternalError(f"the worker answered with {type(reply).__name__}, expected {kind.__name__}")
-    return reply
-
-
-def _tell_gone(ch: trio.MemorySendChannel[Reply], reason: str) -> None:
-    """The request's last reply: its worker is gone. A consumer that already left is fine."""
-    with contextlib.suppress(trio.BrokenResourceError):
-        ch.send_nowait(Gone(reason))

@@ -14,13 +14,12 @@ from __future__ import annotations
 import math
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from enum import Enum
 from typing import AsyncIterator
 
 import trio
 
 from supervisor.admission import Admission
+from supervisor.asks import UNSET, Asks
 from supervisor.capacity import Resident
 from supervisor.config import ModelSpec, SupervisorConfig
 from supervisor.connection import WorkerConnection
@@ -39,25 +38,6 @@ from supervisor.stats import LoadedFacts, ModelStats
 HOLDING = (State.STARTING, State.READY, State.DRAINING, State.STOPPING)
 # How long a client that gave up waiting for room is told to wait before trying again.
 QUEUE_RETRY_AFTER = 5.0
-
-
-class Unset(Enum):
-    """'Not asked', where None is a value that can be asked for (threads: None)."""
-
-    UNSET = 0
-
-
-UNSET = Unset.UNSET
-
-
-@dataclass
-class Asks:
-    """What other tasks asked of the run loop since it last looked."""
-
-    spec: ModelSpec | None = None
-    settings: SupervisorConfig | None = None
-    reset: bool = False
-    threads: int | None | Unset = UNSET
 
 
 class ModelHandle:

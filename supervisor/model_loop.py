@@ -21,10 +21,11 @@ from functools import partial
 import trio
 
 from supervisor import health
+from supervisor.asks import Asks, Unset
 from supervisor.config import gguf_meta
 from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
-from supervisor.handle import Asks, ModelHandle, Unset
+from supervisor.handle import ModelHandle
 from supervisor.launcher import LoadFailed, worker_spec
 from supervisor.lease import LoadAttempt
 from supervisor.lifecycle import State, check

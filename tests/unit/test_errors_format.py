@@ -11,7 +11,7 @@ from router import errors as re_
 from router import sse
 from router.openai_format import Completion, usage_json
 from supervisor import errors as e
-from supervisor.connection import WORKER_ERRORS
+from supervisor.replies import WORKER_ERRORS
 from worker.protocol import ErrorCode, Usage
 
 # ---- errors -------------------------------------------------------------------------------------
