@@ -99,7 +99,7 @@ def read_metadata(
 
 
 # ggml type id -> (elements per block, bytes per block), as libggml-base's ggml_blck_size
-# and ggml_type_size give them (tests/unit/test_gguf_check.py compares every entry).
+# and ggml_type_size give them (tests/unit/supervisor/config/test_gguf_check.py compares every entry).
 _BLOCKS: dict[int, tuple[int, int]] = {
     0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
     9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),

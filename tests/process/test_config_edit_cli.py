@@ -15,7 +15,7 @@ from corral.main import main
 from supervisor import pid_file
 from tests.harness import write_gguf
 from tests.secrets import secret
-from tests.unit.test_config_edit import RICH, assert_only_table_changed
+from tests.unit.supervisor.config.test_config_edit import RICH, assert_only_table_changed
 
 OLD = 1_600_000_000  # an mtime that no write of this test's could give
 

@@ -21,7 +21,7 @@ from corral.serve import serve
 from supervisor.config import load
 from tests.e2e.conftest import free_port
 from tests.process.support import WORKER_COMMAND, expected_text
-from tests.unit.test_models_dir import gguf_bytes
+from tests.unit.supervisor.config.test_models_dir import gguf_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -180,3 +180,15 @@ def test_modules_stay_small(package: str) -> None:
     assert sizes, f"no modules found under {package}/"
     too_big = {p: n for p, n in sizes.items() if n > MAX_LINES}
     assert too_big == {}, f"over {MAX_LINES} lines: split where the module holds two things"
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    """tests/unit/worker/test_slots.py tests worker/slots.py: a newcomer finds a module's
+    tests by its path. Every folder of tests/unit is a package folder of the source."""
+    unit = ROOT / "tests" / "unit"
+    folders = [p.relative_to(unit) for p in unit.rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    assert folders, "tests/unit has no package folders"
+    strays = [str(f) for f in folders if not (ROOT / f / "__init__.py").is_file()]
+    assert strays == []
+    loose = sorted(p.name for p in unit.glob("test_*.py"))
+    assert loose == ["test_behaviour.py", "test_layout.py"], "a module's tests go under its package's folder"

@@ -22,7 +22,7 @@ from router.tool_grammar import tool_choice_grammar
 from worker.chat_template import JinjaTemplate
 from worker.protocol import ChatMessage, ToolCall, ToolFormat, Usage
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "templates"
 PARIS = Call(name="get_weather", arguments='{"city": "Paris"}')
 
 

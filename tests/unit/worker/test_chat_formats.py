@@ -12,7 +12,7 @@ from worker import chat_formats
 from worker.chat_template import BuiltinTemplate, JinjaTemplate, TemplateError
 from worker.protocol import ChatMessage, ToolCall
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "templates"
 
 WEATHER = {
     "type": "function",

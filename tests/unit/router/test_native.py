@@ -12,7 +12,7 @@ from router.errors import render_native, to_native, http_status
 from router.native_format import NativeCompletion, pick_fields, timings_json
 from router.native_schemas import NativeCompletionRequest, native_params, native_prompt
 from supervisor import errors as e
-from tests.unit.test_prompts import FakeModel, prepare
+from tests.unit.worker.test_prompts import FakeModel, prepare
 from worker.prompts import Limit, detokenize_texts, piece
 from worker.protocol import Constraint, Detokenize, Generate, SamplingParams, Timings, TokenEvent, Usage
 from worker.rejected import RequestRejected

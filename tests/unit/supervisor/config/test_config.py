@@ -178,7 +178,7 @@ def test_load_reports_source_in_errors(tmp_path: Path) -> None:
 
 
 def test_example_config_is_valid(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
+    example = Path(__file__).resolve().parents[4] / "examples" / "config.toml"
     # Validate against a stand-in model file at the same relative place, so no GGUF is needed.
     (tmp_path / "models").mkdir()
     write_gguf(tmp_path / "models" / "gemma-3-270m-Q4_K_M.gguf")
