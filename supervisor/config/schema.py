@@ -29,7 +29,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Where a request that names no model goes (a name or an alias). Without it, a request
     # must name its model. Applies on reload, unlike the keys above.
     default_model: str | None = None
-    # Keys (supervisor/keys.py). With any API key, every route but /health needs a key.
+    # Keys (supervisor/config/keys.py). With any API key, every route but /health needs a key.
     # /admin/* and /metrics need an admin key; with none configured, they answer loopback
     # clients only. All three apply on reload, and a reload re-reads the file.
     api_keys: list[str | ApiKeyTable] = []
@@ -54,7 +54,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # access log included.
     log_format: Literal["text", "json"] = "text"
     # A folder whose *.gguf files are served under their file stems, with no table each
-    # (supervisor/models_dir.py); a [models.NAME] table of the same name overrides one.
+    # (supervisor/config/models_dir.py); a [models.NAME] table of the same name overrides one.
     # Rescanned at every reload; relative to the config file.
     models_dir: str | None = None
     # Where `corral serve` writes its pid at start (atomically) and removes it at exit, so
