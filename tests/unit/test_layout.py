@@ -11,6 +11,7 @@ Every import counts, the ones under `if TYPE_CHECKING:` too: a reader follows th
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -192,3 +193,18 @@ def test_unit_tests_mirror_the_packages() -> None:
     assert strays == []
     loose = sorted(p.name for p in unit.glob("test_*.py"))
     assert loose == ["test_behaviour.py", "test_layout.py"], "a module's tests go under its package's folder"
+
+
+def test_every_source_path_that_the_docs_and_comments_name_exists() -> None:
+    """After a move, a comment or a doc that still names the old path sends a reader to
+    nothing: README, docs/ and every module of the packages and the tests."""
+    pattern = re.compile(r"\b(?:corral|router|supervisor|worker|tests)/[A-Za-z0-9_/]+\.py\b")
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    texts += [p for package in (*PACKAGES, "tests") for p in (ROOT / package).rglob("*.py")]
+    missing = sorted({
+        f"{t.relative_to(ROOT)} names {m}"
+        for t in texts
+        for m in pattern.findall(t.read_text())
+        if not (ROOT / m).exists()
+    })
+    assert missing == []
