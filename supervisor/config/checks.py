@@ -6,7 +6,6 @@ so that `corral config check`, startup and a reload all say the same thing.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import os
 import re
@@ -14,13 +13,9 @@ from pathlib import Path
 from typing import Iterator
 
 from supervisor.capacity import parse_size
+from supervisor.config.key_paths import quote
 from supervisor.config.schema import ConfigFile
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
-
-
-def toml_key(name: str) -> str:
-    """A key as TOML writes it in a dotted path: bare if it can be, quoted if not."""
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name, ensure_ascii=False)
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
@@ -114,7 +109,7 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         yield f"server.default_model: {default!r} is neither a model nor an alias in [models]"
     seen: dict[str, str] = {name: f"models.{name}" for name in file.models}
     for name, m in file.models.items():
-        at = f"models.{toml_key(name)}"
+        at = f"models.{quote(name)}"
         if not name.strip():
             yield f"{at}: model name must not be empty"
         elif not name.isprintable():

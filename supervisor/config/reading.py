@@ -17,8 +17,9 @@ from pathlib import Path
 from msgspec.structs import replace
 
 from supervisor.config import gguf_meta, keys, models_dir
-from supervisor.config.checks import check, resolve_path, toml_key
+from supervisor.config.checks import check, resolve_path
 from supervisor.config.convert import convert_table, show, suggestion
+from supervisor.config.key_paths import quote
 from supervisor.config.keys import KeyFileError, Keyring, KeySource
 from supervisor.config.schema import (
     Config,
@@ -63,7 +64,7 @@ def parse(
     problems += key_problems
     # A file that is not a GGUF model, or was cut short, would fail every load.
     unloadable = {
-        name: f"models.{toml_key(name)}.path: {why}"
+        name: f"models.{quote(name)}.path: {why}"
         for name, m in file.models.items()
         if (why := gguf_meta.problem(resolve_path(m.path, base_dir))) is not None
     }
@@ -140,8 +141,8 @@ def _convert(raw: dict[str, object]) -> tuple[ConfigFile, set[str], list[str]]:
             right = close.removeprefix(" (did you mean ").removesuffix("?)")
             subs = [k for k, v in value.items() if isinstance(v, dict)] if right == "models" else []
             for sub in subs or [None]:
-                wrong = f"{key}.{toml_key(sub)}" if sub is not None else key
-                good = f"{right}.{toml_key(sub)}" if sub is not None else right
+                wrong = f"{key}.{quote(sub)}" if sub is not None else key
+                good = f"{right}.{quote(sub)}" if sub is not None else right
                 problems.append(f"[{wrong}]: unknown table (did you mean [{good}]?)")
         else:
             problems.append(f"{key}: unknown {'table' if isinstance(value, dict) else 'key'}{close}")
@@ -156,7 +157,7 @@ def _convert(raw: dict[str, object]) -> tuple[ConfigFile, set[str], list[str]]:
     elif not tables:
         problems.append("models: at least one [models.NAME] table is required")
     for name, table in tables.items():
-        m = convert_table(table, ModelConfig, f"models.{toml_key(name)}", problems)
+        m = convert_table(table, ModelConfig, f"models.{quote(name)}", problems)
         if m is None:
             broken.add(name)
         else:

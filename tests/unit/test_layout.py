@@ -11,6 +11,7 @@ Every import counts, the ones under `if TYPE_CHECKING:` too: a reader follows th
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -71,6 +72,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
+@functools.cache  # the source does not change during a run; parsed once for every test
 def graph() -> dict[str, set[str]]:
     found = modules()
     return {name: imports_of(name, path, set(found)) for name, path in found.items()}
