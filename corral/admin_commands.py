@@ -1,5 +1,5 @@
 """`corral status|load|unload|reset|reload`: see and steer a running server through its
-/admin routes (router/admin.py).
+/admin routes (router/server/admin.py).
 
 Where the server is: --url, else the [server] host and port of --config, else
 $CORRAL_URL, else the config file the search path finds, else http://127.0.0.1:8080.

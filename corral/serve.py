@@ -21,7 +21,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from corral.args import config_path, print_problems
 from router.app import create_app
-from router.auth import refuse_bind
+from router.server.auth import refuse_bind
 from supervisor import pid_file
 from supervisor.config import search as config_search
 from supervisor.config import Config, ConfigError, load, without_file
@@ -54,7 +54,7 @@ async def serve(
     hc = HyperConfig()
     hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
     # hypercorn's messages through our logging (its own handler would print every line
-    # twice, and not as JSON); the access log is Corral's own (router/access_log.py).
+    # twice, and not as JSON); the access log is Corral's own (router/server/access_log.py).
     hc.errorlog = logging.getLogger("hypercorn.error")
     if cfg.server.tls_cert is not None:
         hc.certfile, hc.keyfile = cfg.server.tls_cert, cfg.server.tls_key

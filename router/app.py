@@ -19,13 +19,23 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router import (
-    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, native, openapi, request_fields, schemas,
-    site_guard, sse,
-)
-from router.errors import render, render_config_error, render_http, render_native, to_native
-from router.generation import Generation, GenerationJob, chat_job, completion_job, events, whole
-from router.openai_format import Completion
+from router.server import access_log
+from router.server import admin
+from router.server import auth
+from router.server import bodies
+from router.server import connections
+from router.server import cors
+from router.server import dashboard
+from router.server import metrics
+from router.api.llama import routes as native
+from router.server import openapi
+from router.api.openai import fields as request_fields
+from router.api.openai import schemas
+from router.server import site_guard
+from router.server import sse
+from router.server.errors import render, render_config_error, render_http, render_native, to_native
+from router.generation.run import Generation, GenerationJob, chat_job, completion_job, events, whole
+from router.api.openai.render import Completion
 from supervisor.config import Config, ConfigError
 from supervisor.errors import CorralError, InternalError, InvalidRequest, Unsupported
 from supervisor.handle import ModelHandle
@@ -60,8 +70,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     def json_response(obj: object, status: int = 200) -> Response:
         return Response(_json.encode(obj), status=status, content_type="application/json")
 
-    # Every error becomes a response in router/errors.py; these only pick which mapping.
-    # llama-server's own routes answer errors in its shape (router/native.py); the rest in
+    # Every error becomes a response in router/server/errors.py; these only pick which mapping.
+    # llama-server's own routes answer errors in its shape (router/api/llama/routes.py); the rest in
     # OpenAI's.
     @app.errorhandler(CorralError)
     async def on_corral_error(exc: CorralError) -> Response:

@@ -1,5 +1,5 @@
 """The one error hierarchy. Each class maps to exactly one HTTP status and OpenAI error
-type/code, in router/errors.py; nothing else decides how an error looks on the wire."""
+type/code, in router/server/errors.py; nothing else decides how an error looks on the wire."""
 
 from __future__ import annotations
 

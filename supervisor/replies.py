@@ -1,5 +1,5 @@
 """What a worker answers to one request, as the request's channel carries it, and the
-worker's error codes as the CorralErrors that router/errors.py maps to HTTP.
+worker's error codes as the CorralErrors that router/server/errors.py maps to HTTP.
 
 A request's channel carries the worker's frames for it, then `Gone` if the worker died
 first; `answer` turns either ending into an exception, so a caller handles one thing.
@@ -48,7 +48,7 @@ def _unavailable(message: str, param: str | None) -> CorralError:
     return WorkerUnavailable(message, retry=True, retry_after=1.0)
 
 
-# The worker's error codes, as the errors that router/errors.py maps to HTTP.
+# The worker's error codes, as the errors that router/server/errors.py maps to HTTP.
 WORKER_ERRORS: dict[str, Callable[[str, str | None], CorralError]] = {
     "context_length_exceeded": ContextOverflow,
     "invalid_request": InvalidRequest,

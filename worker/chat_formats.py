@@ -1,7 +1,7 @@
 """How a model writes tool calls and reasoning, decided from its chat template.
 
 Pure and free of llama_cpp: the worker decides a model's format when it loads, reports it
-in Ready, and the router parses output by it (router/tool_calls.py, router/reasoning.py).
+in Ready, and the router parses output by it (router/generation/tool_calls.py, router/generation/reasoning.py).
 
 The formats are llama.cpp's (common/chat.cpp) for the families that matter most:
 - hermes: Hermes, Qwen 2.5 and Qwen 3 write `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.

@@ -29,8 +29,8 @@ import msgspec
 import trio
 
 from corral.chat.session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
-from router import schemas
-from router.generation import Generation, chat_job
+from router.api.openai import schemas
+from router.generation.run import Generation, chat_job
 from supervisor.config import Config
 from supervisor.errors import ContextOverflow, CorralError
 from supervisor.supervisor import Supervisor

@@ -42,13 +42,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     # Origins a browser page may call Corral from ("https://app.example", or "*"); none by
-    # default: a request from any other page is refused (router/site_guard.py). Applies on
+    # default: a request from any other page is refused (router/server/site_guard.py). Applies on
     # reload.
     cors_origins: list[str] = []
     # Names (or addresses) by which clients may reach the server while no API key is
     # configured, besides loopback names and the address it listens on: a reverse proxy's
     # public name. ".example.com" admits every name under it; "*" turns the check off.
-    # Guards against DNS rebinding (router/site_guard.py). Applies on reload.
+    # Guards against DNS rebinding (router/server/site_guard.py). Applies on reload.
     allowed_hosts: list[str] = []
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.

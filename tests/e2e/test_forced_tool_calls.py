@@ -89,7 +89,7 @@ def test_required_tool_choice_with_default_parallel_calls_returns_calls_ten_time
         assert choice.finish_reason == "tool_calls", (choice.message.content or "")[:200]
         assert choice.message.content is None
         valid_calls(choice.message.tool_calls or [])
-        # No call repeats another: a repeat ends the calls (router/chat_output.py).
+        # No call repeats another: a repeat ends the calls (router/generation/chat_output.py).
         keys = [(c.function.name, json.dumps(json.loads(c.function.arguments), sort_keys=True))
                 for c in choice.message.tool_calls or []]
         assert len(keys) == len(set(keys))

@@ -1,6 +1,6 @@
 """Requests generated from the served OpenAPI document, against the real worker.
 
-schemathesis reads /openapi.json (generated from the request types, router/openapi.py) and
+schemathesis reads /openapi.json (generated from the request types, router/server/openapi.py) and
 draws bodies from it, valid and invalid alike: every answer must be a 2xx, or a 4xx in
 OpenAI's error JSON. No 5xx, no request past its deadline, no worker restart.
 
@@ -30,7 +30,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from router.openapi import OPERATIONS, document
+from router.server.openapi import OPERATIONS, document
 from tests.e2e.conftest import Server, start_server, stop_server
 
 N_REQUESTS = int(os.environ.get("CORRAL_API_FUZZ_REQUESTS", "240"))

@@ -15,7 +15,7 @@ import llguidance
 import pytest
 from llguidance.llamacpp import lltokenizer_from_vocab
 
-from router.tool_grammar import tool_choice_grammar
+from router.generation.tool_grammar import tool_choice_grammar
 from tests.e2e.conftest import DEMO_MODEL
 from worker.protocol import ToolFormat
 

@@ -34,7 +34,7 @@ WRONG = secret("wrong")
 SECRETS = (API, SCOPED, ADMIN, LATE)
 
 REMOTE = {"client": ("10.1.2.3", 40000)}
-# Routes that need no key: health checks, and the dashboard's static page (router/dashboard.py).
+# Routes that need no key: health checks, and the dashboard's static page (router/server/dashboard.py).
 OPEN_PATHS = ("/health", "/")
 LOOPBACK_2 = {"client": ("127.0.0.2", 40000)}
 
@@ -230,7 +230,7 @@ async def test_cors_preflight_needs_no_key_and_errors_carry_the_origin(tmp_path:
     assert r.headers["access-control-allow-origin"] == "https://app.example"
     assert r.headers["access-control-allow-headers"] == ask["access-control-request-headers"]
     # A page the config does not name gets no CORS answer: it is refused before the key
-    # check (issue 20, item 5: router/site_guard.py).
+    # check (issue 20, item 5: router/server/site_guard.py).
     r = await client.options("/v1/chat/completions", headers={**ask, "origin": "https://evil.example"}, scope_base=REMOTE)
     assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     # The page can read an error's body and its headers.

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import trio
 
-from router import connections
+from router.server import connections
 from tests.process.support import make_supervisor, serving_http
 
 

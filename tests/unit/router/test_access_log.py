@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from router.access_log import Record, line, request_id
+from router.server.access_log import Record, line, request_id
 from worker.log_format import JsonFormatter
 from worker.request import Request
 from worker.stops import StopMatcher

@@ -1,4 +1,4 @@
-"""Who may use which route: the pure decisions of router/auth.py and router/cors.py."""
+"""Who may use which route: the pure decisions of router/server/auth.py and router/server/cors.py."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from router import cors
-from router.auth import INCORRECT, MISSING, Access, access_of, authorize, is_loopback, presented_key, refuse_bind
+from router.server import cors
+from router.server.auth import INCORRECT, MISSING, Access, access_of, authorize, is_loopback, presented_key, refuse_bind
 from supervisor.config import keys
 from supervisor.config import ConfigError, parse
 from supervisor.errors import Forbidden, Unauthorized

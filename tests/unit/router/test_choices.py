@@ -1,9 +1,9 @@
-"""router/choices.py: the choices of a response, the two logprobs shapes and the usage of
+"""router/generation/choices.py: the choices of a response, the two logprobs shapes and the usage of
 n choices over several prompts (issue 10, item 4)."""
 
 from __future__ import annotations
 
-from router.choices import Choices, chat_logprobs, completion_logprobs, merged_usage, token_text
+from router.generation.choices import Choices, chat_logprobs, completion_logprobs, merged_usage, token_text
 from worker.protocol import TokenEvent, TokenLogprob, TopLogprob, Usage
 
 

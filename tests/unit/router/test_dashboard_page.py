@@ -1,5 +1,5 @@
 """The dashboard's page as shipped: small, self-contained, and allowed to run its own
-script only (router/dashboard.py)."""
+script only (router/server/dashboard.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from router import dashboard
+from router.server import dashboard
 
 PAGE = dashboard.page()
 TEXT = PAGE.decode("utf-8")
@@ -53,5 +53,5 @@ def test_the_page_sets_text_not_markup() -> None:
 def test_the_wheel_ships_the_page() -> None:
     # setuptools leaves out every file that is not a module unless package-data names it.
     pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
-    globs = pyproject["tool"]["setuptools"]["package-data"]["router"]
+    globs = pyproject["tool"]["setuptools"]["package-data"]["router.server"]
     assert any(fnmatch.fnmatch(f"static/{dashboard.PAGE}", g) for g in globs), globs

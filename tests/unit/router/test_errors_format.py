@@ -1,4 +1,4 @@
-"""router/errors.py, router/sse.py and router/openai_format.py: error mapping and OpenAI response shapes."""
+"""router/server/errors.py, router/server/sse.py and router/api/openai/render.py: error mapping and OpenAI response shapes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any, get_args
 
 import pytest
 
-from router import errors as re_
-from router import sse
-from router.openai_format import Completion, usage_json
+from router.server import errors as re_
+from router.server import sse
+from router.api.openai.render import Completion, usage_json
 from supervisor import errors as e
 from supervisor.replies import WORKER_ERRORS
 from worker.protocol import ErrorCode, Usage
@@ -214,7 +214,7 @@ def test_completion_whole() -> None:
 
 
 def test_created_is_int_even_if_time_is_float(monkeypatch: pytest.MonkeyPatch) -> None:
-    import router.openai_format as of
+    import router.api.openai.render as of
 
     monkeypatch.setattr(of.time, "time", lambda: 1700000000.75)
     c = Completion("m", chat=True)

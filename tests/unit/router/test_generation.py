@@ -1,4 +1,4 @@
-"""router/generation.py and router/sse.py: one owner of a generation's lease and stream.
+"""router/generation/run.py and router/server/sse.py: one owner of a generation's lease and stream.
 
 The worker side is faked: a lease whose release is counted, and a stream that plays a script
 of TokenEvents or errors.
@@ -11,9 +11,9 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from router import sse
-from router.generation import Generation, GenerationJob, events, whole
-from router.openai_format import Completion
+from router.server import sse
+from router.generation.run import Generation, GenerationJob, events, whole
+from router.api.openai.render import Completion
 from supervisor.errors import ContextOverflow, CorralError, WorkerCrashed
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.lease import Lease

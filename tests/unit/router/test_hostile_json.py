@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from router import json_path
-from router import schemas as s
+from router.server import json_path
+from router.api.openai import schemas as s
 from router.app import create_app
 from supervisor.config import parse
 from supervisor.errors import InvalidRequest

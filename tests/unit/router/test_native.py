@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.errors import render_native, to_native, http_status
-from router.native_format import NativeCompletion, pick_fields, timings_json
-from router.native_schemas import NativeCompletionRequest, native_params, native_prompt
+from router.server.errors import render_native, to_native, http_status
+from router.api.llama.render import NativeCompletion, pick_fields, timings_json
+from router.api.llama.schemas import NativeCompletionRequest, native_params, native_prompt
 from supervisor import errors as e
 from tests.unit.worker.test_prompts import FakeModel, prepare
 from worker.prompts import Limit, detokenize_texts, piece

@@ -1,11 +1,12 @@
-"""router/openapi.py: the served document is generated from the request types."""
+"""router/server/openapi.py: the served document is generated from the request types."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from router import openapi, schemas
+from router.server import openapi
+from router.api.openai import schemas
 
 
 def _schema(doc: dict[str, object], name: str) -> dict[str, object]:
@@ -43,11 +44,11 @@ def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
 
 
 def test_the_error_schema_matches_what_the_router_sends() -> None:
-    from router.errors import envelope
+    from router.server.errors import envelope
 
     body = msgspec.json.encode(envelope("m", "invalid_request_error", None, None))
     msgspec.json.decode(body, type=openapi.ErrorBody)  # raises if the shapes drift apart
-    from router.errors import native_envelope
+    from router.server.errors import native_envelope
 
     native = msgspec.json.encode(native_envelope(400, "m", "prompt"))
     assert msgspec.json.decode(native, type=openapi.NativeErrorBody).error.code == 400

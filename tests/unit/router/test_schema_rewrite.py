@@ -1,4 +1,4 @@
-"""router/schema_rewrite.py: objects closed to undeclared keys and integers bounded, as
+"""router/generation/schema_rewrite.py: objects closed to undeclared keys and integers bounded, as
 llama-server narrows them; local references moved with an embedded schema; client data
 left as it was sent.
 
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.schema_rewrite import (
+from router.generation.schema_rewrite import (
     _ANY_VALUE_SCHEMA, ANY_VALUE, MAX_DEPTH, NUMBER_STEP, SAFE_INTEGER, SchemaTooDeep, narrowed, relocated,
 )
 

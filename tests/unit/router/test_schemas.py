@@ -1,4 +1,4 @@
-"""router/schemas.py: request decoding and validation; every error names its parameter."""
+"""router/api/openai/schemas.py: request decoding and validation; every error names its parameter."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from router import request_fields as rf
-from router import schemas as s
+from router.api.openai import fields as rf
+from router.api.openai import schemas as s
 from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 

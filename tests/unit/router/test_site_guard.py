@@ -1,4 +1,4 @@
-"""router/site_guard.py's decisions (issue 20, item 5), and the config check of
+"""router/server/site_guard.py's decisions (issue 20, item 5), and the config check of
 [server] allowed_hosts."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.site_guard import host_allowed, origin_allowed, own_origin, parse_origin, split_host
+from router.server.site_guard import host_allowed, origin_allowed, own_origin, parse_origin, split_host
 from supervisor.config import ConfigError, parse
 from tests.harness import config_text, write_gguf
 

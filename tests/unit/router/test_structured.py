@@ -1,4 +1,4 @@
-"""router/structured.py and the structured-output parameters of router/schemas.py: which
+"""router/generation/structured.py and the structured-output parameters of router/api/openai/schemas.py: which
 constraint a request asks for, and a 400 naming the parameter for every malformed or
 conflicting one."""
 
@@ -10,9 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from router import generation, structured
-from router import schemas as s
-from router.schema_rewrite import ANY_VALUE, narrowed
+from router.generation import run as generation
+from router.generation import structured
+from router.api.openai import schemas as s
+from router.generation.schema_rewrite import ANY_VALUE, narrowed
 from supervisor.errors import InvalidRequest
 from worker.protocol import Constraint
 
@@ -30,7 +31,7 @@ def completion(**fields: Any) -> s.CompletionRequest:
 
 SCHEMA = {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}
 # What the worker is sent for SCHEMA: its object closed to undeclared keys, as llama-server
-# closes it (router/schema_rewrite.py).
+# closes it (router/generation/schema_rewrite.py).
 SENT = {**SCHEMA, "additionalProperties": False}
 
 

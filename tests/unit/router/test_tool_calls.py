@@ -14,11 +14,11 @@ import llguidance
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from router.chat_output import ChatOutput
-from router.openai_format import Completion
-from router.reasoning import ReasoningSplitter
-from router.tool_calls import Call, Piece, ToolCallParser
-from router.tool_grammar import tool_choice_grammar
+from router.generation.chat_output import ChatOutput
+from router.api.openai.render import Completion
+from router.generation.reasoning import ReasoningSplitter
+from router.generation.tool_calls import Call, Piece, ToolCallParser
+from router.generation.tool_grammar import tool_choice_grammar
 from worker.chat_template import JinjaTemplate
 from worker.protocol import ChatMessage, ToolCall, ToolFormat, Usage
 
@@ -322,7 +322,7 @@ def test_a_call_to_an_undeclared_function_is_content() -> None:
 
 @pytest.mark.parametrize("fmt", ["hermes", "mistral", "generic"])
 def test_a_forced_answer_holds_at_most_sixteen_parallel_calls(fmt: ToolFormat) -> None:
-    from router.tool_grammar import MAX_PARALLEL_CALLS
+    from router.generation.tool_grammar import MAX_PARALLEL_CALLS
 
     grammar = llguidance.grammar_from("lark", tool_choice_grammar(fmt, TOOLS[1:], True))
     tok = llguidance.LLTokenizer("byte")

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from router import generation
-from router import request_fields as rf
-from router import schemas as s
-from router.tool_schemas import tool_request
+from router.generation import run as generation
+from router.api.openai import fields as rf
+from router.api.openai import schemas as s
+from router.generation.tool_schemas import tool_request
 from supervisor.errors import InvalidRequest
 from worker.protocol import ChatMessage, ToolCall
 

@@ -1,7 +1,7 @@
 """What requests did, for Prometheus: counts, tokens and latencies, per model.
 
 Every series is fed once per request, when its answer is done, from the access log's record
-(router/access_log.py): nothing is counted per token or on the decode path, so counting
+(router/server/access_log.py): nothing is counted per token or on the decode path, so counting
 costs each request a few dictionary lookups, however long it runs.
 
 The series follow vLLM's and llama-server's meanings, renamed under `corral_`, so that their
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from router.access_log import Record
+from router.server.access_log import Record
 
 # Latency buckets (seconds), as vLLM's: from a cached short answer to a long stream.
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -76,7 +76,7 @@ class RequestMetrics:
         )
 
     def observe(self, r: Record) -> None:
-        """One finished request (router/access_log.py calls it for each)."""
+        """One finished request (router/server/access_log.py calls it for each)."""
         model = r.model or ""
         endpoint = r.route or "unmatched"
         self.requests.labels(model, endpoint, str(r.status or 0)).inc()

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from router import sse
-from router.choices import Choice, chat_logprobs, completion_logprobs
-from router.native_format import timings_json
+from router.server import sse
+from router.generation.choices import Choice, chat_logprobs, completion_logprobs
+from router.api.llama.render import timings_json
 from worker.protocol import Timings, Usage
 
 _json = msgspec.json.Encoder()
@@ -58,7 +58,7 @@ class Completion:
         message: dict[str, object] | None = None,
     ) -> bytes:
         """A whole response of one choice. A chat's `message` (content, tool_calls,
-        reasoning_content, as router/chat_output.py builds it) replaces the plain message
+        reasoning_content, as router/generation/chat_output.py builds it) replaces the plain message
         of `text`."""
         choice = Choice(0, parts=[text], finish_reason=finish_reason, message=message)
         return self.whole_choices([choice], usage, logprobs=False, timings=timings)

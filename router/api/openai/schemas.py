@@ -1,7 +1,7 @@
 """OpenAI request bodies: their shapes, and decoding them.
 
 msgspec decodes and type-checks in one pass and names the offending key path; the range
-checks msgspec cannot express follow (router/request_fields.py). Every failure is an InvalidRequest that names the
+checks msgspec cannot express follow (router/api/openai/fields.py). Every failure is an InvalidRequest that names the
 parameter, so the client gets a 400 that says exactly what to fix. Unknown parameters are
 rejected, as OpenAI does, rather than silently ignored.
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from router import json_path
+from router.server import json_path
 from supervisor import msgspec_errors
 from supervisor.errors import InvalidRequest
 from worker.protocol import SamplingParams
@@ -93,7 +93,7 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     n_predict: Int32 | None = None
     cache_prompt: bool = True
     timings_per_token: bool = False
-    # llama-server's structured output: a JSON schema, or a GBNF grammar (router/structured.py).
+    # llama-server's structured output: a JSON schema, or a GBNF grammar (router/generation/structured.py).
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
 

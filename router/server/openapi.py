@@ -1,9 +1,9 @@
 """The OpenAPI document that GET /openapi.json serves, generated from the request types.
 
-Request bodies are described by the same msgspec Structs that decode them (router/schemas.py),
+Request bodies are described by the same msgspec Structs that decode them (router/api/openai/schemas.py),
 so the document cannot drift from what the server accepts: a new parameter, a bound or an
 enum shows up here by being declared there. Error answers share one generated schema too.
-Response bodies are built as plain objects (router/openai_format.py) and follow OpenAI's own
+Response bodies are built as plain objects (router/api/openai/render.py) and follow OpenAI's own
 published schema, so the document names their shape only loosely.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import msgspec
 
-from router import native_schemas, schemas
+from router.api.llama import schemas as native_schemas
+from router.api.openai import schemas
 
 
 class ErrorDetail(msgspec.Struct):
@@ -25,7 +26,7 @@ class ErrorDetail(msgspec.Struct):
 
 
 class ErrorBody(msgspec.Struct):
-    """Every 4xx and 5xx on the OpenAI routes (router/errors.py builds it)."""
+    """Every 4xx and 5xx on the OpenAI routes (router/server/errors.py builds it)."""
 
     error: ErrorDetail
 
@@ -40,7 +41,7 @@ class NativeErrorDetail(msgspec.Struct):
 
 
 class NativeErrorBody(msgspec.Struct):
-    """Every error on llama-server's own routes (router/errors.py, native_envelope)."""
+    """Every error on llama-server's own routes (router/server/errors.py, native_envelope)."""
 
     error: NativeErrorDetail
 
@@ -115,7 +116,7 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
             "accepts and ignores: " + ", ".join(sorted(schemas.IGNORED)) + ".",
         },
         "paths": paths,
-        # A key, once the server has any (router/auth.py); `{}`: a server without keys.
+        # A key, once the server has any (router/server/auth.py); `{}`: a server without keys.
         "security": [{"bearer": []}, {"x-api-key": []}, {}],
         "components": {
             "schemas": components,

@@ -3,7 +3,7 @@
 Two kinds of series. The models' state is read from the supervisor when Prometheus
 scrapes, from the same snapshot as `/admin/models`, and a scrape never touches a model's
 idle timer. What requests did (counts, tokens, latencies) is counted as each request ends
-(router/request_metrics.py).
+(router/server/request_metrics.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from prometheus_client.registry import Collector
 from quart import Response
 from quart_trio import QuartTrio
 
-from router import access_log
-from router.request_metrics import RequestMetrics
+from router.server import access_log
+from router.server.request_metrics import RequestMetrics
 from supervisor.lifecycle import State
 from supervisor.stats import ModelStats
 from supervisor.supervisor import Supervisor
@@ -127,7 +127,7 @@ def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
 def register(app: QuartTrio, supervisor: Supervisor) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SupervisorCollector(supervisor))
-    # Request series, fed as each request ends (router/request_metrics.py).
+    # Request series, fed as each request ends (router/server/request_metrics.py).
     app.extensions.setdefault(access_log.DONE_HOOKS, []).append(RequestMetrics(registry).observe)
 
     @app.get("/metrics")

@@ -14,8 +14,10 @@ from typing import Any
 
 import msgspec
 
-from router import request_fields, schemas, structured
-from router.schemas import Int32, Seed
+from router.api.openai import fields as request_fields
+from router.api.openai import schemas
+from router.generation import structured
+from router.api.openai.schemas import Int32, Seed
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import SamplingParams
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from router.schema_rewrite import SchemaTooDeep, narrowed, relocated
+from router.generation.schema_rewrite import SchemaTooDeep, narrowed, relocated
 from supervisor.errors import InvalidRequest
 from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
 from worker.protocol import JSON_LAYOUT, Constraint, ToolFormat
@@ -21,7 +21,7 @@ _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 # The most calls one forced answer may hold with parallel calls allowed. A model that
 # will not end its calls (the demo model wrote call after call until max_tokens) is then
-# made to end after this many, and repeats end sooner (router/chat_output.py). Agents'
+# made to end after this many, and repeats end sooner (router/generation/chat_output.py). Agents'
 # parallel calls (several files read at once) stay well below it.
 MAX_PARALLEL_CALLS = 16
 
@@ -34,7 +34,7 @@ def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
 
 def call_schema(tool: dict[str, Any], arguments_key: str = "arguments", at: str = "") -> dict[str, Any]:
     """The JSON schema of one call to `tool`: its name, and arguments matching its schema,
-    narrowed as structured output is (router/schema_rewrite.py). `at` is where this
+    narrowed as structured output is (router/generation/schema_rewrite.py). `at` is where this
     schema sits in the grammar's JSON document: the arguments' local `$ref`s are rewritten
     to point there."""
     try:

@@ -1,7 +1,7 @@
-"""The dashboard at `/`: one static page (router/static/dashboard.html) that shows every
+"""The dashboard at `/`: one static page (router/server/static/dashboard.html) that shows every
 model and drives the admin routes from the browser.
 
-The page holds no data, so it is served to anyone (router/auth.py: `/` is open); its
+The page holds no data, so it is served to anyone (router/server/auth.py: `/` is open); its
 script reads /admin/* and /v1/* with fetch, sending the admin key as a header, and those
 routes keep their own rules. A browser cannot send a header with a page navigation, so a
 page behind the key could never be opened.
@@ -28,7 +28,7 @@ _SCRIPT = re.compile(rb"<script>(.*?)</script>", re.S)
 
 def page() -> bytes:
     """The page's bytes, as shipped in the package."""
-    return (resources.files("router") / "static" / PAGE).read_bytes()
+    return (resources.files("router.server") / "static" / PAGE).read_bytes()
 
 
 def script_hashes(html: bytes) -> list[str]:

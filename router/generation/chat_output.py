@@ -1,8 +1,8 @@
 """A chat reply's text stream turned into OpenAI's parts: content, reasoning_content and
 tool calls, as streamed deltas and as the whole message.
 
-Reasoning is split off first (router/reasoning.py), and tool calls are looked for only in
-what remains (router/tool_calls.py), so a call the model merely thinks about is not made.
+Reasoning is split off first (router/generation/reasoning.py), and tool calls are looked for only in
+what remains (router/generation/tool_calls.py), so a call the model merely thinks about is not made.
 
 Two rules on the calls found (issue 20):
 - a call to a function the request did not declare is no call: its text is content, since
@@ -22,8 +22,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from router.reasoning import ReasoningSplitter
-from router.tool_calls import Call, ToolCallParser
+from router.generation.reasoning import ReasoningSplitter
+from router.generation.tool_calls import Call, ToolCallParser
 from worker.protocol import ToolFormat
 
 _ALNUM = string.ascii_letters + string.digits

@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from router.schema_rewrite import SchemaTooDeep, narrowed
-from router.schemas import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema
+from router.generation.schema_rewrite import SchemaTooDeep, narrowed
+from router.api.openai.schemas import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema
 from supervisor.errors import InvalidRequest
 from worker.protocol import Constraint
 
@@ -66,7 +66,7 @@ def constraint(
 
 def _schema(schema: dict[str, Any], param: str) -> Constraint:
     """A JSON schema constraint, narrowed as llama-server narrows it: objects closed to
-    undeclared keys, integers bounded (router/schema_rewrite.py)."""
+    undeclared keys, integers bounded (router/generation/schema_rewrite.py)."""
     try:
         schema = narrowed(schema)
     except SchemaTooDeep as exc:

@@ -1,7 +1,7 @@
 """CORS: which browser pages may call Corral, from `[server] cors_origins`.
 
 Off by default: no response carries Access-Control-Allow-Origin, so a page on another site
-cannot read an answer; router/site_guard.py refuses its requests before they run. With
+cannot read an answer; router/server/site_guard.py refuses its requests before they run. With
 origins configured (read at each request, so a reload applies them):
 - a preflight (OPTIONS with Origin and Access-Control-Request-Method) from an allowed
   origin is answered 204 before any key is checked, since browsers never send credentials
@@ -50,7 +50,7 @@ def preflight_headers(allow: str, requested_headers: str | None) -> dict[str, st
 
 def install(app: QuartTrio, origins: Callable[[], Sequence[str]]) -> None:
     """Answer preflights and mark responses for the origins `origins()` gives now.
-    Registered before the key check (router/auth.py), so a preflight never meets it."""
+    Registered before the key check (router/server/auth.py), so a preflight never meets it."""
 
     @app.before_request
     async def preflight() -> Response | None:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from router.reasoning import held_suffix
+from router.generation.reasoning import held_suffix
 from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX
 from worker.protocol import ToolFormat
 

@@ -52,7 +52,7 @@ class Record:
     generated_tokens: int | None = None
     first_token: float | None = None  # time.monotonic() of the first token
     complete: bool = False  # the whole answer went out
-    # For the metrics (router/request_metrics.py), not the log line:
+    # For the metrics (router/server/request_metrics.py), not the log line:
     route: str | None = None  # the route's rule ("/v1/models/<path:model>"); None: no route
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     load_wait: float | None = None  # seconds waiting for the model to load (or for room)

@@ -82,7 +82,7 @@ class Choice:
     echo: str = ""
     finish_reason: str | None = None
     usage: Usage | None = None
-    # A chat choice's message as router/chat_output.py parsed it (reasoning, tool calls);
+    # A chat choice's message as router/generation/chat_output.py parsed it (reasoning, tool calls);
     # None: the plain content of `text`.
     message: dict[str, object] | None = None
     in_reasoning: bool = False  # its output began inside a reasoning block

@@ -3,7 +3,7 @@
 
 Each takes `model` (in the body, or `?model=` on the GETs) to pick the model, as
 llama-server's router mode does. Errors on these routes are in llama-server's shape
-(router/errors.py `render_native`); the app picks that shape by path (`is_native`).
+(router/server/errors.py `render_native`); the app picks that shape by path (`is_native`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from typing import AsyncIterator, Callable
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router import bodies, request_fields, schemas, sse, tool_schemas
-from router.errors import render_native
-from router.generation import Generation, GenerationJob
-from router.native_format import NativeCompletion, encode, props_json, slots_json
-from router.native_schemas import (
+from router.server import bodies
+from router.api.openai import fields as request_fields
+from router.api.openai import schemas
+from router.server import sse
+from router.generation import tool_schemas
+from router.server.errors import render_native
+from router.generation.run import Generation, GenerationJob
+from router.api.llama.render import NativeCompletion, encode, props_json, slots_json
+from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
     NativeCompletionRequest,

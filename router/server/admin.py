@@ -1,6 +1,6 @@
 """Admin routes: what each model is doing, and load / unload / reset.
 
-They need an admin key, or, with none configured, a client on loopback (router/auth.py).
+They need an admin key, or, with none configured, a client on loopback (router/server/auth.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router import sse
+from router.server import sse
 from supervisor.errors import InvalidRequest
 from supervisor.supervisor import Supervisor
 
@@ -92,7 +92,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
         """Re-read the config file, as SIGHUP does, once it has stopped changing (at least
         reload_settle seconds). 400 with every problem if it is invalid (the old config
         keeps running)."""
-        d = await supervisor.reload_settled()  # a ConfigError is a 400 (router/errors.py)
+        d = await supervisor.reload_settled()  # a ConfigError is a 400 (router/server/errors.py)
         return reply(
             {
                 "added": list(d.added),

@@ -1,7 +1,7 @@
 """A decoded request's fields, checked beyond their types and turned into what the worker
 takes: sampling parameters, chat messages, prompts, embedding inputs, logprob counts, and
 the refusal of a text that certainly cannot fit. OpenAI's routes and llama-server's share
-them; the request shapes themselves are in router/schemas.py. Every failure is an
+them; the request shapes themselves are in router/api/openai/schemas.py. Every failure is an
 InvalidRequest (or ContextOverflow) that names the parameter.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from router import tool_schemas
-from router.prompts import Prompt, prompt_list
+from router.generation import tool_schemas
+from router.generation.prompts import Prompt, prompt_list
 from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
-from router.schemas import ChatRequest, CompletionRequest, EmbeddingRequest, LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingFields
+from router.api.openai.schemas import ChatRequest, CompletionRequest, EmbeddingRequest, LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingFields
 
 
 def _range(name: str, value: float, lo: float, hi: float) -> None:

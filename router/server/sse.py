@@ -1,6 +1,6 @@
 """Server-sent events: the framing, the headers, and a body that always cleans up.
 
-Everything that writes `data: ...` lives here; router/openai_format.py builds the objects.
+Everything that writes `data: ...` lives here; router/api/openai/render.py builds the objects.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import AsyncIterator, Callable
 
 import msgspec
 
-from router.errors import classify, envelope
+from router.server.errors import classify, envelope
 from supervisor.errors import CorralError
 
 HEADERS = {

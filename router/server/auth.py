@@ -26,7 +26,7 @@ from typing import Callable
 from quart import g, request
 from quart_trio import QuartTrio
 
-from router import access_log
+from router.server import access_log
 from supervisor.errors import Forbidden, Unauthorized
 from supervisor.handle import ModelHandle
 from supervisor.config.keys import Key, Keyring

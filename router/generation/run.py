@@ -14,12 +14,17 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from router import access_log, request_fields, schemas, sse, structured, tool_schemas
-from router.chat_output import ChatOutput
-from router.choices import Choices, chat_logprobs, completion_logprobs, merged_usage
-from router.openai_format import Completion
-from router.prompts import Prompt
-from router.tool_grammar import tool_choice_constraint
+from router.server import access_log
+from router.api.openai import fields as request_fields
+from router.api.openai import schemas
+from router.server import sse
+from router.generation import structured
+from router.generation import tool_schemas
+from router.generation.chat_output import ChatOutput
+from router.generation.choices import Choices, chat_logprobs, completion_logprobs, merged_usage
+from router.api.openai.render import Completion
+from router.generation.prompts import Prompt
+from router.generation.tool_grammar import tool_choice_constraint
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle

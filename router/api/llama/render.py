@@ -3,7 +3,7 @@ generation settings, /props and /slots.
 
 Shapes follow llama.cpp's tools/server/README.md, so its clients (llama.vim, llama.vscode,
 scripts written against llama-server) read Corral's answers unchanged. Pure functions over
-worker frames; router/native.py sends what they build.
+worker frames; router/api/llama/routes.py sends what they build.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from router import sse
+from router.server import sse
 from worker.protocol import Ready, SamplingParams, SlotState, StopType, Timings, TokenEvent, Usage
 
 _json = msgspec.json.Encoder()

@@ -33,7 +33,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
-from router import access_log
+from router.server import access_log
 
 # How long an early answer waits for the rest of a request body before it gives up on the
 # connection. Generous for a body that is on its way, short enough that a stalled sender
@@ -53,7 +53,7 @@ def complete_sends(send: ASGISendCallable) -> ASGISendCallable:
 
 class HTTPConnection(TrioASGIHTTPConnection):
     """quart-trio's HTTP connection, with sends that cannot be cancelled halfway, and an
-    access log line for every request once its answer is done (router/access_log.py)."""
+    access log line for every request once its answer is done (router/server/access_log.py)."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         record = access_log.begin(self.scope)
