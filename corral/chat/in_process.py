@@ -30,7 +30,11 @@ import trio
 
 from corral.chat.session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
 from router.api.openai import schemas
-from router.generation.run import Generation, chat_job
+from router.api.openai.translate import chat_job
+from router.generation import events as ev_
+from router.generation.run import Generation
+from router.generation.stream import events
+from router.server.json_body import decode
 from supervisor.config import Config
 from supervisor.errors import ContextOverflow, CorralError
 from supervisor.supervisor import Supervisor
@@ -150,30 +154,23 @@ class LocalChat:
     async def _generate(
         self, body: dict[str, Any], out: queue.Queue[Event | _Failed | _Done], scope: trio.CancelScope
     ) -> None:
-        """One reply, as the chat route runs it: decode, job, Generation, ChatOutput."""
+        """One reply, as the chat route runs it: decode, job, Generation, its events."""
         try:
             with scope:
-                r: schemas.ChatRequest = schemas.decode(json.dumps(body).encode(), schemas.ChatRequest)
+                r: schemas.ChatRequest = decode(json.dumps(body).encode(), schemas.ChatRequest)
                 handle = self._supervisor.resolve(r.model)
                 job = chat_job(r, r.model or handle.name, handle.spec.max_tokens)
                 gen = await Generation.start(handle, job)
                 try:
-                    tokens = 0
-                    async for ev in gen:
-                        tokens += len(ev.tokens)
-                        parser = gen.output(ev)
-                        assert parser is not None  # a chat job always has one
-                        deltas = parser.feed(ev.text) if ev.text else []
-                        if ev.finish_reason is not None:
-                            deltas += parser.finish()
-                        for delta in deltas:
-                            if delta.get("reasoning_content"):
-                                out.put(Piece(delta["reasoning_content"], reasoning=True))
-                            if delta.get("content"):
-                                out.put(Piece(delta["content"]))
-                        if ev.finish_reason is not None:
-                            count = ev.usage.completion_tokens if ev.usage is not None else tokens
-                            out.put(Finished(parser.finish_reason(ev.finish_reason), count))
+                    async for ev in events(gen, job):
+                        if isinstance(ev, ev_.ReasoningDelta) and ev.text:
+                            out.put(Piece(ev.text, reasoning=True))
+                        elif isinstance(ev, ev_.TextDelta) and ev.text:
+                            out.put(Piece(ev.text))
+                        elif isinstance(ev, ev_.Finish):
+                            out.put(Finished(ev.reason, ev.usage.completion_tokens))
+                        elif isinstance(ev, ev_.Failed):
+                            raise ev.error
                 finally:
                     gen.close()
         except ContextOverflow as exc:

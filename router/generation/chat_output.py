@@ -1,5 +1,5 @@
-"""A chat reply's text stream turned into OpenAI's parts: content, reasoning_content and
-tool calls, as streamed deltas and as the whole message.
+"""A chat reply's text stream turned into its parts: content, reasoning and tool calls, as
+the internal stream's deltas (router/generation/events.py) and as the whole reply.
 
 Reasoning is split off first (router/generation/reasoning.py), and tool calls are looked for only in
 what remains (router/generation/tool_calls.py), so a call the model merely thinks about is not made.
@@ -20,11 +20,12 @@ import json
 import secrets
 import string
 from dataclasses import dataclass, field
-from typing import Any, Collection
+from typing import Collection
 
+from router.generation.events import Delta, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from router.generation.reasoning import ReasoningSplitter
 from router.generation.tool_calls import Call, ToolCallParser
-from worker.protocol import ToolFormat
+from worker.protocol import FinishReason, ToolFormat
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -35,9 +36,6 @@ class MadeCall:
     id: str
     name: str
     arguments: str
-
-    def json(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 def call_id(fmt: ToolFormat | None, own: str | None) -> str:
@@ -53,12 +51,13 @@ def call_id(fmt: ToolFormat | None, own: str | None) -> str:
 
 @dataclass
 class ChatOutput:
-    """Feed the worker's text; get OpenAI delta objects back (each the `delta` of one
-    chunk). The whole reply accumulates in `content`, `reasoning` and `calls`."""
+    """Feed the worker's text for choice `choice`; get its deltas back. The whole reply
+    accumulates in `content`, `reasoning_text` and `calls`."""
 
     tools: ToolFormat | None  # None: no tools were offered; all text is content
     reasoning: bool  # split <think> blocks off
     in_reasoning: bool = False  # the prompt ended inside an open block
+    choice: int = 0
     # The functions the request declared (None: any name is taken as a call).
     declared: Collection[str] | None = None
     content: str = ""
@@ -71,7 +70,7 @@ class ChatOutput:
         self._parser = ToolCallParser(self.tools) if self.tools is not None else None
         self._seen: set[tuple[str, str]] = set()
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
+    def feed(self, text: str) -> list[Delta]:
         if self.ended:
             return []
         if self._splitter is None:
@@ -79,59 +78,43 @@ class ChatOutput:
         reasoning, content = self._splitter.feed(text)
         return self._reasoning(reasoning) + self._content(content, final=False)
 
-    def finish(self, cut: bool = False) -> list[dict[str, Any]]:
+    def finish(self, cut: bool = False) -> list[Delta]:
         """What was held back, once the output has ended; `cut`: it ended at max_tokens (or
         was stopped), so a call still being written is dropped."""
         if self.ended:
             return []
-        out: list[dict[str, Any]] = []
+        out: list[Delta] = []
         if self._splitter is not None:
             reasoning, content = self._splitter.finish()
             out += self._reasoning(reasoning) + self._content(content, final=False)
         return out + self._content("", final=True, cut=cut)
 
-    def finish_reason(self, worker_reason: str) -> str:
-        """OpenAI's finish_reason: "tool_calls" once a call was made, also when max_tokens
-        cut a later call short (that one is dropped) or the calls ended in a repeat."""
-        if self.calls and worker_reason in ("stop", "length", "cancelled"):
-            return "tool_calls"
-        return worker_reason
+    def finish_reason(self, worker_reason: FinishReason) -> Reason:
+        """"tool_calls" once a call was made, also when max_tokens cut a later call short
+        (that one is dropped) or the calls ended in a repeat."""
+        return "tool_calls" if self.calls else worker_reason
 
-    def message(self) -> dict[str, Any]:
-        """The whole reply's `message` object."""
-        msg: dict[str, Any] = {
-            "role": "assistant",
-            # OpenAI's content is null beside tool calls when the model wrote nothing else.
-            "content": None if self.calls and not self.content.strip() else self.content,
-            "refusal": None,
-        }
-        if self.calls:
-            msg["tool_calls"] = [c.json() for c in self.calls]
-        if self.reasoning_text:
-            msg["reasoning_content"] = self.reasoning_text
-        return msg
-
-    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+    def _reasoning(self, text: str) -> list[Delta]:
         if not text:
             return []
         self.reasoning_text += text
-        return [{"reasoning_content": text}]
+        return [ReasoningDelta(self.choice, text)]
 
-    def _content(self, text: str, final: bool, cut: bool = False) -> list[dict[str, Any]]:
+    def _content(self, text: str, final: bool, cut: bool = False) -> list[Delta]:
         if self._parser is None:
             pieces: list[str | Call] = [text] if text else []
         else:
             pieces = self._parser.feed(text) if text else []
             if final:
                 pieces += self._parser.finish(cut)
-        out: list[dict[str, Any]] = []
+        out: list[Delta] = []
         for p in pieces:
             if not isinstance(p, str) and self.declared is not None and p.name not in self.declared:
                 p = p.raw  # not a function the client has: its text, as the model wrote it
             if isinstance(p, str):
                 if p:
                     self.content += p
-                    out.append({"content": p})
+                    out.append(TextDelta(self.choice, p))
                 continue
             key = (p.name, _canonical(p.arguments))
             if key in self._seen:
@@ -140,15 +123,9 @@ class ChatOutput:
             self._seen.add(key)
             made = MadeCall(len(self.calls), call_id(self.tools, p.id), p.name, p.arguments)
             self.calls.append(made)
-            # OpenAI's streaming shape: the id, type and name first, then the arguments.
-            out.append(
-                {
-                    "tool_calls": [
-                        {"index": made.index, "id": made.id, "type": "function", "function": {"name": made.name, "arguments": ""}}
-                    ]
-                }
-            )
-            out.append({"tool_calls": [{"index": made.index, "function": {"arguments": made.arguments}}]})
+            out.append(ToolCallStart(self.choice, made.index, made.id, made.name))
+            out.append(ToolCallDelta(self.choice, made.index, made.arguments))
+            out.append(ToolCallEnd(self.choice, made.index))
         return out
 
 

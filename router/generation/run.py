@@ -1,133 +1,39 @@
-"""A completion request, from its decoded body to its last token.
+"""One generation job running on a model's worker.
 
-`GenerationJob` is what a chat or text completion asks for, decoded and validated once:
-everything downstream takes it, not the raw request. `Generation` runs one job on a model:
-it owns the lease on the worker and the worker's streams together, and its one `close()`
-gives both back, whichever way the response ends.
+`Generation` owns the lease on the worker and the worker's streams together, and its one
+`close()` gives both back, whichever way the response ends. It yields the worker's
+TokenEvents; router/generation/stream.py turns them into the internal event stream.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from collections.abc import Collection
+from dataclasses import dataclass
 
 import msgspec
 
-from router.server import access_log
-from router.api.openai import fields as request_fields
-from router.api.openai import schemas
-from router.server import sse
-from router.generation import structured
-from router.generation import tool_schemas
-from router.generation.chat_output import ChatOutput
-from router.generation.choices import Choices, chat_logprobs, completion_logprobs, merged_usage
-from router.api.openai.render import Completion
-from router.generation.prompts import Prompt
+from router.generation.job import GenerationJob
+from router.generation.prompt_bound import bounded_text, refuse_if_too_long
 from router.generation.tool_grammar import tool_choice_constraint
+from router.server import access_log
 from supervisor.connection import RequestStream, WorkerConnection
-from supervisor.errors import CorralError, Unsupported
+from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
 from supervisor.slot_queue import Ticket
-from worker.protocol import ChatMessage, Constraint, SamplingParams, Timings, TokenEvent, ToolFormat, Usage
+from worker.protocol import TokenEvent, ToolFormat, Usage
 
 
 @dataclass(frozen=True)
-class GenerationJob:
-    model: str  # as the client named it (an alias stays an alias in the response)
-    params: SamplingParams
-    prompt: str | None = None  # a text completion's prompt
-    messages: tuple[ChatMessage, ...] | None = None  # a chat's messages
-    # llama-server's mixed prompt (token ids and strings), from POST /completion.
-    prompt_parts: tuple[int | str, ...] | None = None
-    stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage
-    tools: tool_schemas.ToolRequest = field(default_factory=tool_schemas.ToolRequest)
-    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs
-    # A text completion's prompts when they are not one string (token arrays, or several
-    # prompts); each gives n choices, choice p*n + j being prompt p's j-th.
-    prompt_list: tuple[Prompt, ...] | None = None
-    n: int = 1
-    echo: bool = False  # completions: each choice's text starts with its prompt's
+class ChatParsing:
+    """How a chat's output is read back (router/generation/chat_output.py): the model's
+    tool-call format when tools were offered, the offered functions' names, and whether
+    the model reasons in <think> blocks."""
 
-    @property
-    def chat(self) -> bool:
-        return self.messages is not None
-
-    @property
-    def prompts(self) -> tuple[Prompt | None, ...]:
-        """One entry per Generate sent: a prompt, or None for a chat's messages."""
-        if self.prompt_list is not None:
-            return self.prompt_list
-        return (None,) if self.chat or self.prompt_parts is not None else (self.prompt or "",)
-
-    @property
-    def logprobs(self) -> bool:
-        return self.params.logprobs is not None
-
-    @property
-    def timings(self) -> bool:
-        """llama-server's timings_per_token: chunks and the answer carry `timings`."""
-        return self.params.timings_per_token
-
-
-def chat_job(r: schemas.ChatRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
-    """`model` is the name the response gives: the request's, or the default model's;
-    `default_max_tokens` the model's limit for a request that sets none."""
-    max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-    param = "max_tokens"
-    if max_tokens is None and r.n_predict is not None:
-        max_tokens, param = request_fields.n_predict_tokens(r.n_predict), "n_predict"
-    elif max_tokens is None:
-        max_tokens = default_max_tokens
-    params = request_fields.sampling_params(r, max_tokens, param)
-    params = msgspec.structs.replace(params, logprobs=request_fields.chat_logprobs(r))
-    return GenerationJob(
-        model=model,
-        params=_constrained(params, structured.constraint(r.response_format, r.json_schema, r.grammar)),
-        messages=tuple(request_fields.chat_messages(r)),
-        stream=r.stream,
-        include_usage=_include_usage(r),
-        tools=tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
-        template_kwargs=request_fields.chat_template_kwargs(r.chat_template_kwargs),
-        n=r.n,
-    )
-
-
-def completion_job(r: schemas.CompletionRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
-    params = request_fields.sampling_params(r, *_completion_max_tokens(r, default_max_tokens))
-    params = msgspec.structs.replace(params, logprobs=request_fields.completion_logprobs(r))
-    prompts = request_fields.completion_prompts(r)
-    one = prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None
-    return GenerationJob(
-        model=model,
-        params=_constrained(params, structured.constraint(json_schema=r.json_schema, grammar=r.grammar)),
-        prompt=one,
-        prompt_list=None if one is not None else tuple(prompts),
-        stream=r.stream,
-        include_usage=_include_usage(r),
-        n=r.n,
-        echo=r.echo,
-    )
-
-
-def _completion_max_tokens(r: schemas.CompletionRequest, default: int | None) -> tuple[int | None, str]:
-    """The token limit and the parameter it came from."""
-    if r.max_tokens is not None:
-        return r.max_tokens, "max_tokens"
-    if r.n_predict is not None:
-        return request_fields.n_predict_tokens(r.n_predict), "n_predict"
-    # The model's own default, else OpenAI's for the legacy completions endpoint.
-    return (default if default is not None else 16), "max_tokens"
-
-
-def _constrained(params: SamplingParams, c: Constraint | None) -> SamplingParams:
-    return params if c is None else msgspec.structs.replace(params, constraint=c)
-
-
-def _include_usage(r: schemas.SamplingFields) -> bool:
-    return bool(r.stream and r.stream_options and r.stream_options.include_usage)
+    tools: ToolFormat | None
+    declared: Collection[str] | None
+    reasoning: bool
 
 
 class Generation:
@@ -150,11 +56,7 @@ class Generation:
         self._running: list[int] = []  # per stream, choices without their final event
         self._n = 1
         self._at = 0  # the stream being read
-        # A chat's parser per choice (content, reasoning, tool calls); None for completions.
-        self._tools: ToolFormat | None = None
-        self._declared: frozenset[str] | None = None  # the offered functions' names
-        self._reasoning = False
-        self._outputs: dict[int, ChatOutput] | None = None
+        self.parsing: ChatParsing | None = None  # a chat's; None for a text completion
 
     @classmethod
     async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
@@ -187,9 +89,9 @@ class Generation:
             if job.prompt_parts is not None:  # its strings alone bound it from below
                 text = "".join(p for p in job.prompt_parts if isinstance(p, str))
             if ready is not None and (text is not None or messages is not None):
-                request_fields.refuse_if_too_long(
+                refuse_if_too_long(
                     ready,
-                    request_fields.bounded_text(text, messages),
+                    bounded_text(text, messages),
                     ready.n_ctx_slot - 1,
                     "the prompt",
                     f"this model's context holds {ready.n_ctx_slot} tokens, prompt and output together",
@@ -209,11 +111,11 @@ class Generation:
                     params, constraint=tool_choice_constraint(fmt, tools.forced, tools.parallel)
                 )
         if job.chat:
-            self._tools = fmt if tools.offered else None
-            if tools.offered:
-                self._declared = frozenset(t["function"]["name"] for t in tools.offered)
-            self._reasoning = ready is not None and ready.reasoning
-            self._outputs = {}
+            self.parsing = ChatParsing(
+                tools=fmt if tools.offered else None,
+                declared=frozenset(t["function"]["name"] for t in tools.offered) if tools.offered else None,
+                reasoning=ready is not None and ready.reasoning,
+            )
         for prompt in job.prompts:
             stream = conn.generate(
                 params,
@@ -241,19 +143,6 @@ class Generation:
     def conn(self) -> WorkerConnection:
         """The worker this generation runs on, leased until `close()`."""
         return self._lease.conn
-
-    def output(self, ev: TokenEvent) -> ChatOutput | None:
-        """The parser of `ev`'s choice (a chat's), made at its first event, which says
-        whether the output starts inside reasoning. None for a text completion."""
-        if self._outputs is None:
-            return None
-        out = self._outputs.get(ev.index)
-        if out is None:
-            out = self._outputs[ev.index] = ChatOutput(
-                tools=self._tools, reasoning=self._reasoning, in_reasoning=ev.in_reasoning,
-                declared=self._declared,
-            )
-        return out
 
     def end_choice(self, index: int) -> None:
         """Stop choice `index` (as the response numbers choices) in the worker: its output
@@ -304,91 +193,3 @@ class Generation:
         self._lease.release()
 
 
-def _cut(worker_reason: str) -> bool:
-    """Whether output that ended so was cut short: a call being written is dropped."""
-    return worker_reason in ("length", "cancelled")
-
-
-async def whole(gen: Generation, fmt: Completion, job: GenerationJob) -> bytes:
-    """The response body of a non-streamed completion of n choices per prompt. A chat's
-    text goes through its choice's parser as it comes, so that a choice whose tool calls
-    began repeating is stopped then, not at max_tokens."""
-    choices = Choices()
-    timings: Timings | None = None
-    async for ev in gen:
-        choices.add(ev)
-        if ev.finish_reason is not None and ev.timings is not None:
-            timings = ev.timings
-        out = gen.output(ev)
-        if out is not None:
-            was_ended = out.ended
-            if ev.text:
-                out.feed(ev.text)
-            if out.ended and not was_ended and ev.finish_reason is None:
-                gen.end_choice(ev.index)
-            if ev.finish_reason is not None:
-                out.finish(cut=_cut(ev.finish_reason))
-    ordered = choices.ordered()
-    for c in ordered:
-        out = gen.output(TokenEvent(id=0, index=c.index, in_reasoning=c.in_reasoning))
-        if out is not None:
-            c.message = out.message()
-            c.finish_reason = out.finish_reason(c.finish_reason or "stop")
-    return fmt.whole_choices(ordered, choices.usage(job.n), job.logprobs, timings if job.timings else None)
-
-
-async def events(gen: Generation, fmt: Completion, job: GenerationJob) -> AsyncIterator[bytes]:
-    """The SSE events of a streamed completion. Each choice's chunks carry its index and
-    its tokens' logprobs; a chat choice's first chunk carries the role, its last the
-    finish_reason; a chat's text passes through its choice's parser (reasoning_content,
-    tool-call deltas). A failure after the headers is a final error event; the stream then
-    ends without [DONE], so a client cannot take a cut answer for a whole one."""
-    try:
-        started: set[int] = set()
-        offsets: dict[int, int] = {}  # completions: each choice's characters so far
-        finals: dict[int, Usage] = {}
-        for i in range(job.n):  # the first prompt's choices, as before any token
-            if fmt.chat:
-                yield fmt.chunk("", first=True, index=i)
-                started.add(i)
-        async for ev in gen:
-            i = ev.index
-            timings = ev.timings if job.timings else None
-            if fmt.chat and i not in started:
-                started.add(i)
-                yield fmt.chunk("", first=True, index=i)
-            text = (ev.echo or "") + ev.text
-            lp: dict[str, object] | None = None
-            if job.logprobs and ev.logprobs:
-                if fmt.chat:
-                    lp = chat_logprobs(ev.logprobs)
-                else:  # this event's tokens start after the echoed prompt, if it is here
-                    lp, _ = completion_logprobs(ev.logprobs, offsets.get(i, 0) + len(ev.echo or ""))
-            offsets[i] = offsets.get(i, 0) + len(text)
-            out = gen.output(ev)
-            reason: str | None = ev.finish_reason
-            if out is None:
-                if text or lp is not None:
-                    yield fmt.chunk(text, index=i, logprobs=lp, timings=timings)
-            else:
-                was_ended = out.ended
-                deltas = out.feed(text) if text else []
-                if out.ended and not was_ended and ev.finish_reason is None:
-                    gen.end_choice(i)  # its final event follows, "cancelled"
-                if ev.finish_reason is not None:
-                    deltas += out.finish(cut=_cut(ev.finish_reason))
-                    reason = out.finish_reason(ev.finish_reason)
-                for n, delta in enumerate(deltas):
-                    # The logprobs ride with the first chunk of the text they cover.
-                    yield fmt.delta_chunk(delta, index=i, logprobs=lp if n == 0 else None, timings=timings)
-                if not deltas and lp is not None:
-                    yield fmt.delta_chunk({}, index=i, logprobs=lp, timings=timings)
-            if reason is not None:
-                yield fmt.chunk(None, reason, index=i, timings=timings)
-                if ev.usage is not None:
-                    finals[i] = ev.usage
-        if job.include_usage:
-            yield fmt.usage_chunk(merged_usage(finals, job.n))
-        yield sse.DONE
-    except CorralError as exc:
-        yield sse.error_event(exc)

@@ -1,12 +1,9 @@
 """Structured output, the request side: which grammar a request's output must match.
 
-Three parameters can ask for one:
-- `response_format` (OpenAI, chat only): `text` asks for nothing; `json_object` for any
-  JSON object; `json_schema` for JSON matching `json_schema.schema` (any JSON object when
-  the schema is left out, as for json_object).
-- `json_schema` (llama-server's extension, chat and completions): a JSON schema, as is.
-- `grammar` (llama-server's extension, chat and completions): a GBNF grammar; an empty
-  string asks for nothing, as in llama-server.
+A dialect names each JSON schema its request asks for with the parameter that asked
+(OpenAI's `response_format`, whose `json_object` is any JSON object, ANY_OBJECT;
+llama-server's `json_schema`; Ollama's `format`), and passes a GBNF grammar as llama-server's
+`grammar` (an empty string asks for nothing, as in llama-server).
 
 At most one of them may constrain a request: two would be two grammars for one output, and
 llama-server too refuses json_schema with grammar. The worker compiles what this returns and
@@ -18,12 +15,11 @@ Pure: no I/O, tested without a model.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
 from router.generation.schema_rewrite import SchemaTooDeep, narrowed
-from router.api.openai.schemas import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema
 from supervisor.errors import InvalidRequest
 from worker.protocol import Constraint
 
@@ -36,20 +32,12 @@ MAX_GRAMMAR_CHARS = 128 * 1024
 
 
 def constraint(
-    response_format: ResponseFormat | None = None,
-    json_schema: dict[str, Any] | None = None,
-    grammar: str | None = None,
+    json_schemas: Sequence[tuple[dict[str, Any], str]] = (), grammar: str | None = None
 ) -> Constraint | None:
-    """The constraint a request asks for, or None. InvalidRequest (400) naming the
-    parameter when more than one parameter asks for one."""
-    asked: list[Constraint] = []
-    if isinstance(response_format, ResponseFormatJsonObject):
-        asked.append(_schema(ANY_OBJECT, "response_format"))
-    elif isinstance(response_format, ResponseFormatJsonSchema):
-        schema = response_format.json_schema.schema
-        asked.append(_schema(ANY_OBJECT if schema is None else schema, "response_format"))
-    if json_schema is not None:
-        asked.append(_schema(json_schema, "json_schema"))
+    """The constraint a request asks for, or None: `json_schemas` are the schemas asked
+    for, each with the parameter that asked. InvalidRequest (400) naming the parameter
+    when more than one parameter asks for one."""
+    asked = [_schema(schema, param) for schema, param in json_schemas]
     if grammar:
         if len(grammar) > MAX_GRAMMAR_CHARS:
             raise InvalidRequest(

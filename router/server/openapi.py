@@ -1,49 +1,19 @@
 """The OpenAPI document that GET /openapi.json serves, generated from the request types.
 
-Request bodies are described by the same msgspec Structs that decode them (router/api/openai/schemas.py),
-so the document cannot drift from what the server accepts: a new parameter, a bound or an
-enum shows up here by being declared there. Error answers share one generated schema too.
-Response bodies are built as plain objects (router/api/openai/render.py) and follow OpenAI's own
-published schema, so the document names their shape only loosely.
+Each dialect lists its routes as Operations (router/api/*/__init__.py), with the same
+msgspec Structs that decode their bodies, so the document cannot drift from what the
+server accepts: a new parameter, a bound or an enum shows up here by being declared there.
+Each route's errors are its dialect's one generated schema. Response bodies are built as
+plain objects and follow each API's published schema, so the document names their shape
+only loosely.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
-
-from router.api.llama import schemas as native_schemas
-from router.api.openai import schemas
-
-
-class ErrorDetail(msgspec.Struct):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorBody(msgspec.Struct):
-    """Every 4xx and 5xx on the OpenAI routes (router/server/errors.py builds it)."""
-
-    error: ErrorDetail
-
-
-class NativeErrorDetail(msgspec.Struct):
-    code: int  # the HTTP status, as llama-server writes it
-    message: str
-    type: str
-    param: str | None = None  # Corral's addition: the parameter to fix
-    n_prompt_tokens: int | None = None  # exceed_context_size_error only
-    n_ctx: int | None = None
-
-
-class NativeErrorBody(msgspec.Struct):
-    """Every error on llama-server's own routes (router/server/errors.py, native_envelope)."""
-
-    error: NativeErrorDetail
 
 
 @dataclass(frozen=True)
@@ -52,41 +22,28 @@ class Operation:
     path: str
     summary: str
     body: type[msgspec.Struct] | None = None
-    streams: bool = False  # may answer text/event-stream (when the body asks to stream)
+    error: type[msgspec.Struct] | None = None  # the route's error body (its dialect's)
+    streams: bool = False  # may answer a stream (when the body asks to stream)
     path_params: tuple[str, ...] = ()
-    native: bool = False  # llama-server's route: its error shape, not OpenAI's
+    stream_type: str = "text/event-stream"
 
-
-# Each route is listed once, with its /v1 prefix; the same route answers without it.
-OPERATIONS: tuple[Operation, ...] = (
-    Operation("post", "/v1/chat/completions", "Chat completion", schemas.ChatRequest, streams=True),
-    Operation("post", "/v1/completions", "Text completion", schemas.CompletionRequest, streams=True),
-    Operation("post", "/v1/embeddings", "Embeddings", schemas.EmbeddingRequest),
-    Operation("get", "/v1/models", "List the configured models"),
-    Operation("get", "/v1/models/{model}", "One model, by name or alias", path_params=("model",)),
-    Operation("post", "/completion", "llama-server's completion", native_schemas.NativeCompletionRequest,
-              streams=True, native=True),
-    Operation("post", "/tokenize", "Tokenize a text (llama-server's route)", schemas.TokenizeRequest, native=True),
-    Operation("post", "/detokenize", "Token ids to text (llama-server's route)", native_schemas.DetokenizeRequest,
-              native=True),
-    Operation("post", "/apply-template", "Render a chat with the model's template (llama-server's route)",
-              native_schemas.ApplyTemplateRequest, native=True),
-)
 
 _REF = "#/components/schemas/{name}"
 
 
-def document(version: str = "0.1.0") -> dict[str, Any]:
-    bodies = [op.body for op in OPERATIONS if op.body is not None]
-    kinds = [*bodies, ErrorBody, NativeErrorBody]
+def document(operations: Sequence[Operation], description: str, version: str = "0.1.0") -> dict[str, Any]:
+    """The document of `operations` (every dialect's routes, each listed once)."""
+    kinds: list[type[msgspec.Struct]] = []
+    for op in operations:
+        kinds += [k for k in (op.body, op.error) if k is not None and k not in kinds]
     refs, components = msgspec.json.schema_components(kinds, ref_template=_REF)
     by_type = dict(zip(kinds, refs))
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS:
-        error = {"application/json": {"schema": by_type[NativeErrorBody if op.native else ErrorBody]}}
+    for op in operations:
+        error = {"application/json": {"schema": by_type[op.error] if op.error is not None else {"type": "object"}}}
         ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if op.streams:
-            ok["text/event-stream"] = {"schema": {"type": "string"}}
+            ok[op.stream_type] = {"schema": {"type": "string"}}
         entry: dict[str, Any] = {
             "summary": op.summary,
             "operationId": f"{op.method}_{op.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
@@ -112,8 +69,7 @@ def document(version: str = "0.1.0") -> dict[str, Any]:
         "info": {
             "title": "Corral",
             "version": version,
-            "description": "OpenAI-compatible API of a Corral server. Fields that Corral "
-            "accepts and ignores: " + ", ".join(sorted(schemas.IGNORED)) + ".",
+            "description": description,
         },
         "paths": paths,
         # A key, once the server has any (router/server/auth.py); `{}`: a server without keys.

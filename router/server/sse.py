@@ -1,16 +1,11 @@
 """Server-sent events: the framing, the headers, and a body that always cleans up.
 
-Everything that writes `data: ...` lives here; router/api/openai/render.py builds the objects.
+Every dialect that streams SSE frames its events here; the dialects build the objects.
 """
 
 from __future__ import annotations
 
 from typing import AsyncIterator, Callable
-
-import msgspec
-
-from router.server.errors import classify, envelope
-from supervisor.errors import CorralError
 
 HEADERS = {
     "content-type": "text/event-stream",
@@ -18,20 +13,10 @@ HEADERS = {
     "x-accel-buffering": "no",  # nginx: pass events through as they come
 }
 
-# What OpenAI's clients wait for before they treat a stream as complete.
-DONE = b"data: [DONE]\n\n"
-
 
 def event(payload: bytes) -> bytes:
     """One event whose data is `payload` (JSON, which never holds a raw newline)."""
     return b"data: " + payload + b"\n\n"
-
-
-def error_event(exc: CorralError) -> bytes:
-    """The final event of a stream that failed after its headers were sent: the same
-    error object a 4xx/5xx body would hold, since the status line is already gone."""
-    h = classify(exc)
-    return event(msgspec.json.encode(envelope(exc.message, h.type, exc.param, h.code)))
 
 
 class Body:

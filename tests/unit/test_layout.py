@@ -174,6 +174,63 @@ def test_nothing_imports_the_command_line() -> None:
     assert users == []
 
 
+# Inside the router: the server's plumbing knows no generation and no dialect; the
+# generation logic knows no dialect; a dialect knows no other, except that llama-server's
+# own routes take OpenAI's chat shapes (as llama-server's do) and read them with openai/'s
+# decoders.
+ROUTER_LAYERS: dict[str, tuple[str, ...]] = {
+    "router.server": ("router.generation", "router.api", "router.app"),
+    "router.generation": ("router.api", "router.app"),
+    "router.api": ("router.app",),
+}
+DIALECT_MAY_IMPORT = {"router.api.llama": ("router.api.openai",)}
+
+
+def dialects() -> list[str]:
+    return sorted(
+        f"router.api.{p.name}" for p in (ROOT / "router" / "api").iterdir() if (p / "__init__.py").is_file()
+    )
+
+
+def test_the_router_shows_the_server_the_generation_and_a_folder_per_dialect() -> None:
+    router = ROOT / "router"
+    folders = sorted(p.name for p in router.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == ["api", "generation", "server"]
+    assert sorted(p.name for p in router.glob("*.py")) == ["__init__.py", "app.py"]
+    assert {"router.api.openai", "router.api.llama"} <= set(dialects())
+
+
+def test_router_layers_import_inward_only() -> None:
+    wrong = []
+    for name, targets in graph().items():
+        for layer, banned in ROUTER_LAYERS.items():
+            if name == layer or name.startswith(layer + "."):
+                wrong += [f"{name} imports {t}" for t in targets if any(t == b or t.startswith(b + ".") for b in banned)]
+    assert wrong == []
+
+
+def test_a_dialect_imports_no_other_dialect() -> None:
+    folders = dialects()
+    wrong = []
+    for name, targets in graph().items():
+        own = next((d for d in folders if name == d or name.startswith(d + ".")), None)
+        if own is None:
+            continue
+        for t in targets:
+            other = next((d for d in folders if t == d or t.startswith(d + ".")), None)
+            if other is not None and other != own and other not in DIALECT_MAY_IMPORT.get(own, ()):
+                wrong.append(f"{name} imports {t}")
+    assert wrong == []
+
+
+def test_every_dialect_is_served() -> None:
+    """A dialect's folder exports its DIALECT, and the app registers it."""
+    from router import app
+
+    served = {d.name for d in app.DIALECTS}
+    assert served == {d.rpartition(".")[2] for d in dialects()}
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_modules_stay_small(package: str) -> None:
     sizes = {

@@ -1,0 +1,29 @@
+"""llama-server's own API: /completion, /tokenize, /detokenize, /apply-template, /props,
+/slots, with its request names and its error shape."""
+
+from __future__ import annotations
+
+from router.api.dialect import Dialect
+from router.api.llama import errors, routes, schemas
+from router.server.openapi import Operation
+
+_E = schemas.NativeErrorBody
+
+OPERATIONS = (
+    Operation("post", "/completion", "llama-server's completion", schemas.NativeCompletionRequest, _E, streams=True),
+    Operation("post", "/tokenize", "Tokenize a text (llama-server's route)", schemas.TokenizeRequest, _E),
+    Operation("post", "/detokenize", "Token ids to text (llama-server's route)", schemas.DetokenizeRequest, _E),
+    Operation(
+        "post", "/apply-template", "Render a chat with the model's template (llama-server's route)",
+        schemas.ApplyTemplateRequest, _E,
+    ),
+)
+
+DIALECT = Dialect(
+    name="llama",
+    owns=routes.owns,
+    render_error=errors.render,
+    render_http=errors.render_http,
+    register=routes.register,
+    operations=OPERATIONS,
+)

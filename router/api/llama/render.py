@@ -3,7 +3,8 @@ generation settings, /props and /slots.
 
 Shapes follow llama.cpp's tools/server/README.md, so its clients (llama.vim, llama.vscode,
 scripts written against llama-server) read Corral's answers unchanged. Pure functions over
-worker frames; router/api/llama/routes.py sends what they build.
+the internal events and the worker's frames; router/api/llama/routes.py sends what they
+build.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 import msgspec
 
+from router.api.timings import timings_json
+from router.generation.events import Finish, TextDelta
 from router.server import sse
-from worker.protocol import Ready, SamplingParams, SlotState, StopType, Timings, TokenEvent, Usage
+from worker.protocol import Ready, SamplingParams, SlotState, StopType
 
 _json = msgspec.json.Encoder()
 
@@ -23,23 +26,6 @@ RANDOM_SEED = 0xFFFFFFFF
 # The samplers a Corral chain applies, in its order (worker/sampling.py), in llama-server's
 # names; `penalties` only acts when a penalty is set.
 SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
-
-
-def timings_json(t: Timings | None) -> dict[str, float | int]:
-    """llama-server's `timings`: the worker's counts and times, and the rates they give."""
-    if t is None:
-        t = Timings(prompt_n=0, prompt_ms=0.0, predicted_n=0, predicted_ms=0.0)
-    return {
-        "cache_n": t.cache_n,
-        "prompt_n": t.prompt_n,
-        "prompt_ms": t.prompt_ms,
-        "prompt_per_token_ms": t.prompt_ms / t.prompt_n if t.prompt_n else 0.0,
-        "prompt_per_second": 1000.0 * t.prompt_n / t.prompt_ms if t.prompt_ms > 0 else 0.0,
-        "predicted_n": t.predicted_n,
-        "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": t.predicted_ms / t.predicted_n if t.predicted_n else 0.0,
-        "predicted_per_second": 1000.0 * t.predicted_n / t.predicted_ms if t.predicted_ms > 0 else 0.0,
-    }
 
 
 def params_json(p: SamplingParams, stream: bool = False) -> dict[str, Any]:
@@ -90,7 +76,7 @@ class NativeCompletion:
     def settings(self) -> dict[str, Any]:
         return {"n_ctx": self.n_ctx, "model": self.model, **params_json(self.params, self.stream)}
 
-    def event(self, ev: TokenEvent, n_predicted: int) -> bytes:
+    def event(self, ev: TextDelta, n_predicted: int) -> bytes:
         """One streamed event: its text and tokens, `stop: false` (llama-server sends the
         token ids in every streamed event)."""
         obj: dict[str, Any] = {
@@ -106,11 +92,11 @@ class NativeCompletion:
             obj["timings"] = timings_json(ev.timings)
         return sse.event(_json.encode(obj))
 
-    def final(self, content: str, tokens: list[int], last: TokenEvent, prompt: str) -> dict[str, Any]:
+    def final(self, content: str, tokens: list[int], last: Finish, prompt: str) -> dict[str, Any]:
         """The whole answer, or a stream's last event: `stop: true`, why it stopped, counts
         and timings."""
-        usage = last.usage or Usage(prompt_tokens=0, completion_tokens=0)
-        stop_type: StopType = last.stop_type or ("limit" if last.finish_reason == "length" else "eos")
+        usage = last.usage
+        stop_type: StopType = last.stop_type or ("limit" if last.reason == "length" else "eos")
         out = {
             "index": 0,
             "content": content,

@@ -3,53 +3,57 @@
 
 Each takes `model` (in the body, or `?model=` on the GETs) to pick the model, as
 llama-server's router mode does. Errors on these routes are in llama-server's shape
-(router/server/errors.py `render_native`); the app picks that shape by path (`is_native`).
+(router/api/llama/errors.py). /apply-template takes OpenAI's chat messages and tools, as
+llama-server's does, and reads them with the OpenAI dialect's decoders.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router.server import bodies
-from router.api.openai import fields as request_fields
-from router.api.openai import schemas
-from router.server import sse
-from router.generation import tool_schemas
-from router.server.errors import render_native
-from router.generation.run import Generation, GenerationJob
+from router.api.answering import started
+from router.api.dialect import Server
+from router.api.llama.errors import error_event
 from router.api.llama.render import NativeCompletion, encode, props_json, slots_json
 from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
     NativeCompletionRequest,
+    TokenizeRequest,
     native_params,
     native_prompt,
 )
+from router.api.openai import fields as request_fields
+from router.api.openai import schemas
+from router.generation import tool_schemas
+from router.generation.answer import gather
+from router.generation.events import Event, Failed, Finish, TextDelta
+from router.generation.job import GenerationJob
+from router.generation.prompt_bound import refuse_if_too_long
+from router.server import bodies, sse
+from router.server.json_body import decode
 from supervisor.connection import WorkerConnection
-from supervisor.errors import CorralError, InternalError, Unsupported, WorkerUnavailable
+from supervisor.errors import InternalError, Unsupported, WorkerUnavailable
 from supervisor.handle import ModelHandle
-from worker.protocol import TokenEvent
 
 # The paths whose errors are in llama-server's shape.
-NATIVE_PATHS = frozenset({"/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
-
-Resolve = Callable[[str | None], ModelHandle]
+PATHS = frozenset({"/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
 
 
-def is_native(path: str) -> bool:
-    return path in NATIVE_PATHS
+def owns(path: str) -> bool:
+    return path in PATHS
 
 
 def _json(obj: object) -> Response:
     return Response(encode(obj), status=200, content_type="application/json")
 
 
-def register(app: QuartTrio, resolve: Resolve) -> None:
-    """Add the routes. `resolve` turns a request's `model` (None when it names none) into
-    the model's handle; it raises a 400 or 404 naming `model`."""
+def register(app: QuartTrio, server: Server) -> None:
+    """Add the routes."""
+    resolve = server.resolve
 
     def generating_model(model: str | None) -> ModelHandle:
         handle = resolve(model)
@@ -59,7 +63,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
 
     @app.post("/completion")
     async def completion() -> Response:
-        r: NativeCompletionRequest = schemas.decode(await bodies.read_body(), NativeCompletionRequest)
+        r: NativeCompletionRequest = decode(await bodies.read_body(), NativeCompletionRequest)
         handle = generating_model(r.model)
         params = native_params(r, handle.spec.max_tokens)
         prompt = native_prompt(r)
@@ -71,7 +75,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
             prompt_parts=tuple(prompt) if not isinstance(prompt, str) else None,
             stream=r.stream,
         )
-        gen = await Generation.start(handle, job)
+        gen, events = await started(handle, job)
         ready = gen.conn.ready
         fmt = NativeCompletion(
             model=name,
@@ -83,19 +87,19 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
         )
         if not r.stream:
             try:
-                body = await _whole(gen, fmt, prompt)
+                body = await _whole(events, gen.conn, fmt, prompt)
             finally:
                 gen.close()
             return Response(body, content_type="application/json")
-        return Response(sse.Body(_events(gen, fmt, prompt), gen.close), status=200, headers=sse.HEADERS)
+        return Response(sse.Body(_events(events, gen.conn, fmt, prompt), gen.close), status=200, headers=sse.HEADERS)
 
     @app.post("/tokenize")
     async def tokenize() -> Response:
-        r: schemas.TokenizeRequest = schemas.decode(await bodies.read_body(), schemas.TokenizeRequest)
+        r: TokenizeRequest = decode(await bodies.read_body(), TokenizeRequest)
         handle = resolve(r.model)
         async with handle.lease() as conn:
             if (ready := conn.ready) is not None:
-                request_fields.refuse_if_too_long(
+                refuse_if_too_long(
                     ready,
                     r.content,
                     ready.n_ctx_slot,
@@ -113,7 +117,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
 
     @app.post("/detokenize")
     async def detokenize() -> Response:
-        r: DetokenizeRequest = schemas.decode(await bodies.read_body(), DetokenizeRequest)
+        r: DetokenizeRequest = decode(await bodies.read_body(), DetokenizeRequest)
         handle = resolve(r.model)
         async with handle.lease() as conn:
             content = await conn.detokenize(list(r.tokens))
@@ -121,7 +125,7 @@ def register(app: QuartTrio, resolve: Resolve) -> None:
 
     @app.post("/apply-template")
     async def apply_template() -> Response:
-        r: ApplyTemplateRequest = schemas.decode(await bodies.read_body(), ApplyTemplateRequest)
+        r: ApplyTemplateRequest = decode(await bodies.read_body(), ApplyTemplateRequest)
         handle = resolve(r.model)
         # The same checks and normalisation as a chat request's messages, tools and
         # template variables: the prompt is the one that request would get.
@@ -174,32 +178,30 @@ async def _prompt_text(conn: WorkerConnection, prompt: str | list[int | str]) ->
     return "".join(out)
 
 
-async def _whole(gen: Generation, fmt: NativeCompletion, prompt: str | list[int | str]) -> bytes:
-    text: list[str] = []
-    tokens: list[int] = []
-    last: TokenEvent | None = None
-    async for last in gen:
-        text.append(last.text)
-        tokens.extend(last.tokens)
-    assert last is not None and last.finish_reason is not None
-    return encode(fmt.final("".join(text), tokens, last, await _prompt_text(gen.conn, prompt)))
+async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompt: str | list[int | str]) -> bytes:
+    answer = await gather(events)
+    c = answer.by_index[0]
+    assert c.finish is not None
+    return encode(fmt.final(c.content, c.tokens, c.finish, await _prompt_text(conn, prompt)))
 
 
-async def _events(gen: Generation, fmt: NativeCompletion, prompt: str | list[int | str]) -> AsyncIterator[bytes]:
+async def _events(
+    events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompt: str | list[int | str]
+) -> AsyncIterator[bytes]:
     """llama-server's stream: an event per step with its text and `stop: false`, then one
     with `stop: true` and the whole answer's fields. No [DONE], as llama-server; a failure
     after the headers is a final `{"error": ...}` event in its shape."""
-    try:
-        n = 0
-        async for ev in gen:
+    n = 0
+    last: TextDelta | None = None  # the last step's text: it rides in the final event
+    async for ev in events:
+        if isinstance(ev, TextDelta):
             n += len(ev.tokens)
-            if ev.finish_reason is None:
+            if ev.last:
+                last = ev
+            else:
                 yield fmt.event(ev, n)
-                continue
-            # The last event's own text and tokens; the rest were streamed already.
-            final = fmt.final(ev.text, list(ev.tokens), ev, await _prompt_text(gen.conn, prompt))
-            yield sse.event(encode(final))
-    except CorralError as exc:
-        body, _, _ = render_native(exc)
-        yield sse.event(body)
-
+        elif isinstance(ev, Finish):
+            text, tokens = (last.text, list(last.tokens)) if last is not None else ("", [])
+            yield sse.event(encode(fmt.final(text, tokens, ev, await _prompt_text(conn, prompt))))
+        elif isinstance(ev, Failed):
+            yield error_event(ev.error)

@@ -17,7 +17,7 @@ import msgspec
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
 from router.generation import structured
-from router.api.openai.schemas import Int32, Seed
+from router.api.openai.schemas import Int32
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import SamplingParams
 
@@ -80,6 +80,16 @@ _OFF: dict[str, object] = {
 }
 
 
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """llama-server's /tokenize, plus `model` to route by."""
+
+    content: str
+    model: str | None = None  # None: the server's default model
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
 class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
     tokens: list[TokenId]
     model: str | None = None
@@ -115,7 +125,7 @@ def native_params(r: NativeCompletionRequest, default_max_tokens: int | None = N
             raise Unsupported(f"'{name}' is not supported (only its default, {off}, is accepted).", name)
     if r.lora:
         raise Unsupported("LoRA adapters are not supported.", "lora")
-    constraint = structured.constraint(json_schema=r.json_schema, grammar=r.grammar)
+    constraint = structured.constraint(request_fields.json_schemas(None, r.json_schema), r.grammar)
     if r.seed is not None and not -1 <= r.seed <= 0xFFFFFFFF:
         raise InvalidRequest("Invalid 'seed': expected -1 (random) or a value from 0 to 4294967295.", "seed")
     max_tokens: int | None
@@ -155,3 +165,18 @@ def native_prompt(r: NativeCompletionRequest) -> str | list[int | str]:
     if not parts:
         raise InvalidRequest("'prompt' must not be empty.", "prompt")
     return parts
+
+
+class NativeErrorDetail(msgspec.Struct):
+    code: int  # the HTTP status, as llama-server writes it
+    message: str
+    type: str
+    param: str | None = None  # Corral's addition: the parameter to fix
+    n_prompt_tokens: int | None = None  # exceed_context_size_error only
+    n_ctx: int | None = None
+
+
+class NativeErrorBody(msgspec.Struct):
+    """Every error on llama-server's own routes (router/api/llama/errors.py)."""
+
+    error: NativeErrorDetail

@@ -1,8 +1,8 @@
-"""A decoded request's fields, checked beyond their types and turned into what the worker
-takes: sampling parameters, chat messages, prompts, embedding inputs, logprob counts, and
-the refusal of a text that certainly cannot fit. OpenAI's routes and llama-server's share
-them; the request shapes themselves are in router/api/openai/schemas.py. Every failure is an
-InvalidRequest (or ContextOverflow) that names the parameter.
+"""OpenAI's request fields, checked beyond their types and turned into what the internal
+request holds: sampling parameters, chat messages, prompts, embedding inputs, logprob
+counts, the schemas that constrain the output. llama-server's routes take the same fields
+and share these; the request shapes themselves are in router/api/openai/schemas.py. Every
+failure is an InvalidRequest that names the parameter.
 """
 
 from __future__ import annotations
@@ -11,9 +11,13 @@ from typing import Any
 
 from router.generation import tool_schemas
 from router.generation.prompts import Prompt, prompt_list
-from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, Ready, SamplingParams, fewest_tokens, utf8_length
-from router.api.openai.schemas import ChatRequest, CompletionRequest, EmbeddingRequest, LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SamplingFields
+from router.generation.structured import ANY_OBJECT
+from supervisor.errors import InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, SamplingParams
+from router.api.openai.schemas import (
+    LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, EmbeddingRequest,
+    ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, SamplingFields,
+)
 
 
 def _range(name: str, value: float, lo: float, hi: float) -> None:
@@ -253,33 +257,19 @@ def embedding_inputs(r: EmbeddingRequest) -> list[str] | list[tuple[int, ...]]:
     return texts
 
 
-# ---- texts that certainly cannot fit -----------------------------------------------------------
-
-
-def bounded_text(prompt: str | None, messages: list[ChatMessage] | None) -> str:
-    """The text a prompt certainly contains, whatever its chat template: a completion's
-    prompt, or a chat's last user message without surrounding whitespace. Templates may
-    trim content, drop roles they do not know, or strip old reasoning, but every one writes
-    the question it is asked to answer."""
-    if messages is None:
-        return prompt or ""
-    return next((m.content for m in reversed(messages) if m.role == "user"), "").strip()
-
-
-def refuse_if_too_long(ready: Ready | None, text: str, most: int, what: str, why: str, param: str) -> None:
-    """ContextOverflow when `text` alone certainly makes more than `most` tokens.
-
-    This spares the worker a text it would refuse anyway: a 15 MB prompt is refused here
-    in the time it takes to read it, instead of crossing to the worker to be rendered and
-    measured there. It errs in one direction only; the worker checks the whole rendered
-    prompt exactly.
-    """
-    if ready is None or not ready.max_token_bytes or len(text) <= most:
-        return  # each token covers at least one byte: a short text needs no bound
-    n_bytes = utf8_length(text)
-    at_least = fewest_tokens(n_bytes, ready.max_token_bytes)
-    if at_least > most:
-        raise ContextOverflow(
-            f"{what} is at least {at_least} tokens ({n_bytes} bytes of text); {why}", param,
-            n_prompt_tokens=at_least, n_ctx=ready.n_ctx_slot,
-        )
+def json_schemas(
+    response_format: ResponseFormat | None, json_schema: dict[str, Any] | None
+) -> list[tuple[dict[str, Any], str]]:
+    """The JSON schemas a request asks its output to match, each with its parameter:
+    `response_format`'s (`text` asks for nothing; `json_object` for any JSON object;
+    `json_schema` for its `schema`, any object when that is left out, as for json_object)
+    and llama-server's `json_schema`, as is."""
+    out: list[tuple[dict[str, Any], str]] = []
+    if isinstance(response_format, ResponseFormatJsonObject):
+        out.append((ANY_OBJECT, "response_format"))
+    elif isinstance(response_format, ResponseFormatJsonSchema):
+        schema = response_format.json_schema.schema
+        out.append((ANY_OBJECT if schema is None else schema, "response_format"))
+    if json_schema is not None:
+        out.append((json_schema, "json_schema"))
+    return out

@@ -1,178 +1,68 @@
-"""OpenAI response objects: whole responses and streamed chunks, as bytes.
+"""The internal event stream (router/generation/events.py) rendered in OpenAI's shapes:
+a whole chat or text completion, or its SSE chunks.
 
-Shapes follow OpenAI's published schema: `created` is an integer, and `logprobs` and
-`refusal` are present even when null.
+A streamed choice's first chunk carries the role (chat), its last the finish_reason; a
+chat's reasoning and tool calls arrive as `reasoning_content` and `tool_calls` deltas. A
+failure after the headers is a final error event, and the stream then ends without
+[DONE], so that a client cannot take a cut answer for a whole one.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
-from dataclasses import dataclass, field
+from typing import AsyncIterator
 
-import msgspec
-
-from router.server import sse
-from router.generation.choices import Choice, chat_logprobs, completion_logprobs
-from router.api.llama.render import timings_json
-from worker.protocol import Timings, Usage
-
-_json = msgspec.json.Encoder()
+from router.api.openai.errors import error_event
+from router.api.openai.logprobs import chat_logprobs, completion_logprobs
+from router.api.openai.shapes import DONE, Completion
+from router.generation.answer import gather
+from router.generation.events import (
+    Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
+)
+from router.generation.job import GenerationJob
 
 
-def usage_json(u: Usage | None) -> dict[str, object]:
-    if u is None:
-        u = Usage(prompt_tokens=0, completion_tokens=0)
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    }
+async def whole(events: AsyncIterator[Event], fmt: Completion, job: GenerationJob) -> bytes:
+    """The body of a non-streamed response of n choices per prompt; a failure raises."""
+    answer = await gather(events)
+    return fmt.whole(answer.ordered(), answer.usage, job.logprobs, answer.timings if job.timings else None)
 
 
-@dataclass
-class Completion:
-    """One response being built: the ids and timestamps every chunk repeats."""
-
-    model: str
-    chat: bool
-    id: str = field(default="")
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def __post_init__(self) -> None:
-        prefix = "chatcmpl-" if self.chat else "cmpl-"
-        self.id = prefix + secrets.token_hex(12)
-
-    @property
-    def kind(self) -> str:
-        """The `object` field of a whole response."""
-        return "chat.completion" if self.chat else "text_completion"
-
-    def whole(
-        self,
-        text: str,
-        finish_reason: str,
-        usage: Usage | None,
-        timings: Timings | None = None,
-        message: dict[str, object] | None = None,
-    ) -> bytes:
-        """A whole response of one choice. A chat's `message` (content, tool_calls,
-        reasoning_content, as router/generation/chat_output.py builds it) replaces the plain message
-        of `text`."""
-        choice = Choice(0, parts=[text], finish_reason=finish_reason, message=message)
-        return self.whole_choices([choice], usage, logprobs=False, timings=timings)
-
-    def whole_choices(
-        self, choices: list[Choice], usage: Usage | None, logprobs: bool, timings: Timings | None = None
-    ) -> bytes:
-        """A whole response; `logprobs`: the request asked for them (else they are null)."""
-        out: list[dict[str, object]] = []
-        for c in choices:
+async def chunks(events: AsyncIterator[Event], fmt: Completion, job: GenerationJob) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed response."""
+    offsets: dict[int, int] = {}  # completions: each choice's characters so far
+    async for ev in events:
+        if isinstance(ev, Begin):
+            if fmt.chat:
+                yield fmt.chunk("", first=True, index=ev.choice)
+        elif isinstance(ev, TextDelta) and not fmt.chat:
+            text = ev.echo + ev.text
             lp: dict[str, object] | None = None
-            if self.chat:
-                if logprobs:
-                    lp = chat_logprobs(c.logprobs)
-                out.append(
-                    {
-                        "index": c.index,
-                        "message": c.message or {"role": "assistant", "content": c.text, "refusal": None},
-                        "logprobs": lp,
-                        "finish_reason": c.finish_reason,
-                    }
-                )
+            if ev.logprobs:  # this event's tokens start after the echoed prompt, if it is here
+                lp, _ = completion_logprobs(ev.logprobs, offsets.get(ev.choice, 0) + len(ev.echo))
+            offsets[ev.choice] = offsets.get(ev.choice, 0) + len(text)
+            if text or lp is not None:
+                yield fmt.chunk(text, index=ev.choice, logprobs=lp, timings=ev.timings)
+        elif isinstance(ev, (TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta)):
+            delta: dict[str, object]
+            if isinstance(ev, TextDelta):
+                delta = {"content": ev.text} if ev.text else {}
+            elif isinstance(ev, ReasoningDelta):
+                delta = {"reasoning_content": ev.text}
+            elif isinstance(ev, ToolCallStart):
+                # OpenAI's streaming shape: the id, type and name first, then the arguments.
+                call = {"index": ev.call, "id": ev.id, "type": "function", "function": {"name": ev.name, "arguments": ""}}
+                delta = {"tool_calls": [call]}
             else:
-                if logprobs:
-                    lp, _ = completion_logprobs(c.logprobs, len(c.echo))
-                out.append({"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
-        obj: dict[str, object] = {
-            "id": self.id,
-            "object": self.kind,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": out,
-            "usage": usage_json(usage),
-        }
-        if timings is not None:  # llama-server's extension, asked for with timings_per_token
-            obj["timings"] = timings_json(timings)
-        return _json.encode(obj)
-
-    def chunk(
-        self,
-        text: str | None,
-        finish_reason: str | None = None,
-        first: bool = False,
-        index: int = 0,
-        logprobs: dict[str, object] | None = None,
-        timings: Timings | None = None,
-    ) -> bytes:
-        """One SSE event of choice `index`. For chat, the first chunk carries the role.
-        `logprobs`: this chunk's tokens' logprobs, already in the endpoint's shape."""
-        if self.chat:
-            delta: dict[str, object] = {}
-            if first:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, object] = {
-                "index": index,
-                "delta": delta,
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-            obj = "text_completion"
-        out: dict[str, object] = {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [choice],
-        }
-        if timings is not None:
-            out["timings"] = timings_json(timings)
-        return self._event(out)
-
-    def delta_chunk(
-        self,
-        delta: dict[str, object],
-        finish_reason: str | None = None,
-        timings: Timings | None = None,
-        index: int = 0,
-        logprobs: dict[str, object] | None = None,
-    ) -> bytes:
-        """One chat chunk of choice `index` with a prepared delta (reasoning_content,
-        tool_calls)."""
-        out: dict[str, object] = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
-        }
-        if timings is not None:
-            out["timings"] = timings_json(timings)
-        return self._event(out)
-
-    def usage_chunk(self, usage: Usage | None) -> bytes:
-        """The extra final chunk that `stream_options.include_usage` asks for."""
-        return self._event(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": None,
-                "choices": [],
-                "usage": usage_json(usage),
-            }
-        )
-
-    @staticmethod
-    def _event(obj: dict[str, object]) -> bytes:
-        return sse.event(_json.encode(obj))
+                delta = {"tool_calls": [{"index": ev.call, "function": {"arguments": ev.arguments}}]}
+            logprobs = getattr(ev, "logprobs", ())
+            lp = chat_logprobs(logprobs) if logprobs else None
+            if delta or lp is not None:
+                yield fmt.delta_chunk(delta, index=ev.choice, logprobs=lp, timings=ev.timings)
+        elif isinstance(ev, Finish):
+            yield fmt.chunk(None, ev.reason, index=ev.choice, timings=ev.timings if job.timings else None)
+        elif isinstance(ev, Done):
+            if job.include_usage:
+                yield fmt.usage_chunk(ev.usage)
+            yield DONE
+        elif isinstance(ev, Failed):
+            yield error_event(ev.error)

@@ -8,8 +8,9 @@ import msgspec
 import pytest
 
 from router.api.openai import fields as rf
+from router.server.json_body import decode
 from router.api.openai import schemas as s
-from supervisor.errors import ContextOverflow, InvalidRequest, Unsupported
+from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
 
@@ -20,17 +21,17 @@ def body(**fields: Any) -> bytes:
 def chat(**fields: Any) -> s.ChatRequest:
     fields.setdefault("model", "m")
     fields.setdefault("messages", [{"role": "user", "content": "hi"}])
-    return s.decode(body(**fields), s.ChatRequest)
+    return decode(body(**fields), s.ChatRequest)
 
 
 def completion(**fields: Any) -> s.CompletionRequest:
     fields.setdefault("model", "m")
-    return s.decode(body(**fields), s.CompletionRequest)
+    return decode(body(**fields), s.CompletionRequest)
 
 
 def embedding(**fields: Any) -> s.EmbeddingRequest:
     fields.setdefault("model", "m")
-    return s.decode(body(**fields), s.EmbeddingRequest)
+    return decode(body(**fields), s.EmbeddingRequest)
 
 
 # ---- decode -------------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def test_decode_accepts_integer_for_float() -> None:
 )
 def test_decode_malformed_json(raw: bytes) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(raw, s.ChatRequest)
+        decode(raw, s.ChatRequest)
     assert "could not parse the JSON body" in info.value.message
     assert info.value.param is None
 
@@ -60,7 +61,7 @@ def test_decode_malformed_json(raw: bytes) -> None:
 @pytest.mark.parametrize("raw", [b"", b"   ", b"\n\t"])
 def test_decode_empty_body(raw: bytes) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(raw, s.ChatRequest)
+        decode(raw, s.ChatRequest)
     assert "empty" in info.value.message
     assert info.value.param is None
 
@@ -75,14 +76,14 @@ def test_decode_empty_body(raw: bytes) -> None:
 )
 def test_decode_unknown_field(kind: type[msgspec.Struct], raw: bytes) -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(raw, kind)
+        decode(raw, kind)
     assert info.value.message == "Unrecognized request argument supplied: foo"
     assert info.value.param == "foo"
 
 
 def test_decode_unknown_nested_field() -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(
+        decode(
             body(model="m", stream=True, stream_options={"include_usage": True, "x": 1}),
             s.ChatRequest,
         )
@@ -107,7 +108,7 @@ def test_decode_unknown_nested_field() -> None:
 def test_decode_wrong_type_names_param(fields: dict[str, Any], param: str) -> None:
     fields = {"model": "m", **fields}
     with pytest.raises(InvalidRequest) as info:
-        s.decode(body(**fields), s.ChatRequest)
+        decode(body(**fields), s.ChatRequest)
     assert info.value.param == param
     assert f"'{param}'" in info.value.message
 
@@ -116,9 +117,9 @@ def test_a_missing_model_decodes_as_none_for_the_default_model() -> None:
     """`model` may be left out (or null): the supervisor then routes to [server]
     default_model, or answers 400 naming `model` (tests/sim/test_http.py)."""
     for extra in ({}, {"model": None}):
-        r = s.decode(body(messages=[{"role": "user", "content": "x"}], **extra), s.ChatRequest)
+        r = decode(body(messages=[{"role": "user", "content": "x"}], **extra), s.ChatRequest)
         assert r.model is None
-    assert s.decode(body(input="x"), s.EmbeddingRequest).model is None
+    assert decode(body(input="x"), s.EmbeddingRequest).model is None
 
 
 @pytest.mark.parametrize("field", sorted(s.IGNORED))
@@ -129,25 +130,25 @@ def test_openai_fields_corral_does_not_act_on_are_accepted(field: str) -> None:
         "web_search_options": {}, "service_tier": "auto",
     }
     raw = body(model="m", messages=[{"role": "user", "content": "x"}], **{field: values.get(field, "x")})
-    s.decode(raw, s.ChatRequest)  # no InvalidRequest
+    decode(raw, s.ChatRequest)  # no InvalidRequest
 
 
 def test_an_ignored_field_of_the_wrong_type_is_still_a_400() -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(body(model="m", messages=[], store="yes"), s.ChatRequest)
+        decode(body(model="m", messages=[], store="yes"), s.ChatRequest)
     assert info.value.param == "store"
 
 
 def test_decode_missing_embedding_input() -> None:
     with pytest.raises(InvalidRequest) as info:
-        s.decode(body(model="m"), s.EmbeddingRequest)
+        decode(body(model="m"), s.EmbeddingRequest)
     assert info.value.param == "input"
 
 
 def test_decode_non_object_body_is_invalid_request() -> None:
     for raw in [b"[]", b"null", b"3", b'"x"']:
         with pytest.raises(InvalidRequest):
-            s.decode(raw, s.ChatRequest)
+            decode(raw, s.ChatRequest)
 
 
 # ---- sampling_params ----------------------------------------------------------------------------
@@ -443,7 +444,7 @@ def test_empty_messages_rejected() -> None:
 
 
 def test_missing_messages_rejected() -> None:
-    r = s.decode(body(model="m"), s.ChatRequest)
+    r = decode(body(model="m"), s.ChatRequest)
     with pytest.raises(InvalidRequest) as info:
         rf.chat_messages(r)
     assert info.value.param == "messages"
@@ -565,45 +566,3 @@ def test_embedding_encoding_format() -> None:
     with pytest.raises(InvalidRequest) as info:
         embedding(input="x", encoding_format="int8")
     assert info.value.param == "encoding_format"
-
-
-# ---- texts that certainly cannot fit (issue 8, finding 3) ------------------------------------
-
-
-def _ready(n_ctx_slot: int = 4096, max_token_bytes: int = 48) -> Any:
-    from worker.protocol import Ready
-
-    return Ready(
-        n_ctx=n_ctx_slot, n_ctx_slot=n_ctx_slot, slots=4, n_vocab=10, n_ctx_train=n_ctx_slot,
-        has_template=True, embeddings=False, n_embd=8, max_token_bytes=max_token_bytes,
-    )
-
-
-def test_the_bounded_text_is_the_prompt_or_the_last_user_message_stripped() -> None:
-    assert rf.bounded_text("abc", None) == "abc"
-    msgs = [
-        ChatMessage(role="user", content="first " * 100),
-        ChatMessage(role="assistant", content="x" * 1000),
-        ChatMessage(role="user", content="  last question \n"),
-        ChatMessage(role="tool", content="y" * 1000),
-    ]
-    assert rf.bounded_text(None, msgs) == "last question"
-    assert rf.bounded_text(None, [ChatMessage(role="system", content="z" * 10)]) == ""
-
-
-def test_a_text_over_the_byte_bound_is_refused_as_context_length_exceeded() -> None:
-    ready = _ready(n_ctx_slot=100, max_token_bytes=4)
-    rf.refuse_if_too_long(ready, "x" * 396, 99, "the prompt", "why", "prompt")  # 99 tokens could fit
-    with pytest.raises(ContextOverflow) as info:
-        rf.refuse_if_too_long(ready, "x" * 397, 99, "the prompt", "why", "prompt")
-    assert info.value.param == "prompt"
-    assert info.value.message == "the prompt is at least 100 tokens (397 bytes of text); why"
-    # Non-ASCII text counts its UTF-8 bytes.
-    with pytest.raises(ContextOverflow):
-        rf.refuse_if_too_long(ready, "é" * 199, 99, "the prompt", "why", "prompt")
-
-
-@pytest.mark.parametrize("ready", [None, "no bound"])
-def test_without_a_bound_nothing_is_refused_here(ready: Any) -> None:
-    r = _ready(max_token_bytes=0) if ready == "no bound" else None
-    rf.refuse_if_too_long(r, "x" * 10_000_000, 99, "the prompt", "why", "prompt")

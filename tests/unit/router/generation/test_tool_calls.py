@@ -14,16 +14,46 @@ import llguidance
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from router.api.openai import render as openai_render
+from router.api.openai.shapes import Completion
+from router.api.openai.shapes import message as openai_message
+from router.generation.answer import Answer
 from router.generation.chat_output import ChatOutput
-from router.api.openai.render import Completion
+from router.generation.events import (
+    Begin, Delta, Done, Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+)
+from router.generation.job import GenerationJob
 from router.generation.reasoning import ReasoningSplitter
 from router.generation.tool_calls import Call, Piece, ToolCallParser
 from router.generation.tool_grammar import tool_choice_grammar
 from worker.chat_template import JinjaTemplate
-from worker.protocol import ChatMessage, ToolCall, ToolFormat, Usage
+from worker.protocol import ChatMessage, SamplingParams, ToolCall, ToolFormat, Usage
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "fixtures" / "templates"
 PARIS = Call(name="get_weather", arguments='{"city": "Paris"}')
+
+
+def message(out: ChatOutput, deltas: list[Delta]) -> dict[str, Any]:
+    """The OpenAI `message` of a whole reply whose deltas these are."""
+    answer = Answer()
+    for d in deltas:
+        answer.add(d)
+    answer.add(Finish(0, out.finish_reason("stop"), Usage(prompt_tokens=0, completion_tokens=0)))
+    return openai_message(answer.ordered()[0])
+
+
+async def openai_deltas(deltas: list[Delta]) -> list[dict[str, Any]]:
+    """The `delta` objects of the OpenAI chunks these deltas stream as."""
+    job = GenerationJob(model="m", params=SamplingParams(), messages=(), stream=True)
+
+    async def events() -> Any:
+        for d in deltas:
+            yield d
+
+    out = []
+    async for chunk in openai_render.chunks(events(), Completion("m", chat=True), job):
+        out.append(json.loads(chunk.split(b"data: ", 1)[1])["choices"][0]["delta"])
+    return out
 
 
 def splits(text: str, seed: int) -> list[str]:
@@ -167,18 +197,24 @@ def test_reasoning_split_whole_and_streamed(text: str, in_reasoning: bool, expec
         assert split_reasoning(splits(text, seed), in_reasoning) == expected, seed
 
 
-def test_reasoning_then_a_call() -> None:
+async def test_reasoning_then_a_call() -> None:
     out = ChatOutput(tools="hermes", reasoning=True, in_reasoning=True)
-    deltas = []
+    deltas: list[Delta] = []
     for chunk in splits('I should call it.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', 3):
         deltas += out.feed(chunk)
     deltas += out.finish()
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == "I should call it."
-    assert not any("content" in d for d in deltas)
-    first, second = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    assert first["index"] == 0 and first["id"].startswith("call_") and first["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)) == "I should call it."
+    assert not any(isinstance(d, TextDelta) for d in deltas)
+    start, args, end = [d for d in deltas if isinstance(d, (ToolCallStart, ToolCallDelta, ToolCallEnd))]
+    assert isinstance(start, ToolCallStart) and start.call == 0 and start.id.startswith("call_")
+    assert start.name == "get_weather"
+    assert args == ToolCallDelta(0, 0, '{"city": "Paris"}') and end == ToolCallEnd(0, 0)
+    # OpenAI's streaming shape: the id, type and name first, then the arguments.
+    first, second = [d["tool_calls"][0] for d in await openai_deltas(deltas) if "tool_calls" in d]
+    assert first["index"] == 0 and first["id"] == start.id and first["type"] == "function"
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
     assert second == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
-    msg = out.message()
+    msg = message(out, deltas)
     assert msg["content"] is None and msg["reasoning_content"] == "I should call it."
     assert msg["tool_calls"][0]["function"]["name"] == "get_weather"
     assert out.finish_reason("stop") == "tool_calls"
@@ -202,21 +238,30 @@ def test_mistral_calls_keep_nine_character_ids() -> None:
 # ---- the response shapes under the openai client's strict models -------------------------------
 
 
-def test_whole_response_and_chunks_validate_strictly() -> None:
+async def test_whole_response_and_chunks_validate_strictly() -> None:
     fmt = Completion(model="m", chat=True)
     out = ChatOutput(tools="generic", reasoning=True)
     deltas = out.feed('<think>hmm</think>{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}')
     deltas += out.finish()
     usage = Usage(prompt_tokens=3, completion_tokens=5)
-    whole = json.loads(fmt.whole("", out.finish_reason("stop"), usage, message=out.message()))
+    events: list[Event] = [Begin(0), *deltas, Finish(0, out.finish_reason("stop"), usage), Done(usage)]
+    job = GenerationJob(model="m", params=SamplingParams(), messages=(), stream=True, include_usage=True)
+
+    async def play() -> Any:
+        for ev in events:
+            yield ev
+
+    whole = json.loads(await openai_render.whole(play(), fmt, job))
     resp = ChatCompletion.model_validate(whole, strict=True)
     assert resp.choices[0].finish_reason == "tool_calls"
+    assert resp.choices[0].message.reasoning_content == "hmm"  # type: ignore[attr-defined]
     call = resp.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
-    for d in deltas:
-        event = fmt.delta_chunk(d)
+    chunks = [c async for c in openai_render.chunks(play(), fmt, job)]
+    assert chunks[-1] == b"data: [DONE]\n\n"
+    for event in chunks[:-1]:
         chunk = ChatCompletionChunk.model_validate(json.loads(event.split(b"data: ", 1)[1]), strict=True)
-        assert chunk.choices[0].delta is not None
+        assert chunk.choices == [] or chunk.choices[0].delta is not None
 
 
 # ---- grammars of a forced call --------------------------------------------------------------
@@ -282,14 +327,14 @@ def test_a_call_cut_short_is_dropped_and_the_whole_ones_stand(fmt: ToolFormat) -
 
 def test_a_reply_whose_calls_repeat_ends_at_the_first_repeat() -> None:
     out = ChatOutput(tools="generic", reasoning=False, declared={"get_weather"})
-    deltas = []
+    deltas: list[Delta] = []
     for chunk in splits(GENERIC_LOOP, 5):
         deltas += out.feed(chunk)
     assert out.ended
     assert out.feed('is"}}]}') == [] and out.finish(cut=True) == []
     assert [(c.name, c.arguments) for c in out.calls] == [(WEATHER_C.name, WEATHER_C.arguments), (WEATHER_F.name, WEATHER_F.arguments)]
-    assert out.finish_reason("cancelled") == "tool_calls" and out.message()["content"] is None
-    assert not any("content" in d for d in deltas)
+    assert out.finish_reason("cancelled") == "tool_calls" and message(out, deltas)["content"] is None
+    assert not any(isinstance(d, TextDelta) for d in deltas)
     # Same arguments in another order or spacing are the same call.
     out = ChatOutput(tools="generic", reasoning=False)
     out.feed('{"tool_calls": [{"name": "f", "arguments": {"a": 1, "b": 2}}, {"name": "f", "arguments": {"b":2,"a":1}}')

@@ -1,4 +1,5 @@
-"""router/generation/run.py and router/server/sse.py: one owner of a generation's lease and stream.
+"""router/generation/run.py, stream.py and router/server/sse.py: one owner of a generation's
+lease and stream, and its events as OpenAI's renderer (router/api/openai/render.py) sends them.
 
 The worker side is faked: a lease whose release is counted, and a stream that plays a script
 of TokenEvents or errors.
@@ -11,9 +12,13 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from router.api.openai.render import chunks as openai_chunks
+from router.api.openai.render import whole as openai_whole
+from router.api.openai.shapes import Completion
+from router.generation.job import GenerationJob
+from router.generation.run import Generation
+from router.generation.stream import events
 from router.server import sse
-from router.generation.run import Generation, GenerationJob, events, whole
-from router.api.openai.render import Completion
 from supervisor.errors import ContextOverflow, CorralError, WorkerCrashed
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.lease import Lease
@@ -110,7 +115,7 @@ async def test_an_error_before_the_first_token_releases_everything_and_raises() 
 
 async def test_whole_joins_the_text_and_reports_the_finish() -> None:
     gen, _ = await started(tokens("Hel", "lo"))
-    body = json.loads(await whole(gen, Completion("m", chat=False), job()))
+    body = json.loads(await openai_whole(events(gen, job()), Completion("m", chat=False), job()))
     assert body["choices"][0]["text"] == "Hello"
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["completion_tokens"] == 2
@@ -122,7 +127,7 @@ def data_lines(chunks: list[bytes]) -> list[str]:
 
 async def test_events_stream_role_text_finish_usage_and_done() -> None:
     gen, _ = await started(tokens("a", "b"))
-    chunks = [c async for c in events(gen, Completion("m", chat=True), job(stream=True, include_usage=True))]
+    chunks = [c async for c in openai_chunks(events(gen, job(stream=True, include_usage=True)), Completion("m", chat=True), job(stream=True, include_usage=True))]
     assert all(c.startswith(b"data: ") and c.endswith(b"\n\n") for c in chunks)
     lines = data_lines(chunks)
     assert lines[-1] == "[DONE]"
@@ -136,7 +141,7 @@ async def test_events_stream_role_text_finish_usage_and_done() -> None:
 async def test_a_failure_mid_stream_is_a_final_error_event_without_done() -> None:
     """A cut answer must not look whole: no [DONE] after the error event."""
     gen, _ = await started([TokenEvent(id=1, text="a"), WorkerCrashed("worker died")])
-    chunks = [c async for c in events(gen, Completion("m", chat=False), job(stream=True))]
+    chunks = [c async for c in openai_chunks(events(gen, job(stream=True)), Completion("m", chat=False), job(stream=True))]
     last = json.loads(data_lines(chunks)[-1])
     assert last["error"]["code"] == "worker_crashed"
     assert b"[DONE]" not in b"".join(chunks)

@@ -8,13 +8,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.server.errors import render_native, to_native, http_status
-from router.api.llama.render import NativeCompletion, pick_fields, timings_json
+from router.api.llama.errors import render as render_native
+from router.api.llama.errors import render_http
+from router.api.timings import timings_json
+from router.generation.events import Finish
+from router.api.llama.render import NativeCompletion, pick_fields
 from router.api.llama.schemas import NativeCompletionRequest, native_params, native_prompt
 from supervisor import errors as e
 from tests.unit.worker.test_prompts import FakeModel, prepare
 from worker.prompts import Limit, detokenize_texts, piece
-from worker.protocol import Constraint, Detokenize, Generate, SamplingParams, Timings, TokenEvent, Usage
+from worker.protocol import Constraint, Detokenize, Generate, SamplingParams, Timings, Usage
 from worker.rejected import RequestRejected
 from worker.request import Request
 from worker.stops import StopMatcher
@@ -172,12 +175,11 @@ def test_timings_are_derived_from_the_workers_counts() -> None:
 
 def test_the_final_answer_says_why_it_stopped() -> None:
     fmt = NativeCompletion(model="m", params=SamplingParams(max_tokens=4), n_ctx=8)
-    last = TokenEvent(id=1, finish_reason="length", usage=Usage(prompt_tokens=4, completion_tokens=4), stop_type="limit")
+    last = Finish(0, "length", Usage(prompt_tokens=4, completion_tokens=4), stop_type="limit")
     out = fmt.final("abcd", [1, 2, 3, 4], last, "p")
     assert out["stop_type"] == "limit" and out["truncated"] is True  # prompt + output filled n_ctx
     assert out["tokens"] == []  # return_tokens not asked, not streamed
-    word = TokenEvent(id=1, finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1),
-                      stop_type="word", stopping_word="\n")
+    word = Finish(0, "stop", Usage(prompt_tokens=1, completion_tokens=1), stop_type="word", stopping_word="\n")
     out = fmt.final("a", [1], word, "p")
     assert (out["stop_type"], out["stopping_word"], out["truncated"]) == ("word", "\n", False)
     assert out["generation_settings"]["n_predict"] == 4 and out["generation_settings"]["seed"] == 0xFFFFFFFF
@@ -210,8 +212,8 @@ def test_native_error_types(exc: e.CorralError, status: int, type_: str) -> None
         assert headers["x-should-retry"] == "true"
 
 
-def test_an_http_error_rendered_for_openai_converts() -> None:
-    body, status, _ = to_native(http_status(405, "Method GET is not allowed on /completion", "method_not_allowed"))
+def test_an_http_error_is_in_llama_servers_shape() -> None:
+    body, status, _ = render_http(405, "Method GET is not allowed on /completion", "method_not_allowed")
     assert status == 405
     assert msgspec.json.decode(body) == {"error": {
         "code": 405, "message": "Method GET is not allowed on /completion", "type": "invalid_request_error"}}

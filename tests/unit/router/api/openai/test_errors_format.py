@@ -1,4 +1,5 @@
-"""router/server/errors.py, router/server/sse.py and router/api/openai/render.py: error mapping and OpenAI response shapes."""
+"""router/api/openai/errors.py (with router/server/errors.py's statuses and headers) and
+router/api/openai/shapes.py: OpenAI's error and response shapes."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ from typing import Any, get_args
 
 import pytest
 
-from router.server import errors as re_
-from router.server import sse
-from router.api.openai.render import Completion, usage_json
+from router.api.openai import errors as re_
+from router.api.openai.shapes import DONE, Completion, usage_json
+from router.generation.answer import ChoiceAnswer
+from router.generation.events import Finish, Reason
+from router.server import errors as server_errors
+from router.server.errors import http_problem
 from supervisor import errors as e
 from supervisor.replies import WORKER_ERRORS
 from worker.protocol import ErrorCode, Usage
 
 # ---- errors -------------------------------------------------------------------------------------
+
+
+def one(text: str, reason: Reason) -> list[ChoiceAnswer]:
+    """A whole answer of one choice that said `text`."""
+    return [ChoiceAnswer(0, parts=[text], finish=Finish(0, reason, Usage(prompt_tokens=0, completion_tokens=0)))]
 
 
 @pytest.mark.parametrize(
@@ -59,7 +68,7 @@ def test_every_error_class_is_mapped() -> None:
     ]
     assert classes
     for cls in classes:
-        assert cls in re_._MAP, cls
+        assert cls in re_._KIND and cls in server_errors._STATUS, cls
 
 
 def test_subclass_maps_like_its_base() -> None:
@@ -114,7 +123,7 @@ def test_envelope_always_has_all_four_keys() -> None:
 
 
 def test_sse_error_event() -> None:
-    raw = sse.error_event(e.WorkerCrashed("worker died mid-stream"))
+    raw = re_.error_event(e.WorkerCrashed("worker died mid-stream"))
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
     assert raw.count(b"\n") == 2
     err = json.loads(raw[len(b"data: ") : -2])["error"]
@@ -187,7 +196,7 @@ def test_ids_have_prefix_and_are_unique() -> None:
 
 def test_chat_whole() -> None:
     c = Completion("my-model", chat=True)
-    obj = json.loads(c.whole("Hello!", "stop", USAGE))
+    obj = json.loads(c.whole(one("Hello!", "stop"), USAGE, logprobs=False))
     assert obj["id"] == c.id
     assert obj["object"] == "chat.completion"
     assert type(obj["created"]) is int
@@ -205,7 +214,7 @@ def test_chat_whole() -> None:
 
 def test_completion_whole() -> None:
     c = Completion("m", chat=False)
-    obj = json.loads(c.whole("text out", "length", None))
+    obj = json.loads(c.whole(one("text out", "length"), None, logprobs=False))
     assert obj["object"] == "text_completion"
     assert type(obj["created"]) is int
     choice = obj["choices"][0]
@@ -214,12 +223,12 @@ def test_completion_whole() -> None:
 
 
 def test_created_is_int_even_if_time_is_float(monkeypatch: pytest.MonkeyPatch) -> None:
-    import router.api.openai.render as of
+    import router.api.openai.shapes as of
 
     monkeypatch.setattr(of.time, "time", lambda: 1700000000.75)
     c = Completion("m", chat=True)
     assert c.created == 1700000000
-    assert json.loads(c.whole("", "stop", None))["created"] == 1700000000
+    assert json.loads(c.whole(one("", "stop"), None, logprobs=False))["created"] == 1700000000
     assert parse_event(c.chunk("x"))["created"] == 1700000000
 
 
@@ -292,7 +301,7 @@ def test_chunk_text_with_newlines_stays_on_one_sse_line() -> None:
 
 
 def test_done_sentinel() -> None:
-    assert sse.DONE == b"data: [DONE]\n\n"
+    assert DONE == b"data: [DONE]\n\n"
 
 
 # ---- the worker's error codes -------------------------------------------------------------------
@@ -335,7 +344,7 @@ def test_every_error_code_of_the_protocol_is_mapped() -> None:
     ],
 )
 def test_http_level_errors_use_the_openai_envelope(status: int, code: str | None, needle: str) -> None:
-    raw, got, headers = re_.render_http(status, "GET", "/v1/nope", "bad things", 1024)
+    raw, got, headers = re_.http_status(status, *http_problem(status, "GET", "/v1/nope", "bad things", 1024))
     err = json.loads(raw)["error"]
     assert got == status and headers["content-type"] == "application/json"
     assert needle in err["message"] and err["code"] == code

@@ -10,7 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.generation import run as generation
+from router.api.openai import translate
+from router.server.json_body import decode
+from router.api.openai.fields import json_schemas
 from router.generation import structured
 from router.api.openai import schemas as s
 from router.generation.schema_rewrite import ANY_VALUE, narrowed
@@ -18,15 +20,23 @@ from supervisor.errors import InvalidRequest
 from worker.protocol import Constraint
 
 
+def constraint(
+    response_format: s.ResponseFormat | None = None, json_schema: dict[str, Any] | None = None, grammar: str | None = None
+) -> Constraint | None:
+    """What a request with these three parameters is constrained by: OpenAI's and
+    llama-server's schemas as the OpenAI dialect names them, through the shared rule."""
+    return structured.constraint(json_schemas(response_format, json_schema), grammar)
+
+
 def chat(**fields: Any) -> s.ChatRequest:
     fields.setdefault("model", "m")
     fields.setdefault("messages", [{"role": "user", "content": "hi"}])
-    return s.decode(msgspec.json.encode(fields), s.ChatRequest)
+    return decode(msgspec.json.encode(fields), s.ChatRequest)
 
 
 def completion(**fields: Any) -> s.CompletionRequest:
     fields.setdefault("model", "m")
-    return s.decode(msgspec.json.encode(fields), s.CompletionRequest)
+    return decode(msgspec.json.encode(fields), s.CompletionRequest)
 
 
 SCHEMA = {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}
@@ -41,7 +51,7 @@ SENT = {**SCHEMA, "additionalProperties": False}
 def test_response_format_text_decodes_and_asks_for_nothing() -> None:
     r = chat(response_format={"type": "text"})
     assert isinstance(r.response_format, s.ResponseFormatText)
-    assert structured.constraint(r.response_format) is None
+    assert constraint(r.response_format) is None
 
 
 def test_response_format_json_schema_decodes_every_field() -> None:
@@ -101,7 +111,7 @@ def test_completions_have_no_response_format() -> None:
 
 
 def test_json_object_is_the_any_object_schema_with_bounded_values() -> None:
-    c = structured.constraint(s.ResponseFormatJsonObject())
+    c = constraint(s.ResponseFormatJsonObject())
     assert c is not None and c.param == "response_format" and c.kind == "json_schema"
     assert json.loads(c.source) == narrowed({"type": "object"})
     assert json.loads(c.source)["additionalProperties"] == {"$ref": f"#/$defs/{ANY_VALUE}"}
@@ -109,29 +119,29 @@ def test_json_object_is_the_any_object_schema_with_bounded_values() -> None:
 
 def test_json_schema_format_carries_its_schema_closed() -> None:
     fmt = s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n", schema=SCHEMA))
-    c = structured.constraint(fmt)
+    c = constraint(fmt)
     assert c is not None and c.kind == "json_schema" and c.param == "response_format"
     assert json.loads(c.source) == SENT
     assert "additionalProperties" not in SCHEMA  # the client's schema is left as it sent it
 
 
 def test_json_schema_format_without_a_schema_is_any_object() -> None:
-    c = structured.constraint(s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n")))
+    c = constraint(s.ResponseFormatJsonSchema(s.JsonSchemaFormat(name="n")))
     assert c is not None and json.loads(c.source) == narrowed({"type": "object"})
 
 
 def test_json_schema_extension() -> None:
-    c = structured.constraint(json_schema=SCHEMA)
+    c = constraint(json_schema=SCHEMA)
     assert c is not None and c.param == "json_schema" and json.loads(c.source) == SENT
 
 
 def test_grammar_extension_is_gbnf() -> None:
-    assert structured.constraint(grammar='root ::= "yes"') == Constraint("gbnf", 'root ::= "yes"', "grammar")
+    assert constraint(grammar='root ::= "yes"') == Constraint("gbnf", 'root ::= "yes"', "grammar")
 
 
 def test_nothing_asked() -> None:
-    assert structured.constraint() is None
-    assert structured.constraint(grammar="") is None  # llama-server: an empty grammar is none
+    assert constraint() is None
+    assert constraint(grammar="") is None  # llama-server: an empty grammar is none
 
 
 @pytest.mark.parametrize(
@@ -149,13 +159,13 @@ def test_nothing_asked() -> None:
 )
 def test_two_constraints_are_a_400_naming_the_second(kw: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        structured.constraint(**kw)
+        constraint(**kw)
     assert info.value.param == param
     assert "only one" in info.value.message
 
 
 def test_text_format_with_a_grammar_is_the_grammar() -> None:
-    c = structured.constraint(s.ResponseFormatText(), grammar='root ::= "a"')
+    c = constraint(s.ResponseFormatText(), grammar='root ::= "a"')
     assert c is not None and c.param == "grammar"
 
 
@@ -163,40 +173,40 @@ def test_text_format_with_a_grammar_is_the_grammar() -> None:
 
 
 def test_chat_job_carries_the_constraint() -> None:
-    job = generation.chat_job(chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}), "m")
+    job = translate.chat_job(chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}), "m")
     c = job.params.constraint
     assert c is not None and c.param == "response_format" and json.loads(c.source) == SENT
 
 
 def test_chat_job_without_structured_output_has_none() -> None:
-    assert generation.chat_job(chat(), "m").params.constraint is None
+    assert translate.chat_job(chat(), "m").params.constraint is None
 
 
 def test_chat_job_conflict_is_a_400() -> None:
     with pytest.raises(InvalidRequest) as info:
-        generation.chat_job(chat(json_schema=SCHEMA, grammar='root ::= "a"'), "m")
+        translate.chat_job(chat(json_schema=SCHEMA, grammar='root ::= "a"'), "m")
     assert info.value.param == "grammar"
 
 
 def test_completion_job_carries_grammar_and_json_schema() -> None:
-    c = generation.completion_job(completion(prompt="p", grammar='root ::= "a"'), "m").params.constraint
+    c = translate.completion_job(completion(prompt="p", grammar='root ::= "a"'), "m").params.constraint
     assert c == Constraint("gbnf", 'root ::= "a"', "grammar")
-    c = generation.completion_job(completion(prompt="p", json_schema=SCHEMA), "m").params.constraint
+    c = translate.completion_job(completion(prompt="p", json_schema=SCHEMA), "m").params.constraint
     assert c is not None and c.param == "json_schema"
 
 
 def test_constraint_survives_the_wire() -> None:
     # The frame the supervisor sends the worker: msgpack round trip keeps the constraint.
-    params = generation.chat_job(chat(response_format={"type": "json_object"}), "m").params
+    params = translate.chat_job(chat(response_format={"type": "json_object"}), "m").params
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=type(params))
     assert back.constraint == params.constraint
 
 
 def test_a_grammar_past_the_cap_is_a_400_naming_it() -> None:
     ok = 'root ::= "a"' + " " * (structured.MAX_GRAMMAR_CHARS - 12)
-    assert structured.constraint(grammar=ok) is not None
+    assert constraint(grammar=ok) is not None
     with pytest.raises(InvalidRequest) as info:
-        structured.constraint(grammar=ok + " ")
+        constraint(grammar=ok + " ")
     assert info.value.param == "grammar"
 
 
@@ -209,5 +219,5 @@ def test_a_schema_nested_past_the_walk_limit_is_a_400_naming_it() -> None:
         "response_format",
     ):
         with pytest.raises(InvalidRequest) as info:
-            structured.constraint(**kw)
+            constraint(**kw)
         assert info.value.param == param and "nested" in str(info.value)

@@ -1,12 +1,17 @@
-"""router/server/openapi.py: the served document is generated from the request types."""
+"""router/server/openapi.py: the served document is generated from the dialects' request
+types (router/app.py gathers them)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from router.server import openapi
+from router.api import llama
+from router.api.llama.errors import native_envelope
+from router.api.llama.schemas import NativeErrorBody
 from router.api.openai import schemas
+from router.api.openai.errors import envelope
+from router.app import openapi_document
 
 
 def _schema(doc: dict[str, object], name: str) -> dict[str, object]:
@@ -15,7 +20,7 @@ def _schema(doc: dict[str, object], name: str) -> dict[str, object]:
 
 @pytest.mark.parametrize("kind", [schemas.ChatRequest, schemas.CompletionRequest, schemas.EmbeddingRequest])
 def test_every_request_field_is_documented_with_its_bounds(kind: type[msgspec.Struct]) -> None:
-    doc = openapi.document()
+    doc = openapi_document()
     props = _schema(doc, kind.__name__)["properties"]
     assert set(props) == set(kind.__struct_fields__)  # type: ignore[arg-type]
     if "max_tokens" in props:  # type: ignore[operator]
@@ -24,7 +29,7 @@ def test_every_request_field_is_documented_with_its_bounds(kind: type[msgspec.St
 
 
 def test_ignored_fields_are_in_the_chat_schema_and_the_description() -> None:
-    doc = openapi.document()
+    doc = openapi_document()
     props = _schema(doc, "ChatRequest")["properties"]
     for name in schemas.IGNORED:
         assert name in props  # type: ignore[operator]
@@ -32,9 +37,9 @@ def test_ignored_fields_are_in_the_chat_schema_and_the_description() -> None:
 
 
 def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
-    doc = openapi.document()
+    doc = openapi_document()
     assert _schema(doc, "ErrorDetail")["required"] == ["message", "type", "param", "code"]
-    native = {op.path for op in openapi.OPERATIONS if op.native}
+    native = {op.path for op in llama.OPERATIONS}
     assert {"/completion", "/tokenize", "/detokenize", "/apply-template"} <= native
     for path, methods in doc["paths"].items():  # type: ignore[attr-defined]
         for op in methods.values():
@@ -44,11 +49,7 @@ def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
 
 
 def test_the_error_schema_matches_what_the_router_sends() -> None:
-    from router.server.errors import envelope
-
     body = msgspec.json.encode(envelope("m", "invalid_request_error", None, None))
-    msgspec.json.decode(body, type=openapi.ErrorBody)  # raises if the shapes drift apart
-    from router.server.errors import native_envelope
-
+    msgspec.json.decode(body, type=schemas.ErrorBody)  # raises if the shapes drift apart
     native = msgspec.json.encode(native_envelope(400, "m", "prompt"))
-    assert msgspec.json.decode(native, type=openapi.NativeErrorBody).error.code == 400
+    assert msgspec.json.decode(native, type=NativeErrorBody).error.code == 400

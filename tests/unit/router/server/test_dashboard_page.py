@@ -52,6 +52,6 @@ def test_the_page_sets_text_not_markup() -> None:
 
 def test_the_wheel_ships_the_page() -> None:
     # setuptools leaves out every file that is not a module unless package-data names it.
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[4] / "pyproject.toml").read_text())
     globs = pyproject["tool"]["setuptools"]["package-data"]["router.server"]
     assert any(fnmatch.fnmatch(f"static/{dashboard.PAGE}", g) for g in globs), globs

@@ -8,7 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.generation import run as generation
+from router.api.openai import translate
+from router.server.json_body import decode
 from router.api.openai import fields as rf
 from router.api.openai import schemas as s
 from router.generation.tool_schemas import tool_request
@@ -22,7 +23,7 @@ G = {"type": "function", "function": {"name": "now"}}
 def chat(**fields: Any) -> s.ChatRequest:
     fields.setdefault("model", "m")
     fields.setdefault("messages", [{"role": "user", "content": "hi"}])
-    return s.decode(msgspec.json.encode(fields), s.ChatRequest)  # type: ignore[no-any-return]
+    return decode(msgspec.json.encode(fields), s.ChatRequest)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,7 @@ def test_chat_template_kwargs_cannot_set_what_the_request_sets(key: str) -> None
     # A second `messages` broke rendering with a 400 naming messages; `tools` handed the
     # template tools the request never offered.
     with pytest.raises(InvalidRequest) as info:
-        generation.chat_job(chat(chat_template_kwargs={"enable_thinking": False, key: 1}), "m")
+        translate.chat_job(chat(chat_template_kwargs={"enable_thinking": False, key: 1}), "m")
     assert info.value.param == f"chat_template_kwargs.{key}"
-    job = generation.chat_job(chat(chat_template_kwargs={"enable_thinking": False}), "m")
+    job = translate.chat_job(chat(chat_template_kwargs={"enable_thinking": False}), "m")
     assert job.template_kwargs == {"enable_thinking": False}

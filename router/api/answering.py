@@ -1,0 +1,49 @@
+"""A generation job answered over HTTP in any dialect: whole, or streamed as it is made.
+
+The job's first event is awaited before any header (Generation.start), so that an error
+such as a prompt too long for the context is the response's status; the Generation is
+closed when its answer is done, however it ends (a client gone mid-stream included).
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Awaitable, Callable, Mapping
+
+from quart import Response
+
+from router.generation.events import Event
+from router.generation.job import GenerationJob
+from router.generation.run import Generation
+from router.generation.stream import events
+from router.server import sse
+from supervisor.handle import ModelHandle
+
+Whole = Callable[[AsyncIterator[Event]], Awaitable[bytes]]
+Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
+
+
+async def answer(
+    handle: ModelHandle,
+    job: GenerationJob,
+    whole: Whole,
+    streamed: Streamed,
+    content_type: str = "application/json",
+    stream_headers: Mapping[str, str] = sse.HEADERS,
+) -> Response:
+    """Run `job` on `handle`'s model; `whole` renders the events into one body,
+    `streamed` into the chunks of a streamed one (when the job streams)."""
+    gen = await Generation.start(handle, job)
+    if not job.stream:
+        try:
+            body = await whole(events(gen, job))
+        finally:
+            gen.close()
+        return Response(body, content_type=content_type)
+    return Response(sse.Body(streamed(events(gen, job)), gen.close), status=200, headers=dict(stream_headers))
+
+
+async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
+    """The job started, and its events, for a dialect that needs the worker's answer (its
+    `Ready`) to shape the response; the caller closes the Generation."""
+    gen = await Generation.start(handle, job)
+    return gen, events(gen, job)

@@ -1,0 +1,46 @@
+"""What a dialect is to the server: its routes, the paths whose errors it shapes, and its
+error shapes. The app (router/app.py) registers each dialect's routes and, for an error,
+asks the dialect that owns the request's path to render it: errors take a dialect's
+shape at this one border.
+
+A dialect's folder (router/api/<name>/) holds its request types, their translation into
+the internal request (router/generation/job.py), its renderer of the internal events
+(router/generation/events.py), its errors and its routes, and exports one `DIALECT`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from quart_trio import QuartTrio
+
+from router.server.errors import Rendered
+from router.server.openapi import Operation
+from supervisor.errors import CorralError
+from supervisor.handle import ModelHandle
+from supervisor.supervisor import Supervisor
+
+# A request's `model` (None: it names none) to the model's handle, within what the
+# request's key may use; raises the 400 or 404 that names `model`.
+Resolve = Callable[[str | None], ModelHandle]
+
+
+@dataclass(frozen=True)
+class Server:
+    """What a dialect's routes use of the server."""
+
+    supervisor: Supervisor
+    resolve: Resolve
+    started: int  # the server's start, as a Unix time (OpenAI's model `created`)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    owns: Callable[[str], bool]  # the request paths whose errors this dialect shapes
+    render_error: Callable[[CorralError], Rendered]
+    # An error before any route ran: status, message, code (router/server/errors.py).
+    render_http: Callable[[int, str, str | None], Rendered]
+    register: Callable[[QuartTrio, Server], None]
+    operations: tuple[Operation, ...] = ()  # its routes in GET /openapi.json

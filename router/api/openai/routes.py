@@ -1,0 +1,140 @@
+"""OpenAI's routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
+
+Every route also answers without its /v1 prefix, as llama-server's do: clients configured
+with a bare base URL (http://host:8080) then work unchanged. Each inference route
+resolves the model (404 before any load, as OpenAI answers), validates the body (400
+naming the parameter), and answers through router/api/answering.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+from functools import partial
+
+import msgspec
+from quart import Response
+from quart_trio import QuartTrio
+
+from router.api.answering import answer
+from router.api.dialect import Server
+from router.api.openai import fields as request_fields
+from router.api.openai import schemas
+from router.api.openai.render import chunks, whole
+from router.api.openai.shapes import Completion
+from router.api.openai.translate import chat_job, completion_job
+from router.generation.job import GenerationJob
+from router.server import access_log, auth, bodies
+from router.server.json_body import decode
+from supervisor.errors import Unsupported
+from supervisor.handle import ModelHandle
+from supervisor.lifecycle import State
+
+_json = msgspec.json.Encoder()
+
+
+def json_response(obj: object, status: int = 200) -> Response:
+    return Response(_json.encode(obj), status=status, content_type="application/json")
+
+
+def register(app: QuartTrio, server: Server) -> None:
+    resolve = server.resolve
+
+    def model_entry(h: ModelHandle) -> dict[str, object]:
+        entry: dict[str, object] = {
+            "id": h.name,
+            "object": "model",
+            "created": server.started,
+            "owned_by": "corral",
+            "aliases": list(h.spec.aliases),
+            "state": h.state.value,
+        }
+        if h.state in (State.FAILED, State.BACKOFF):
+            entry["last_error"] = h.last_error  # why, where a client looks first
+        return entry
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def list_models() -> Response:
+        data = [model_entry(h) for h in server.supervisor.handles.values() if auth.visible(h)]
+        return json_response({"object": "list", "data": data})
+
+    @app.get("/v1/models/<path:model>")
+    @app.get("/models/<path:model>")
+    async def retrieve_model(model: str) -> Response:
+        """The openai client's `models.retrieve`: a name or an alias, answered with the
+        model it names. Loads nothing."""
+        return json_response(model_entry(resolve(model)))
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions() -> Response:
+        r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
+        handle = generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
+        return await _answer(handle, chat_job(r, r.model or handle.name, handle.spec.max_tokens))
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions() -> Response:
+        r: schemas.CompletionRequest = decode(await bodies.read_body(), schemas.CompletionRequest)
+        handle = generating_model(r.model)
+        return await _answer(handle, completion_job(r, r.model or handle.name, handle.spec.max_tokens))
+
+    def generating_model(model: str | None) -> ModelHandle:
+        handle = resolve(model)
+        if handle.spec.embeddings:
+            raise Unsupported(
+                f"The model `{model or handle.name}` serves embeddings only; use /v1/embeddings.", "model"
+            )
+        return handle
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings() -> Response:
+        r: schemas.EmbeddingRequest = decode(await bodies.read_body(), schemas.EmbeddingRequest)
+        handle = resolve(r.model)
+        if not handle.spec.embeddings:
+            raise Unsupported(
+                f"The model `{r.model or handle.name}` does not serve embeddings "
+                "(set embeddings = true).",
+                "model",
+            )
+        inputs = request_fields.embedding_inputs(r)
+        record = access_log.current()
+        asked = time.monotonic()
+        async with handle.lease() as conn:
+            # In the model's slot line like a generation (max_queue's 429, queue_timeout's
+            # 503): an input a slot, up to all of them. A client that leaves is dropped from
+            # the line, or its job is cancelled in the worker within one batch.
+            leased = time.monotonic()
+            ticket = await handle.take_slots(conn, len(inputs))
+            if record is not None:
+                record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
+            try:
+                if inputs and isinstance(inputs[0], tuple):
+                    result = await conn.embed([], tokens=[list(x) for x in inputs])
+                else:
+                    result = await conn.embed([x for x in inputs if isinstance(x, str)])
+            finally:
+                ticket.release()
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode_vector(v, r.encoding_format)}
+            for i, v in enumerate(result.data)
+        ]
+        usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+        if record is not None:
+            record.prompt_tokens, record.generated_tokens = result.prompt_tokens, 0
+        return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
+
+
+async def _answer(handle: ModelHandle, job: GenerationJob) -> Response:
+    fmt = Completion(model=job.model, chat=job.chat)
+    return await answer(handle, job, partial(whole, fmt=fmt, job=job), partial(chunks, fmt=fmt, job=job))
+
+
+def _encode_vector(v: list[float], fmt: str) -> list[float] | str:
+    if fmt == "base64":
+        # OpenAI's base64 format is little-endian float32.
+        return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode()
+    return v

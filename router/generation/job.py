@@ -1,0 +1,56 @@
+"""The internal generation request: what every dialect's request becomes.
+
+A dialect's handler decodes its body, checks it, and translates it into one
+`GenerationJob` (router/api/*/translate.py); everything downstream (the run on a worker,
+the event stream, the renderers) takes the job, never a dialect's body. It holds the
+messages (or prompts), the tools and tool choice, the sampling parameters with their
+output constraint, n and stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.generation.prompts import Prompt
+from router.generation.tool_schemas import ToolRequest
+from worker.protocol import ChatMessage, SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    model: str  # as the client named it (an alias stays an alias in the response)
+    params: SamplingParams
+    prompt: str | None = None  # a text completion's prompt
+    messages: tuple[ChatMessage, ...] | None = None  # a chat's messages
+    # llama-server's mixed prompt (token ids and strings), from POST /completion.
+    prompt_parts: tuple[int | str, ...] | None = None
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    tools: ToolRequest = field(default_factory=ToolRequest)
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs
+    # A text completion's prompts when they are not one string (token arrays, or several
+    # prompts); each gives n choices, choice p*n + j being prompt p's j-th.
+    prompt_list: tuple[Prompt, ...] | None = None
+    n: int = 1
+    echo: bool = False  # completions: each choice's text starts with its prompt's
+
+    @property
+    def chat(self) -> bool:
+        return self.messages is not None
+
+    @property
+    def prompts(self) -> tuple[Prompt | None, ...]:
+        """One entry per Generate sent: a prompt, or None for a chat's messages."""
+        if self.prompt_list is not None:
+            return self.prompt_list
+        return (None,) if self.chat or self.prompt_parts is not None else (self.prompt or "",)
+
+    @property
+    def logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    @property
+    def timings(self) -> bool:
+        """llama-server's timings_per_token: chunks and the answer carry `timings`."""
+        return self.params.timings_per_token

@@ -1,0 +1,115 @@
+"""A running generation's TokenEvents turned into the internal event stream
+(router/generation/events.py), which every dialect renders.
+
+A chat's text passes through its choice's parser (router/generation/chat_output.py):
+reasoning is split off and tool calls are parsed here, once, for every dialect. A choice
+whose calls began repeating is stopped in the worker then, not at max_tokens. A failure
+after the first event is the stream's last event (`Failed`), never an exception, so that a
+renderer that has sent its headers can still say that the answer is cut.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, AsyncIterator
+
+from router.generation.chat_output import ChatOutput
+from router.generation.events import Begin, Delta, Done, Event, Failed, Finish, Reason, TextDelta
+from router.generation.job import GenerationJob
+from router.generation.run import Generation
+from supervisor.errors import CorralError
+from worker.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage
+
+_NO_USAGE = Usage(prompt_tokens=0, completion_tokens=0)
+
+
+def merged_usage(finals: dict[int, Usage], n: int) -> Usage:
+    """The usage of a response whose choice `i` ended with `finals[i]`: choices
+    p*n .. p*n+n-1 share prompt p, which counts once (its cached tokens as choice p*n,
+    the one that evaluated it, saw them); completion tokens add up over every choice."""
+    prompt = cached = completion = 0
+    for i, u in finals.items():
+        completion += u.completion_tokens
+        if i % n == 0:
+            prompt += u.prompt_tokens
+            cached += u.cached_tokens
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def _cut(worker_reason: FinishReason) -> bool:
+    """Whether output that ended so was cut short: a call being written is dropped."""
+    return worker_reason in ("length", "cancelled")
+
+
+async def events(gen: Generation, job: GenerationJob) -> AsyncIterator[Event]:
+    """The job's events, from `Begin` of the first prompt's choices to `Done` (or
+    `Failed`). Logprobs and per-token timings are on the deltas only when the job asked for
+    them."""
+    try:
+        outputs: dict[int, ChatOutput] = {}
+        finals: dict[int, Usage] = {}
+        begun: set[int] = set()
+        for i in range(job.n):  # the first prompt's choices begin before any token
+            begun.add(i)
+            yield Begin(i)
+        async for ev in gen:
+            i = ev.index
+            if i not in begun:
+                begun.add(i)
+                yield Begin(i)
+            timings = ev.timings if job.timings else None
+            logprobs = tuple(ev.logprobs) if job.logprobs else ()
+            reason: Reason | None = ev.finish_reason
+            if gen.parsing is None:
+                yield TextDelta(
+                    i, ev.text, tuple(ev.tokens), logprobs, timings, echo=ev.echo or "", last=reason is not None
+                )
+            else:
+                out = outputs.get(i)
+                if out is None:  # its first event says whether it starts inside reasoning
+                    p = gen.parsing
+                    out = outputs[i] = ChatOutput(
+                        tools=p.tools, reasoning=p.reasoning, in_reasoning=ev.in_reasoning, declared=p.declared, choice=i
+                    )
+                for delta in _chat_deltas(gen, out, ev, logprobs, timings):
+                    yield delta
+                if ev.finish_reason is not None:
+                    reason = out.finish_reason(ev.finish_reason)
+            if reason is not None:
+                if ev.usage is not None:
+                    finals[i] = ev.usage
+                yield Finish(
+                    i, reason, ev.usage or _NO_USAGE, ev.timings, ev.stop_type, ev.stopping_word, ev.id_slot
+                )
+        yield Done(merged_usage(finals, job.n))
+    except CorralError as exc:
+        yield Failed(exc)
+
+
+def _chat_deltas(
+    gen: Generation, out: ChatOutput, ev: TokenEvent, logprobs: tuple[TokenLogprob, ...], timings: Timings | None
+) -> list[Delta]:
+    """One step of a chat choice through its parser. The step's logprobs ride on the first
+    delta it makes (on an empty TextDelta when its text is all held back); its timings on
+    every one."""
+    was_ended = out.ended
+    deltas = out.feed(ev.text) if ev.text else []
+    if out.ended and not was_ended and ev.finish_reason is None:
+        gen.end_choice(ev.index)  # its final event follows, "cancelled"
+    if ev.finish_reason is not None:
+        deltas += out.finish(cut=_cut(ev.finish_reason))
+    if not deltas:
+        return [TextDelta(ev.index, "", logprobs=logprobs, timings=timings)] if logprobs else []
+    if timings is not None:
+        deltas = [_with(d, timings=timings) for d in deltas]
+    if logprobs:
+        deltas[0] = _with(deltas[0], logprobs=logprobs)
+    return deltas
+
+
+def _with(delta: Delta, **changes: object) -> Delta:
+    """`delta` with `changes` applied to the fields it has (a ToolCallEnd has no timings,
+    a ToolCallDelta no logprobs)."""
+    names = {f.name for f in dataclasses.fields(delta)}
+    kept: dict[str, Any] = {k: v for k, v in changes.items() if k in names}
+    return dataclasses.replace(delta, **kept)

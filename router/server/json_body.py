@@ -1,0 +1,54 @@
+"""A request's JSON body decoded into a dialect's request type, in one pass.
+
+msgspec decodes and type-checks together and names the offending key path; every failure
+is an InvalidRequest that names the parameter, so the client gets a 400 that says exactly
+what to fix, in whichever dialect's shape the route answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from router.server import json_path
+from supervisor import msgspec_errors
+from supervisor.errors import InvalidRequest
+
+
+def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
+    """Decode a JSON body into `kind`; InvalidRequest names the offending parameter."""
+    if not body or body.isspace():  # strip() would copy a bytearray; isspace() stops early
+        raise InvalidRequest("The request body is empty; expected a JSON object.")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        p = msgspec_errors.problem(exc)
+        if p.unknown is not None:
+            raise InvalidRequest(f"Unrecognized request argument supplied: {p.key}", p.key) from None
+        if p.missing is not None:
+            raise InvalidRequest(f"Missing required parameter: '{p.key}'.", p.key) from None
+        if not p.path:
+            raise InvalidRequest(f"The request body must be a JSON object: {p.message}") from None
+        raise InvalidRequest(f"Invalid value for '{p.path}': {p.message}", p.path) from None
+    except RecursionError:
+        # Free-form fields (tool_choice, an unknown key in a message) are decoded by
+        # recursion; a hostile body nested thousands deep must be a 400, not a 500.
+        path = json_path.too_deep(body)
+        raise InvalidRequest(
+            f"Invalid value for '{path}': JSON nested too deeply." if path
+            else "The JSON body is nested too deeply.",
+            path,
+        ) from None
+    except UnicodeDecodeError:
+        path = json_path.invalid_utf8(body)
+        raise InvalidRequest(
+            f"Invalid value for '{path}': the string is not valid UTF-8." if path
+            else "The request body is not valid UTF-8.",
+            path,
+        ) from None
+    except msgspec.DecodeError:
+        raise InvalidRequest(
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
+        ) from None
