@@ -90,6 +90,9 @@ class ModelHandle:
         self._asks = Asks()
         self._unload: str | None = None  # "drain" or "force" while an unload runs
         self._unload_reason = ""
+        # Ollama's keep_alive, as the last request that sent one asked: seconds the model
+        # stays loaded once idle (< 0: for ever); None: the config's idle_timeout.
+        self.keep_alive: float | None = None
         self._retire = False  # removed from the config: stop for good
         self._shutdown = False
 
@@ -184,6 +187,11 @@ class ModelHandle:
         self.last_used_wall = time.time()
         self._poke()
         self.planner.changed()  # an idle model may now be evicted
+
+    def set_keep_alive(self, seconds: float | None) -> None:
+        """How long the model stays loaded once idle, from now on (model_loop.idle_limit)."""
+        self.keep_alive = seconds
+        self._poke()
 
     def request_unload(self, force: bool = False, reason: str = "unloaded by an admin") -> None:
         """Stop the worker once nothing is in flight (state DRAINING meanwhile); with

@@ -22,7 +22,7 @@ import trio
 
 from supervisor import health
 from supervisor.asks import Asks, Unset
-from supervisor.config import gguf_meta
+from supervisor.config import ModelSpec, gguf_meta
 from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.handle import ModelHandle
@@ -198,16 +198,29 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
                     _set(h, State.STOPPING, "cancelled")
                 _set(h, State.STOPPED, "killed")
             h.conn = None
-            # An unload asked for during the load applied to this worker; it is done.
+            # An unload asked for during the load applied to this worker; it is done. So is
+            # a keep_alive: the next load idles as the config says, until a request asks.
             h._unload = None
+            h.keep_alive = None
             nursery.cancel_scope.cancel()
+
+
+def idle_limit(spec: ModelSpec, keep_alive: float | None) -> float | None:
+    """Seconds a ready model may sit idle before it stops; None: it stays. A pinned model
+    stays whatever a request asks; a request's keep_alive (Ollama's: 0 unloads as soon as
+    nothing is in flight, < 0 keeps it) wins over the config's idle_timeout (0: stays)."""
+    if spec.pinned:
+        return None
+    if keep_alive is not None:
+        return None if keep_alive < 0 else keep_alive
+    return spec.idle_timeout if spec.idle_timeout > 0 else None
 
 
 async def _serve(h: ModelHandle, conn: WorkerConnection) -> str:
     """Wait in READY until the worker dies, the model has been idle long enough, or an
     unload has drained it."""
-    idle_timeout = 0.0 if h.spec.pinned else h.spec.idle_timeout
     while True:
+        idle = idle_limit(h.spec, h.keep_alive)
         if conn.closed.is_set():
             return f"worker died: {conn.close_reason}"
         if h._shutdown:
@@ -224,10 +237,10 @@ async def _serve(h: ModelHandle, conn: WorkerConnection) -> str:
         elif h.state is State.DRAINING:
             # What made it leave was withdrawn before the last request finished.
             _set(h, State.READY, "a reload put it back as it runs; it stays")
-        elif h.in_flight == 0 and idle_timeout > 0:
-            deadline = h.last_used + idle_timeout
+        elif h.in_flight == 0 and idle is not None:
+            deadline = h.last_used + idle
             if trio.current_time() >= deadline:
-                return f"idle for {idle_timeout:g}s"
+                return f"idle for {idle:g}s" if h.keep_alive is None else f"idle for {idle:g}s (keep_alive)"
             with trio.move_on_at(deadline):
                 await _sleep_until_poked(h)
         else:

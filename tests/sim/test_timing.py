@@ -184,3 +184,41 @@ async def test_a_request_during_a_stop_waits_for_it_then_starts_a_new_worker(
         assert await complete(sup, "a") == "tok0 tok1 tok2"
         assert trio.current_time() - t0 >= 11  # it waited out the stop
         assert len(launcher.starts) == 2 and launcher.stops == [("a", t0)]
+
+
+@pytest.mark.parametrize("keep_alive", [0.0, 30.0, 7200.0])
+async def test_a_keep_alive_is_the_idle_time_from_the_last_use(
+    tmp_path: Path, autojump_clock: object, keep_alive: float
+) -> None:
+    """Ollama's keep_alive (supervisor/model_loop.py idle_limit), as a request sets it once
+    it holds the model: 0 unloads as soon as nothing is in flight, a longer one outlasts the
+    config's idle_timeout; the next load idles as the config says again."""
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"idle_timeout": 600}})
+    async with running(sup):
+        h = sup.resolve("a")
+        async with h.lease():
+            h.set_keep_alive(keep_alive)
+        ended = h.last_used
+        stopped = await until_state(h, State.STOPPED)
+        assert stopped - ended == pytest.approx(keep_alive, abs=0.01)
+        assert h.keep_alive is None
+        assert await complete(sup, "a") == "tok0 tok1 tok2"
+        ended = h.last_used
+        assert await until_state(h, State.STOPPED) - ended == pytest.approx(600, abs=0.01)
+        assert len(launcher.stops) == 2
+
+
+async def test_a_negative_keep_alive_keeps_the_model_until_a_request_says_otherwise(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"idle_timeout": 10}})
+    async with running(sup):
+        h = sup.resolve("a")
+        async with h.lease():
+            h.set_keep_alive(-1.0)
+        await trio.sleep(86400)
+        assert h.state is State.READY and not launcher.stops
+        async with h.lease():
+            h.set_keep_alive(None)  # an Ollama request without keep_alive: the config's again
+        ended = h.last_used
+        assert await until_state(h, State.STOPPED) - ended == pytest.approx(10, abs=0.01)
