@@ -18,6 +18,14 @@ from worker.protocol import ChatMessage, SamplingParams
 
 
 @dataclass(frozen=True)
+class KeepAlive:
+    """How long the model stays loaded once idle, from this request on (Ollama's
+    keep_alive): seconds, < 0 for ever; None: the config's idle_timeout again."""
+
+    seconds: float | None
+
+
+@dataclass(frozen=True)
 class GenerationJob:
     model: str  # as the client named it (an alias stays an alias in the response)
     params: SamplingParams
@@ -34,6 +42,7 @@ class GenerationJob:
     prompt_list: tuple[Prompt, ...] | None = None
     n: int = 1
     echo: bool = False  # completions: each choice's text starts with its prompt's
+    keep_alive: KeepAlive | None = None  # None: the request says nothing of it
 
     @property
     def chat(self) -> bool:

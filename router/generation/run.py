@@ -67,6 +67,8 @@ class Generation:
         asked = time.monotonic()
         gen = cls(await handle.acquire())
         gen._record = record
+        if job.keep_alive is not None:  # set while it holds the model: no unload between
+            handle.set_keep_alive(job.keep_alive.seconds)
         try:
             leased = time.monotonic()
             # Each choice of each prompt runs in a slot of its own.

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.generation import tool_schemas
+import msgspec
+
+from router.generation import sampling, tool_schemas
 from router.generation.prompts import Prompt, prompt_list
 from router.generation.structured import ANY_OBJECT
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 from router.api.openai.schemas import (
-    LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, EmbeddingRequest,
+    LOGIT_BIAS_RANGE, MAX_N, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, EmbeddingRequest,
     ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, SamplingFields,
 )
-
-
-def _range(name: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise InvalidRequest(
-            f"Invalid '{name}': expected a value between {lo:g} and {hi:g}, got {value:g}.", name
-        )
 
 
 def sampling_params(
@@ -33,37 +28,8 @@ def sampling_params(
     """Validate the shared parameters and build the worker's view of them. The token limit
     came from `max_tokens_param` (n_predict, for llama-server's clients), which names it in
     a 400; llama-server's /completion allows 0 (prefill only)."""
-    _range("temperature", r.temperature, 0.0, 2.0)
-    _range("top_p", r.top_p, 0.0, 1.0)
-    _range("presence_penalty", r.presence_penalty, -2.0, 2.0)
-    _range("frequency_penalty", r.frequency_penalty, -2.0, 2.0)
-    _range("min_p", r.min_p, 0.0, 1.0)
-    _range("repeat_penalty", r.repeat_penalty, 0.0, 10.0)
-    if r.repeat_penalty == 0.0:  # llama.cpp requires > 0; 1.0 disables it
-        raise InvalidRequest("Invalid 'repeat_penalty': must be > 0 (1.0 disables it).", "repeat_penalty")
-    if r.top_k < 0:
-        raise InvalidRequest("Invalid 'top_k': must be >= 0 (0 disables it).", "top_k")
-    if r.repeat_last_n < -1:
-        raise InvalidRequest("Invalid 'repeat_last_n': must be >= -1.", "repeat_last_n")
-    if max_tokens is not None and max_tokens < min_tokens:
-        raise InvalidRequest(
-            f"Invalid '{max_tokens_param}': integer below minimum value. Expected a value >= {min_tokens}, "
-            f"but got {max_tokens} instead.",
-            max_tokens_param,
-        )
-    if not 1 <= r.n <= MAX_N:
-        raise InvalidRequest(f"Invalid 'n': expected a value between 1 and {MAX_N}, got {r.n}.", "n")
-    if r.stream_options is not None and not r.stream:
-        raise InvalidRequest(
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-            "stream_options",
-        )
     stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
-    if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are allowed.", "stop")
-    if any(not s for s in stops):
-        raise InvalidRequest("Stop strings must not be empty.", "stop")
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=max_tokens,
         temperature=r.temperature,
         top_p=r.top_p,
@@ -77,8 +43,17 @@ def sampling_params(
         stop=stops,
         ignore_eos=r.ignore_eos,
         timings_per_token=r.timings_per_token,
-        logit_bias=logit_bias(r.logit_bias),
     )
+    sampling.check(params, lambda f: max_tokens_param if f == "max_tokens" else f, min_tokens)
+    if not 1 <= r.n <= MAX_N:
+        raise InvalidRequest(f"Invalid 'n': expected a value between 1 and {MAX_N}, got {r.n}.", "n")
+    if r.stream_options is not None and not r.stream:
+        raise InvalidRequest(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+        )
+    sampling.check_stops(stops)
+    return msgspec.structs.replace(params, logit_bias=logit_bias(r.logit_bias))
 
 
 def n_predict_tokens(n_predict: int | None, param: str = "n_predict") -> int | None:

@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from router.generation import sampling
 from worker.protocol import SamplingParams
 
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = sampling.MAX_STOP_STRINGS
 MAX_N = 128  # choices per prompt, as OpenAI
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs and completions' logprobs, as OpenAI's chat
 LOGIT_BIAS_RANGE = 100.0

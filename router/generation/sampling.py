@@ -1,0 +1,62 @@
+"""Sampling parameters checked as the worker's samplers need them, whatever the dialect.
+
+Each dialect builds `SamplingParams` from its own names (OpenAI's `max_tokens`, Ollama's
+`options.num_predict`) and passes `name`, which turns a SamplingParams field into the
+parameter the client sent, so that a 400 names what the client has to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from supervisor.errors import InvalidRequest
+from worker.protocol import SamplingParams
+
+MAX_STOP_STRINGS = 16
+
+Name = Callable[[str], str]
+
+
+def _same(field: str) -> str:
+    return field
+
+
+def _range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:  # NaN fails this too
+        raise InvalidRequest(
+            f"Invalid '{name}': expected a value between {lo:g} and {hi:g}, got {value:g}.", name
+        )
+
+
+def check(p: SamplingParams, name: Name = _same, min_tokens: int = 1) -> None:
+    """The samplers' ranges and the token limit (llama-server's /completion allows 0:
+    prefill only)."""
+    _range(name("temperature"), p.temperature, 0.0, 2.0)
+    _range(name("top_p"), p.top_p, 0.0, 1.0)
+    _range(name("presence_penalty"), p.presence_penalty, -2.0, 2.0)
+    _range(name("frequency_penalty"), p.frequency_penalty, -2.0, 2.0)
+    _range(name("min_p"), p.min_p, 0.0, 1.0)
+    _range(name("repeat_penalty"), p.repeat_penalty, 0.0, 10.0)
+    if p.repeat_penalty == 0.0:  # llama.cpp requires > 0; 1.0 disables it
+        n = name("repeat_penalty")
+        raise InvalidRequest(f"Invalid '{n}': must be > 0 (1.0 disables it).", n)
+    if p.top_k < 0:
+        n = name("top_k")
+        raise InvalidRequest(f"Invalid '{n}': must be >= 0 (0 disables it).", n)
+    if p.repeat_last_n < -1:
+        n = name("repeat_last_n")
+        raise InvalidRequest(f"Invalid '{n}': must be >= -1.", n)
+    if p.max_tokens is not None and p.max_tokens < min_tokens:
+        n = name("max_tokens")
+        raise InvalidRequest(
+            f"Invalid '{n}': integer below minimum value. Expected a value >= {min_tokens}, "
+            f"but got {p.max_tokens} instead.",
+            n,
+        )
+
+
+def check_stops(stops: list[str], param: str = "stop") -> None:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are allowed.", param)
+    if any(not s for s in stops):
+        raise InvalidRequest("Stop strings must not be empty.", param)
