@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import msgspec
-from quart import Response, request
+from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -100,7 +100,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     server = Server(supervisor, auth.scoped_resolve(supervisor), started=int(time.time()))
     for d in DIALECTS:
-        d.register(app, server)
+        blueprint = Blueprint(d.name, __name__)
+        d.register(blueprint, server)
+        app.register_blueprint(blueprint)
     admin.register(app, supervisor)
     dashboard.register(app)
     metrics.register(app, supervisor)

@@ -7,7 +7,8 @@ closed when its answer is done, however it ends (a client gone mid-stream includ
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from quart import Response
 
@@ -15,8 +16,9 @@ from router.generation.events import Event
 from router.generation.job import GenerationJob
 from router.generation.run import Generation
 from router.generation.stream import events
-from router.server import sse
+from router.server import access_log, sse
 from supervisor.handle import ModelHandle
+from worker.protocol import EmbedResult
 
 Whole = Callable[[AsyncIterator[Event]], Awaitable[bytes]]
 Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
@@ -47,3 +49,24 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
     `Ready`) to shape the response; the caller closes the Generation."""
     gen = await Generation.start(handle, job)
     return gen, events(gen, job)
+
+
+async def embed(handle: ModelHandle, inputs: Sequence[str] | Sequence[tuple[int, ...]]) -> EmbedResult:
+    """Embed texts, or token arrays, on `handle`'s model. In the model's slot line like a
+    generation (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them.
+    A client that leaves is dropped from the line, or its job is cancelled in the worker
+    within one batch."""
+    record = access_log.current()
+    asked = time.monotonic()
+    async with handle.lease() as conn:
+        leased = time.monotonic()
+        ticket = await handle.take_slots(conn, len(inputs))
+        if record is not None:
+            record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
+        try:
+            texts = [x for x in inputs if isinstance(x, str)]
+            if texts or not inputs:
+                return await conn.embed(texts)
+            return await conn.embed([], tokens=[list(x) for x in inputs if isinstance(x, tuple)])
+        finally:
+            ticket.release()

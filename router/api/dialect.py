@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from quart_trio import QuartTrio
+from quart import Blueprint
 
 from router.server.errors import Rendered
 from router.server.openapi import Operation
@@ -42,5 +42,6 @@ class Dialect:
     render_error: Callable[[CorralError], Rendered]
     # An error before any route ran: status, message, code (router/server/errors.py).
     render_http: Callable[[int, str, str | None], Rendered]
-    register: Callable[[QuartTrio, Server], None]
+    # Adds its routes to a blueprint of its own: its view names cannot clash with another's.
+    register: Callable[[Blueprint, Server], None]
     operations: tuple[Operation, ...] = ()  # its routes in GET /openapi.json

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from quart import Response, request
-from quart_trio import QuartTrio
+from quart import Blueprint, Response, request
+
 
 from router.api.answering import started
 from router.api.dialect import Server
@@ -51,7 +51,7 @@ def _json(obj: object) -> Response:
     return Response(encode(obj), status=200, content_type="application/json")
 
 
-def register(app: QuartTrio, server: Server) -> None:
+def register(app: Blueprint, server: Server) -> None:
     """Add the routes."""
     resolve = server.resolve
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import base64
 import struct
-import time
 from functools import partial
 
 import msgspec
-from quart import Response
-from quart_trio import QuartTrio
+from quart import Blueprint, Response
 
-from router.api.answering import answer
+
+from router.api.answering import answer, embed
 from router.api.dialect import Server
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
@@ -38,7 +37,7 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(_json.encode(obj), status=status, content_type="application/json")
 
 
-def register(app: QuartTrio, server: Server) -> None:
+def register(app: Blueprint, server: Server) -> None:
     resolve = server.resolve
 
     def model_entry(h: ModelHandle) -> dict[str, object]:
@@ -102,22 +101,7 @@ def register(app: QuartTrio, server: Server) -> None:
             )
         inputs = request_fields.embedding_inputs(r)
         record = access_log.current()
-        asked = time.monotonic()
-        async with handle.lease() as conn:
-            # In the model's slot line like a generation (max_queue's 429, queue_timeout's
-            # 503): an input a slot, up to all of them. A client that leaves is dropped from
-            # the line, or its job is cancelled in the worker within one batch.
-            leased = time.monotonic()
-            ticket = await handle.take_slots(conn, len(inputs))
-            if record is not None:
-                record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
-            try:
-                if inputs and isinstance(inputs[0], tuple):
-                    result = await conn.embed([], tokens=[list(x) for x in inputs])
-                else:
-                    result = await conn.embed([x for x in inputs if isinstance(x, str)])
-            finally:
-                ticket.release()
+        result = await embed(handle, inputs)
         data = [
             {"object": "embedding", "index": i, "embedding": _encode_vector(v, r.encoding_format)}
             for i, v in enumerate(result.data)
