@@ -57,6 +57,6 @@ def check(p: SamplingParams, name: Name = _same, min_tokens: int = 1) -> None:
 
 def check_stops(stops: list[str], param: str = "stop") -> None:
     if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"At most {MAX_STOP_STRINGS} stop strings are allowed.", param)
+        raise InvalidRequest(f"Invalid '{param}': at most {MAX_STOP_STRINGS} stop strings are allowed.", param)
     if any(not s for s in stops):
-        raise InvalidRequest("Stop strings must not be empty.", param)
+        raise InvalidRequest(f"Invalid '{param}': stop strings must not be empty.", param)
