@@ -18,7 +18,7 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router.api import llama, openai
+from router.api import llama, ollama, openai
 from router.api.dialect import Dialect, Server
 from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
@@ -32,7 +32,7 @@ log = logging.getLogger("corral.router")
 _json = msgspec.json.Encoder()
 
 # In the order their paths are tried; OpenAI's, which owns every path, last.
-DIALECTS: tuple[Dialect, ...] = (llama.DIALECT, openai.DIALECT)
+DIALECTS: tuple[Dialect, ...] = (llama.DIALECT, ollama.DIALECT, openai.DIALECT)
 
 
 def dialect_of(path: str) -> Dialect:
@@ -43,7 +43,7 @@ def openapi_document() -> dict[str, Any]:
     """GET /openapi.json: every dialect's routes."""
     return openapi.document(
         [op for d in DIALECTS for op in d.operations],
-        "OpenAI-compatible API of a Corral server, with llama-server's own routes. Fields that "
+        "OpenAI-compatible API of a Corral server, with llama-server's and Ollama's routes. Fields that "
         "Corral accepts and ignores on the OpenAI routes: " + ", ".join(sorted(IGNORED)) + ".",
     )
 

@@ -2,7 +2,8 @@
 
 schemathesis reads /openapi.json (generated from the request types, router/server/openapi.py) and
 draws bodies from it, valid and invalid alike: every answer must be a 2xx, or a 4xx in
-OpenAI's error JSON. No 5xx, no request past its deadline, no worker restart.
+its dialect's error JSON (OpenAI's, llama-server's, Ollama's). No 5xx, no request past its
+deadline, no worker restart.
 
 Two narrowings keep the draws meaningful; both are made on a copy of the document, which
 the server serves unchanged:
@@ -12,6 +13,7 @@ the server serves unchanged:
   `messages` as free-form objects, and free-form objects almost never have a role.
 - `n` is drawn small (or invalid), and `prompt` short: up to 1024 choices of a long prompt
   are valid, and would make a run's length depend on a few draws.
+- Ollama's `keep_alive` is drawn from values that keep the model loaded.
 
 CI runs CORRAL_API_FUZZ_REQUESTS (default 240) spread over the operations that take input;
 the acceptance run used 5000 (`--hypothesis-show-statistics` counts the requests sent: the
@@ -30,7 +32,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from router.server.openapi import OPERATIONS, document
+from router.api import llama, ollama
+from router.app import DIALECTS
+from router.app import openapi_document as document
 from tests.e2e.conftest import Server, start_server, stop_server
 
 N_REQUESTS = int(os.environ.get("CORRAL_API_FUZZ_REQUESTS", "240"))
@@ -81,6 +85,10 @@ def fuzz_document() -> dict[str, Any]:
             # invalid count, so that a run's length stays bounded.
             props["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 3}, {"type": "integer", "maximum": 0},
                                     {"type": "integer", "minimum": 129}]}
+        if "keep_alive" in props:
+            # Ollama's: a short one would unload the one worker between draws, which the
+            # fixture counts as a restart. Its parsing has unit tests of its own.
+            props["keep_alive"] = {"enum": [None, -1, "10m", "soon"]}
         if "prompt" in props:
             props["prompt"] = {"anyOf": [{"type": "string", "maxLength": 200},
                                          {"type": "array", "maxItems": 3}]}
@@ -95,9 +103,11 @@ SCHEMA = schemathesis.openapi.from_dict(fuzz_document())
 SCHEMA.config.max_stream_events = 1_000_000
 # Spread over the operations that take input: GET /v1/models has none, so hypothesis sends it
 # once whatever max_examples says (the 5,040 asked for once came to 4,481 requests sent).
+OPERATIONS = [op for d in DIALECTS for op in d.operations]
 DRAWN = [op for op in OPERATIONS if op.body is not None or op.path_params]
 PER_OPERATION = max(1, -(-N_REQUESTS // len(DRAWN)))
-NATIVE = {op.path for op in OPERATIONS if op.native}
+NATIVE = {op.path for op in llama.OPERATIONS}
+OLLAMA = {op.path for op in ollama.OPERATIONS}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +146,9 @@ def test_generated_requests_get_2xx_or_an_openai_4xx(case: schemathesis.Case, ap
     if status >= 400:
         assert status < 500
         err = json.loads(response.text)["error"]
+        if case.path in OLLAMA:  # Ollama's shape: the message alone
+            assert isinstance(err, str) and err, seen
+            return
         assert isinstance(err["message"], str) and err["message"], seen
         if case.path in NATIVE:  # llama-server's shape: the status as `code`
             assert err["code"] == status and {"message", "type", "code"} <= set(err), seen
@@ -155,6 +168,10 @@ def test_generated_requests_get_2xx_or_an_openai_4xx(case: schemathesis.Case, ap
             last = events[-1] if events else ""
             done = last == "data: [DONE]" or '"error"' in last or (case.path in NATIVE and '"stop":true' in last)
             assert done, seen[:4000]
+        elif content_type[0].startswith("application/x-ndjson"):
+            # Ollama's: one object a line, the last `done: true` or an error.
+            lines = [json.loads(line) for line in response.text.splitlines()]
+            assert lines and (lines[-1].get("done") is True or "error" in lines[-1]), seen[:4000]
         else:
             assert response.text, seen[:3000]
             json.loads(response.text)

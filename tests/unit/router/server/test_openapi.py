@@ -44,7 +44,7 @@ def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
     for path, methods in doc["paths"].items():  # type: ignore[attr-defined]
         for op in methods.values():
             ref = op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"]
-            want = "NativeErrorBody" if path in native else "ErrorBody"
+            want = "NativeErrorBody" if path in native else "OllamaErrorBody" if path.startswith("/api/") else "ErrorBody"
             assert ref == f"#/components/schemas/{want}", path
 
 

@@ -1,0 +1,178 @@
+"""Ollama's routes: /api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/embed,
+/api/embeddings and /api/version, so that Ollama's clients (its Python and JavaScript
+libraries, Open WebUI, editors' plugins) work against Corral unchanged.
+
+Models are Corral's configured ones, listed with a tag (`name:latest`) and found with or
+without it. A chat or generate with no messages (or an empty prompt) loads the model, or
+unloads it with `keep_alive: 0`, as Ollama's do. Ollama's `pull`, `create`, `copy`,
+`delete` and `push` are not served: Corral's models are its config's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+
+import msgspec
+from quart import Blueprint, Response
+
+
+from router.api.answering import answer, embed
+from router.api.dialect import Server
+from router.api.ollama import models
+from router.api.ollama.render import HEADERS, Reply, lines, whole
+from router.api.ollama.schemas import OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
+from router.api.ollama.translate import chat_job, generate_job, keep_alive
+from router.generation.job import GenerationJob, KeepAlive
+from router.server import access_log, auth, bodies
+from router.server.json_body import decode
+from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
+from supervisor.handle import ModelHandle
+from supervisor.model_loop import idle_limit
+
+# The Ollama release whose API this follows (docs/api.md); clients compare it.
+VERSION = "0.6.4"
+_json = msgspec.json.Encoder()
+
+
+def owns(path: str) -> bool:
+    return path.startswith("/api/")
+
+
+def _json_response(obj: object) -> Response:
+    return Response(_json.encode(obj), content_type="application/json; charset=utf-8")
+
+
+def register(app: Blueprint, server: Server) -> None:
+    def resolve(name: str | None, generating: bool = True) -> ModelHandle:
+        """A model by its name, with or without Ollama's `:latest` tag."""
+        if not name:
+            raise InvalidRequest("model is required", "model")
+        try:
+            handle = server.resolve(name)
+        except ModelNotFound:
+            if models.untagged(name) == name:
+                raise
+            handle = server.resolve(models.untagged(name))
+        if generating and handle.spec.embeddings:
+            raise Unsupported(f'"{name}" does not support generate (it serves embeddings only).', "model")
+        return handle
+
+    async def run(handle: ModelHandle, job: GenerationJob, chat: bool, empty: bool) -> Response:
+        """`empty`: the request has nothing to answer (no messages, or no prompt)."""
+        reply = Reply(model=job.model, chat=chat, record=access_log.current())
+        if empty:
+            return await load_only(handle, job.keep_alive, reply)
+        return await answer(
+            handle, job, partial(whole, reply=reply), partial(lines, reply=reply), stream_headers=HEADERS,
+            content_type="application/json; charset=utf-8",
+        )
+
+    async def load_only(handle: ModelHandle, kept: KeepAlive | None, reply: Reply) -> Response:
+        """Nothing to answer: Ollama's way to load a model (or, with keep_alive 0, to
+        unload it)."""
+        if kept is not None and kept.seconds == 0:
+            handle.request_unload(reason="unloaded by a keep_alive of 0")
+            reason = "unload"
+        else:
+            async with handle.lease():
+                if kept is not None:
+                    handle.set_keep_alive(kept.seconds)
+            reason = "load"
+        obj = reply.part()
+        obj.update(done=True, done_reason=reason)
+        return _json_response(obj)
+
+    @app.post("/api/chat")
+    async def chat() -> Response:
+        r: OllamaChatRequest = decode(await bodies.read_body(), OllamaChatRequest)
+        handle = resolve(r.model)
+        return await run(handle, chat_job(r, r.model, handle.spec.max_tokens), chat=True, empty=not r.messages)
+
+    @app.post("/api/generate")
+    async def generate() -> Response:
+        r: OllamaGenerateRequest = decode(await bodies.read_body(), OllamaGenerateRequest)
+        handle = resolve(r.model)
+        return await run(handle, generate_job(r, r.model, handle.spec.max_tokens), chat=False, empty=not r.prompt)
+
+    @app.route("/api/tags", methods=["GET", "HEAD"])
+    async def tags() -> Response:
+        visible = [h for h in server.supervisor.handles.values() if auth.visible(h)]
+        return _json_response({"models": [models.tag_entry(h) for h in visible]})
+
+    @app.post("/api/show")
+    async def show() -> Response:
+        r: OllamaShowRequest = decode(await bodies.read_body(), OllamaShowRequest)
+        handle = resolve(r.model or r.name, generating=False)
+        return _json_response(models.show(handle, bool(r.verbose)))
+
+    @app.get("/api/ps")
+    async def ps() -> Response:
+        now = time.time()
+        out = []
+        for h in server.supervisor.handles.values():
+            if not auth.visible(h):
+                continue
+            limit = idle_limit(h.spec, h.keep_alive)
+            # Idle from its last request's end; busy now, idle from now at the earliest.
+            since = h.last_used_wall if h.in_flight == 0 and h.last_used_wall is not None else now
+            entry = models.ps_entry(h, None if limit is None else since + limit)
+            if entry is not None:
+                out.append(entry)
+        return _json_response({"models": out})
+
+    @app.route("/api/version", methods=["GET", "HEAD"])
+    async def version() -> Response:
+        return _json_response({"version": VERSION})
+
+    @app.post("/api/embed")
+    async def embed_route() -> Response:
+        started = time.monotonic()
+        r: OllamaEmbedRequest = decode(await bodies.read_body(), OllamaEmbedRequest)
+        handle = embedding_model(r.model)
+        texts = [r.input] if isinstance(r.input, str) else list(r.input or [])
+        if any(not t for t in texts):
+            raise InvalidRequest("'input' must not hold an empty string.", "input")
+        if r.dimensions is not None and r.dimensions < 1:
+            raise InvalidRequest("Invalid 'dimensions': expected a value >= 1.", "dimensions")
+        kept = keep_alive(r.keep_alive)
+        vectors: list[list[float]] = []
+        prompt_tokens = 0
+        if texts:
+            result = await embed(handle, texts)
+            handle.set_keep_alive(kept.seconds)
+            vectors, prompt_tokens = result.data, result.prompt_tokens
+        if r.dimensions is not None:
+            vectors = [_normalized(v[: r.dimensions]) for v in vectors]
+        record = access_log.current()
+        return _json_response({
+            "model": r.model, "embeddings": vectors,
+            "total_duration": int((time.monotonic() - started) * 1e9),
+            "load_duration": int(((record.load_wait if record is not None else None) or 0.0) * 1e9),
+            "prompt_eval_count": prompt_tokens,
+        })
+
+    @app.post("/api/embeddings")
+    async def embeddings() -> Response:
+        r: OllamaEmbeddingsRequest = decode(await bodies.read_body(), OllamaEmbeddingsRequest)
+        handle = embedding_model(r.model)
+        if not r.prompt:
+            return _json_response({"embedding": []})
+        result = await embed(handle, [r.prompt])
+        handle.set_keep_alive(keep_alive(r.keep_alive).seconds)
+        return _json_response({"embedding": result.data[0]})
+
+    def embedding_model(name: str) -> ModelHandle:
+        handle = resolve(name, generating=False)
+        if not handle.spec.embeddings:
+            raise Unsupported(
+                f'"{name}" does not support embeddings (set embeddings = true in its config).', "model"
+            )
+        return handle
+
+
+
+def _normalized(v: list[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in v))
+    return [x / norm for x in v] if norm > 0 else v
