@@ -23,15 +23,13 @@ from router.api.llama.schemas import (
     DetokenizeRequest,
     NativeCompletionRequest,
     TokenizeRequest,
-    native_params,
-    native_prompt,
 )
+from router.api.llama.translate import completion_job
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
 from router.generation import tool_schemas
 from router.generation.answer import gather
 from router.generation.events import Event, Failed, Finish, TextDelta
-from router.generation.job import GenerationJob
 from router.generation.prompt_bound import refuse_if_too_long
 from router.server import bodies, sse
 from router.server.json_body import decode
@@ -65,21 +63,14 @@ def register(app: Blueprint, server: Server) -> None:
     async def completion() -> Response:
         r: NativeCompletionRequest = decode(await bodies.read_body(), NativeCompletionRequest)
         handle = generating_model(r.model)
-        params = native_params(r, handle.spec.max_tokens)
-        prompt = native_prompt(r)
         name = r.model if r.model is not None else handle.name
-        job = GenerationJob(
-            model=name,
-            params=params,
-            prompt=prompt if isinstance(prompt, str) else None,
-            prompt_parts=tuple(prompt) if not isinstance(prompt, str) else None,
-            stream=r.stream,
-        )
+        job = completion_job(r, name, handle.spec.max_tokens)
+        prompt: str | list[int | str] = job.prompt if job.prompt is not None else list(job.prompt_parts or ())
         gen, events = await started(handle, job)
         ready = gen.conn.ready
         fmt = NativeCompletion(
             model=name,
-            params=params,
+            params=job.params,
             n_ctx=ready.n_ctx_slot if ready is not None else 0,
             stream=r.stream,
             return_tokens=r.return_tokens,

@@ -13,7 +13,8 @@ from router.api.llama.errors import render_http
 from router.api.timings import timings_json
 from router.generation.events import Finish
 from router.api.llama.render import NativeCompletion, pick_fields
-from router.api.llama.schemas import NativeCompletionRequest, native_params, native_prompt
+from router.api.llama.schemas import NativeCompletionRequest
+from router.api.llama.translate import native_params, native_prompt
 from supervisor import errors as e
 from tests.unit.worker.test_prompts import FakeModel, prepare
 from worker.prompts import Limit, detokenize_texts, piece
