@@ -223,6 +223,15 @@ def test_a_dialect_imports_no_other_dialect() -> None:
     assert wrong == []
 
 
+def test_every_dialect_has_the_same_rooms() -> None:
+    """A newcomer who knows one dialect's folder finds their way in the next."""
+    rooms = {"__init__.py", "schemas.py", "translate.py", "render.py", "errors.py", "routes.py"}
+    missing = {
+        d: sorted(rooms - {p.name for p in (ROOT / d.replace(".", "/")).glob("*.py")}) for d in dialects()
+    }
+    assert {d: m for d, m in missing.items() if m} == {}
+
+
 def test_every_dialect_is_served() -> None:
     """A dialect's folder exports its DIALECT, and the app registers it."""
     from router import app
