@@ -170,9 +170,12 @@ class WorkerConnection:
         )
         return RequestStream(self, rid, recv, n)
 
-    async def embed(self, inputs: list[str], tokens: list[list[int]] | None = None) -> EmbedResult:
-        """Embed texts, or token arrays (`tokens`, with `inputs` empty)."""
-        reply = await self._call(lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens))
+    async def embed(
+        self, inputs: list[str], tokens: list[list[int]] | None = None, truncate: bool = False
+    ) -> EmbedResult:
+        """Embed texts, or token arrays (`tokens`, with `inputs` empty); `truncate`: cut an
+        input too long for the model at its end instead of refusing it."""
+        reply = await self._call(lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens, truncate=truncate))
         assert isinstance(reply, EmbedResult)
         return reply
 

@@ -90,6 +90,7 @@ class Limit:
     why: str
     param: str
     n_ctx: int | None = None  # the context reported with a refusal (llama-server's n_ctx)
+    cut: bool = False  # a longer text keeps its first `most` tokens instead of being refused
 
     def refuse(self, n_tokens: int, at_least: bool = False) -> RequestRejected:
         count = f"at least {n_tokens}" if at_least else str(n_tokens)
@@ -123,7 +124,9 @@ class Texts:
         for i, (text, limit) in enumerate(self.texts):
             add = self.add_special if isinstance(self.add_special, bool) else self.add_special[i]
             toks = m.tokenize(text, add_special=add, parse_special=self.parse_special)
-            if len(toks) > limit.most:
+            if len(toks) > limit.most and limit.cut:
+                toks = toks[: limit.most]
+            elif len(toks) > limit.most:
                 raise limit.refuse(len(toks))
             tokens.append(toks)
         return self.build(tokens)
@@ -133,6 +136,14 @@ def _checked(text: str, limit: Limit, m: TextModel) -> tuple[str, Limit]:
     """`text`, refused if its byte length alone shows it is too long. Each token covers at
     least one byte, so a text shorter than the limit in bytes never asks for the bound."""
     n_bytes = utf8_length(text)
+    if n_bytes > limit.most and limit.cut:
+        # Its first `most` tokens lie within its first most * max_token_bytes bytes: only
+        # those are tokenized, so a huge text costs no more than one that fits.
+        widest = m.max_token_bytes()
+        if widest:
+            keep = limit.most * widest
+            return text.encode()[:keep].decode(errors="ignore"), limit
+        return text, limit
     if n_bytes > limit.most:
         limit.check_bytes(n_bytes, m.max_token_bytes())
     return text, limit
@@ -243,7 +254,8 @@ def embed_texts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
     for i, text in enumerate(e.inputs):
         if not text:
             raise RequestRejected("invalid_request", f"input[{i}] is empty", "input")
-        texts.append(_checked(text, Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input"), m))
+        limit = Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input", cut=e.truncate)
+        texts.append(_checked(text, limit, m))
 
     def build(tokens: list[list[int]]) -> EmbedJob:
         for i, toks in enumerate(tokens):
@@ -262,7 +274,9 @@ def _embed_tokens(e: Embed, m: VocabModel, n_batch: int) -> Texts:
     for i, toks in enumerate(inputs):
         if not toks:
             raise RequestRejected("invalid_request", f"input[{i}] is empty", "input")
-        if len(toks) > n_batch:
+        if len(toks) > n_batch and e.truncate:
+            inputs[i] = toks[:n_batch]
+        elif len(toks) > n_batch:
             raise Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input").refuse(len(toks))
         check_ids(toks, m.n_vocab, "input")
 

@@ -51,11 +51,14 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
     return gen, events(gen, job)
 
 
-async def embed(handle: ModelHandle, inputs: Sequence[str] | Sequence[tuple[int, ...]]) -> EmbedResult:
-    """Embed texts, or token arrays, on `handle`'s model. In the model's slot line like a
-    generation (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them.
-    A client that leaves is dropped from the line, or its job is cancelled in the worker
-    within one batch."""
+async def embed(
+    handle: ModelHandle, inputs: Sequence[str] | Sequence[tuple[int, ...]], truncate: bool = False
+) -> EmbedResult:
+    """Embed texts, or token arrays, on `handle`'s model (`truncate`: cut an input too long
+    at its end, rather than refuse it). In the model's slot line like a generation
+    (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them. A client
+    that leaves is dropped from the line, or its job is cancelled in the worker within one
+    batch."""
     record = access_log.current()
     asked = time.monotonic()
     async with handle.lease() as conn:
@@ -66,7 +69,7 @@ async def embed(handle: ModelHandle, inputs: Sequence[str] | Sequence[tuple[int,
         try:
             texts = [x for x in inputs if isinstance(x, str)]
             if texts or not inputs:
-                return await conn.embed(texts)
-            return await conn.embed([], tokens=[list(x) for x in inputs if isinstance(x, tuple)])
+                return await conn.embed(texts, truncate=truncate)
+            return await conn.embed([], tokens=[list(x) for x in inputs if isinstance(x, tuple)], truncate=truncate)
         finally:
             ticket.release()

@@ -16,8 +16,9 @@ from supervisor import msgspec_errors
 from supervisor.errors import InvalidRequest
 
 
-def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
-    """Decode a JSON body into `kind`; InvalidRequest names the offending parameter."""
+def decode(body: bytes | bytearray, kind: type[msgspec.Struct], api: str = "OpenAI") -> Any:
+    """Decode a JSON body into `kind`; InvalidRequest names the offending parameter. `api`
+    names the dialect in the hint for a body that is not JSON at all (OpenAI's wording)."""
     if not body or body.isspace():  # strip() would copy a bytearray; isspace() stops early
         raise InvalidRequest("The request body is empty; expected a JSON object.")
     try:
@@ -50,5 +51,5 @@ def decode(body: bytes | bytearray, kind: type[msgspec.Struct]) -> Any:
     except msgspec.DecodeError:
         raise InvalidRequest(
             "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)"
+            f"aren't using your HTTP library correctly. The {api} API expects a JSON payload.)"
         ) from None

@@ -208,3 +208,39 @@ def test_the_client_reads_a_stream_cut_by_a_dead_worker_as_an_error(client: olla
             if len(got) == 3:
                 os.kill(server.workers()["chat-a"], signal.SIGKILL)
     assert 3 <= len(got) and not any(p.done for p in got)
+
+
+def test_an_input_too_long_is_cut_unless_truncate_is_false(client: ollama.Client, server: Server) -> None:
+    """Ollama's `truncate` defaults to true: the end of a long input is cut to fit."""
+    long = "word " * 3000
+    cut = client.embed(model="embed", input=long)
+    assert len(cut.embeddings) == 1 and cut.prompt_eval_count is not None and 0 < cut.prompt_eval_count <= 1024
+    with pytest.raises(ollama.ResponseError) as exc:
+        client.embed(model="embed", input=long, truncate=False)
+    assert exc.value.status_code == 400 and "input" in exc.value.error
+    r = httpx.post(server.url + "/api/embed", json={"model": "embed", "input": ["a"] * 129}, timeout=30)
+    assert r.status_code == 400 and "'input'" in r.json()["error"]
+
+
+def test_found_on_probing_keep_alive_and_model_names(client: ollama.Client, server: Server) -> None:
+    """What a hostile probe of the first version found: a keep_alive of centuries broke
+    /api/ps (500); `ollama stop` (an empty generate with keep_alive 0) was a 400 on an
+    embedding model; /api/embeddings loaded the model before refusing a bad keep_alive; a
+    404 named the model without the tag the client sent."""
+    client.chat(model="chat-b", messages=[], keep_alive=1e12)
+    (entry,) = [m for m in client.ps().models if m.model == "chat-b:latest"]
+    assert entry.expires_at is not None and entry.expires_at.year == 9999
+    client.embed(model="embed", input="x")  # loaded
+    assert client.generate(model="embed", prompt="", keep_alive=0).done_reason == "unload"
+    _until(server, "embed", "stopped")
+    r = httpx.post(server.url + "/api/embeddings", json={"model": "embed", "prompt": "x", "keep_alive": "bogus"})
+    assert r.status_code == 400 and "keep_alive" in r.json()["error"]
+    assert _state(server, "embed") == "stopped"
+    for name in ("chat-a:7b", "nope:latest"):
+        with pytest.raises(ollama.ResponseError) as exc:
+            client.chat(model=name, messages=HI)
+        assert exc.value.status_code == 404 and name in exc.value.error
+    r = httpx.post(server.url + "/api/chat", content=b"nul")
+    assert r.status_code == 400 and "Ollama API" in r.json()["error"]
+    client.chat(model="chat-b", messages=[], keep_alive=0)
+    _until(server, "chat-b", "stopped")

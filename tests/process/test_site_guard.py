@@ -48,6 +48,9 @@ def _refused(r: httpx.Response, param: str) -> None:
     if r.request.method == "HEAD":
         return
     error = r.json()["error"]
+    if isinstance(error, str):  # Ollama's shape, on its /api/ routes: the message alone
+        assert param in error, error
+        return
     # OpenAI's envelope on its routes, llama-server's on its own: both name the header.
     assert param in error["message"] or error.get("param") == param, error
     assert "access-control-allow-origin" not in r.headers

@@ -54,11 +54,14 @@ class Generate(Frame):
 
 
 class Embed(Frame):
-    """Embed texts, or (when `tokens` is set, and `inputs` empty) token arrays."""
+    """Embed texts, or (when `tokens` is set, and `inputs` empty) token arrays. `truncate`:
+    an input longer than the model embeds is cut at its end (Ollama's default) rather than
+    refused."""
 
     id: int
     inputs: list[str]
     tokens: list[list[int]] | None = None
+    truncate: bool = False
 
 
 class Tokenize(Frame):

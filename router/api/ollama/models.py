@@ -160,7 +160,10 @@ def ps_entry(h: ModelHandle, expires_at: float | None) -> dict[str, Any] | None:
     ready = h.conn.ready if h.conn is not None else None
     name = tagged(h.name)
     never = datetime(9999, 12, 31, tzinfo=timezone.utc)
-    expires = datetime.fromtimestamp(expires_at, timezone.utc) if expires_at is not None else never
+    try:
+        expires = datetime.fromtimestamp(expires_at, timezone.utc) if expires_at is not None else never
+    except (OverflowError, ValueError, OSError):  # a keep_alive of centuries: as good as never
+        expires = never
     return {
         "name": name, "model": name, "size": h.rss or f.size, "digest": f.digest, "details": details(f.meta),
         "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "size_vram": 0,

@@ -21,6 +21,7 @@ from router.generation.answer import Call, gather
 from router.generation.events import (
     Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
+from router.api.ollama.errors import message
 from router.server.access_log import Record
 
 HEADERS = {
@@ -120,4 +121,4 @@ async def lines(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[byt
         elif isinstance(ev, Finish):
             yield line(reply.final(reply.part(), ev))
         elif isinstance(ev, Failed):
-            yield line({"error": ev.error.message})
+            yield line({"error": message(ev.error)})

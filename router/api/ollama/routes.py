@@ -25,6 +25,7 @@ from router.api.ollama.render import HEADERS, Reply, lines, whole
 from router.api.ollama.schemas import OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
 from router.api.ollama.translate import chat_job, generate_job, keep_alive
 from router.generation.job import GenerationJob, KeepAlive
+from router.generation.prompts import MAX_PROMPTS
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
 from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
@@ -46,7 +47,8 @@ def _json_response(obj: object) -> Response:
 
 def register(app: Blueprint, server: Server) -> None:
     def resolve(name: str | None, generating: bool = True) -> ModelHandle:
-        """A model by its name, with or without Ollama's `:latest` tag."""
+        """A model by its name, with or without Ollama's `:latest` tag; a 404 names the
+        model as the client did."""
         if not name:
             raise InvalidRequest("model is required", "model")
         try:
@@ -54,7 +56,10 @@ def register(app: Blueprint, server: Server) -> None:
         except ModelNotFound:
             if models.untagged(name) == name:
                 raise
-            handle = server.resolve(models.untagged(name))
+            try:
+                handle = server.resolve(models.untagged(name))
+            except ModelNotFound:
+                raise ModelNotFound(f"The model `{name}` does not exist.", "model") from None
         if generating and handle.spec.embeddings:
             raise Unsupported(f'"{name}" does not support generate (it serves embeddings only).', "model")
         return handle
@@ -70,29 +75,41 @@ def register(app: Blueprint, server: Server) -> None:
         )
 
     async def load_only(handle: ModelHandle, kept: KeepAlive | None, reply: Reply) -> Response:
-        """Nothing to answer: Ollama's way to load a model (or, with keep_alive 0, to
-        unload it)."""
-        if kept is not None and kept.seconds == 0:
-            handle.request_unload(reason="unloaded by a keep_alive of 0")
-            reason = "unload"
-        else:
-            async with handle.lease():
-                if kept is not None:
-                    handle.set_keep_alive(kept.seconds)
-            reason = "load"
+        """Nothing to answer: Ollama's way to load a model."""
+        await hold(handle, kept)
         obj = reply.part()
-        obj.update(done=True, done_reason=reason)
+        obj.update(done=True, done_reason="load")
         return _json_response(obj)
+
+    def unload(handle: ModelHandle, reply: Reply) -> Response:
+        """Nothing to answer and keep_alive 0: Ollama's way to unload a model (once what is
+        in flight is done)."""
+        handle.request_unload(reason="unloaded by a keep_alive of 0")
+        obj = reply.part()
+        obj.update(done=True, done_reason="unload")
+        return _json_response(obj)
+
+    async def hold(handle: ModelHandle, kept: KeepAlive | None) -> None:
+        """Load the model if it is not loaded, and set its keep_alive while holding it."""
+        async with handle.lease():
+            if kept is not None:
+                handle.set_keep_alive(kept.seconds)
 
     @app.post("/api/chat")
     async def chat() -> Response:
-        r: OllamaChatRequest = decode(await bodies.read_body(), OllamaChatRequest)
+        r: OllamaChatRequest = decode(await bodies.read_body(), OllamaChatRequest, api="Ollama")
+        if not r.messages and keep_alive(r.keep_alive).seconds == 0:
+            return unload(resolve(r.model, generating=False), Reply(model=r.model, chat=True))
         handle = resolve(r.model)
         return await run(handle, chat_job(r, r.model, handle.spec.max_tokens), chat=True, empty=not r.messages)
 
     @app.post("/api/generate")
     async def generate() -> Response:
-        r: OllamaGenerateRequest = decode(await bodies.read_body(), OllamaGenerateRequest)
+        r: OllamaGenerateRequest = decode(await bodies.read_body(), OllamaGenerateRequest, api="Ollama")
+        if not r.prompt and keep_alive(r.keep_alive).seconds == 0:
+            # Ollama unloads before it asks what the model can do: `ollama stop` works on
+            # an embedding model too.
+            return unload(resolve(r.model, generating=False), Reply(model=r.model, chat=False))
         handle = resolve(r.model)
         return await run(handle, generate_job(r, r.model, handle.spec.max_tokens), chat=False, empty=not r.prompt)
 
@@ -103,7 +120,7 @@ def register(app: Blueprint, server: Server) -> None:
 
     @app.post("/api/show")
     async def show() -> Response:
-        r: OllamaShowRequest = decode(await bodies.read_body(), OllamaShowRequest)
+        r: OllamaShowRequest = decode(await bodies.read_body(), OllamaShowRequest, api="Ollama")
         handle = resolve(r.model or r.name, generating=False)
         return _json_response(models.show(handle, bool(r.verbose)))
 
@@ -129,9 +146,11 @@ def register(app: Blueprint, server: Server) -> None:
     @app.post("/api/embed")
     async def embed_route() -> Response:
         started = time.monotonic()
-        r: OllamaEmbedRequest = decode(await bodies.read_body(), OllamaEmbedRequest)
+        r: OllamaEmbedRequest = decode(await bodies.read_body(), OllamaEmbedRequest, api="Ollama")
         handle = embedding_model(r.model)
         texts = [r.input] if isinstance(r.input, str) else list(r.input or [])
+        if len(texts) > MAX_PROMPTS:
+            raise InvalidRequest(f"Invalid value for 'input': at most {MAX_PROMPTS} entries are allowed.", "input")
         if any(not t for t in texts):
             raise InvalidRequest("'input' must not hold an empty string.", "input")
         if r.dimensions is not None and r.dimensions < 1:
@@ -139,8 +158,14 @@ def register(app: Blueprint, server: Server) -> None:
         kept = keep_alive(r.keep_alive)
         vectors: list[list[float]] = []
         prompt_tokens = 0
-        if texts:
-            result = await embed(handle, texts)
+        if not texts:  # an empty request loads the model, as Ollama's (or unloads it)
+            if kept.seconds == 0:
+                handle.request_unload(reason="unloaded by a keep_alive of 0")
+            else:
+                await hold(handle, kept)
+        else:
+            # Ollama cuts an input too long for the model at its end unless told not to.
+            result = await embed(handle, texts, truncate=r.truncate is not False)
             handle.set_keep_alive(kept.seconds)
             vectors, prompt_tokens = result.data, result.prompt_tokens
         if r.dimensions is not None:
@@ -155,12 +180,14 @@ def register(app: Blueprint, server: Server) -> None:
 
     @app.post("/api/embeddings")
     async def embeddings() -> Response:
-        r: OllamaEmbeddingsRequest = decode(await bodies.read_body(), OllamaEmbeddingsRequest)
+        r: OllamaEmbeddingsRequest = decode(await bodies.read_body(), OllamaEmbeddingsRequest, api="Ollama")
         handle = embedding_model(r.model)
+        kept = keep_alive(r.keep_alive)  # a bad one is a 400 before any work
         if not r.prompt:
+            await hold(handle, kept)
             return _json_response({"embedding": []})
         result = await embed(handle, [r.prompt])
-        handle.set_keep_alive(keep_alive(r.keep_alive).seconds)
+        handle.set_keep_alive(kept.seconds)
         return _json_response({"embedding": result.data[0]})
 
     def embedding_model(name: str) -> ModelHandle:

@@ -50,8 +50,8 @@ def keep_alive(value: KeepAliveValue) -> KeepAlive:
         at = m.end()
     if not body or at != len(body):
         raise InvalidRequest(
-            f"Invalid 'keep_alive': {value!r} is not a duration (a number of seconds, or a string "
-            'such as "5m", "1h30m" or "-1" for ever).',
+            f"Invalid 'keep_alive': {value!r} is not a duration (a number of seconds, -1 for ever, "
+            'or a string with units such as "5m", "1h30m" or "-1m").',
             "keep_alive",
         )
     return KeepAlive(sign * seconds)
@@ -121,7 +121,7 @@ def _think(think: bool | str | None) -> dict[str, Any] | None:
         return {"enable_thinking": False}
     if think not in ("low", "medium", "high", "max"):
         raise InvalidRequest(
-            f"Invalid 'think': {think!r}; expected true, false, \"low\", \"medium\" or \"high\".", "think"
+            f"Invalid 'think': {think!r}; expected true, false, \"low\", \"medium\", \"high\" or \"max\".", "think"
         )
     return None
 

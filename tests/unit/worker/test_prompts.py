@@ -195,6 +195,21 @@ def test_embedding_inputs_are_bounded_by_the_batch() -> None:
     assert (info.value.code, info.value.param) == ("invalid_request", "input")
 
 
+def test_truncated_embedding_inputs_keep_their_first_tokens() -> None:
+    """Ollama's `truncate` (its default): a long input is cut at its end, and only the
+    bytes that can hold the tokens kept are tokenized."""
+    m = FakeModel(max_token_bytes=4)
+    job = prepare(Embed(id=5, inputs=["ok", "w" * 1_000_000], truncate=True), m, n_batch=8)
+    assert isinstance(job, EmbedJob)
+    assert job.inputs == [[2, 111, 107], [2] + [119] * 7]
+    assert m.tokenized == [2, 32]  # 8 tokens of at most 4 bytes: 32 bytes were read
+    v = VocabModel()
+    tokens = prepare(Embed(id=6, inputs=[], tokens=[list(range(1, 20))], truncate=True), v, n_batch=8)
+    assert isinstance(tokens, EmbedJob) and tokens.inputs == [list(range(1, 9))]
+    with pytest.raises(RequestRejected):  # the default is still to refuse
+        prepare(Embed(id=7, inputs=[], tokens=[list(range(1, 20))]), v, n_batch=8)
+
+
 def test_tokenize_requests_are_bounded_by_the_context() -> None:
     m = FakeModel(max_token_bytes=48)
     for add_special, tokens in ((True, [2, 104, 105]), (False, [104, 105])):

@@ -14,7 +14,7 @@ from router.api.ollama.render import Reply, arguments, lines, whole
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
-from supervisor.errors import ModelNotFound, Overloaded, WorkerCrashed
+from supervisor.errors import Forbidden, ModelNotFound, Overloaded, WorkerCrashed
 from worker.protocol import Timings, Usage
 
 USAGE = Usage(prompt_tokens=11, completion_tokens=4)
@@ -93,5 +93,7 @@ def test_errors_are_ollamas_object_with_every_dialects_status(exc: Any, status: 
     assert (json.loads(body), got) == ({"error": exc.message}, status)
     if status == 429:
         assert headers["retry-after"] == "2"
+    body, _, _ = render(Forbidden("requests from the web page at 'https://evil.example' are not allowed", "Origin"))
+    assert json.loads(body)["error"].endswith("(Origin)")  # the one field names what to fix
     body, got, _ = render_http(405, "Method GET is not allowed on /api/chat", "method_not_allowed")
     assert (json.loads(body), got) == ({"error": "Method GET is not allowed on /api/chat"}, 405)
