@@ -80,9 +80,10 @@ def _tool(i: int, t: Any) -> dict[str, Any]:
 def tool_request(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolRequest:
     """Validate tools, tool_choice and parallel_tool_calls together."""
     checked: list[dict[str, Any]] = []
-    if tools is not None:
-        if not tools:
-            raise _fail("Invalid 'tools': empty array. Expected an array with at least one tool.", "tools")
+    # `tools: []` is a request without tools, whatever tool_choice says (as llama-server:
+    # tools/server/server-common.cpp, `has_tools = tools.is_array() && !tools.empty()`);
+    # the Ollama client and LangChain send it with every request.
+    if tools:
         names: set[str] = set()
         for i, t in enumerate(tools):
             tool = _tool(i, t)
@@ -109,9 +110,7 @@ def _choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Literal["none", "a
     if tool_choice is None:
         return "auto" if tools else "none"
     if tool_choice in ("none", "auto", "required"):
-        if tool_choice == "required" and not tools:
-            raise _fail("Invalid value for 'tool_choice': 'required' needs 'tools'.", "tool_choice")
-        return tool_choice  # type: ignore[no-any-return]
+        return tool_choice if tools else "none"
     if isinstance(tool_choice, dict):
         f = tool_choice.get("function")
         name = f.get("name") if isinstance(f, dict) else None
@@ -122,7 +121,7 @@ def _choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Literal["none", "a
                 "tool_choice",
             )
         if not tools:
-            raise _fail("Invalid value for 'tool_choice': a named function needs 'tools'.", "tool_choice")
+            return "none"  # nothing to call: as llama-server, the choice has no effect
         if all(t["function"]["name"] != name for t in tools):
             raise _fail(f"Invalid value for 'tool_choice': no function named {name!r} in 'tools'.", "tool_choice")
         return ("function", name)

@@ -216,3 +216,19 @@ async def test_a_request_without_a_model_goes_to_default_model(
         r = await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
         assert r.status_code == 404
         assert (await r.get_json())["error"]["code"] == "model_not_found"
+
+
+async def test_an_empty_tools_array_is_a_chat_without_tools(tmp_path: Path, autojump_clock: object) -> None:
+    """Issue 22, item 2: llama-server answers `tools: []` (with any tool_choice) as a chat
+    without tools; the Ollama client and LangChain send it. Was a 400 naming `tools`."""
+    sup, _ = sim_supervisor(tmp_path, {"a": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        plain = await client.post("/v1/chat/completions", json={**CHAT, "model": "a"})
+        for choice in (None, "required", {"type": "function", "function": {"name": "f"}}):
+            extra = {"tools": [], **({"tool_choice": choice} if choice is not None else {})}
+            r = await client.post("/v1/chat/completions", json={**CHAT, "model": "a", **extra})
+            assert r.status_code == 200, await r.get_data()
+            body, want = await r.get_json(), await plain.get_json()
+            assert body["choices"][0]["message"] == want["choices"][0]["message"]
+            assert body["choices"][0]["finish_reason"] == "length"

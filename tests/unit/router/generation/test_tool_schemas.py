@@ -29,7 +29,6 @@ def chat(**fields: Any) -> s.ChatRequest:
 @pytest.mark.parametrize(
     ("tools", "choice", "param"),
     [
-        ([], None, "tools"),
         ([{"type": "retrieval"}], None, "tools[0].type"),
         ([{"type": "function"}], None, "tools[0].function"),
         ([{"type": "function", "function": {"name": "has space"}}], None, "tools[0].function.name"),
@@ -38,8 +37,8 @@ def chat(**fields: Any) -> s.ChatRequest:
         ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], None, "tools[0].function.parameters"),
         ([{"type": "function", "function": {"name": "f", "extra": 1}}], None, "tools[0].function.extra"),
         ([F, F], None, "tools[1].function.name"),
-        (None, "required", "tool_choice"),
-        (None, {"type": "function", "function": {"name": "get_weather"}}, "tool_choice"),
+        (None, "sometimes", "tool_choice"),
+        ([], {"type": "function"}, "tool_choice"),
         ([F], {"type": "function", "function": {"name": "other"}}, "tool_choice"),
         ([F], "sometimes", "tool_choice"),
         ([F], {"type": "function"}, "tool_choice"),
@@ -49,6 +48,16 @@ def test_bad_tools_and_choices_name_their_parameter(tools: Any, choice: Any, par
     with pytest.raises(InvalidRequest) as info:
         tool_request(tools, choice, None)
     assert info.value.param == param
+
+
+@pytest.mark.parametrize("tools", [None, []])
+@pytest.mark.parametrize("choice", [None, "none", "auto", "required", {"type": "function", "function": {"name": "f"}}])
+def test_no_tools_is_a_request_without_tools_whatever_the_choice(tools: Any, choice: Any) -> None:
+    """Issue 22, item 2: llama-server takes `tools: []`, and tool_choice with no tools, as
+    a request without tools (tools/server/server-common.cpp: `has_tools` needs a non-empty
+    array; tool calls are parsed only when `inputs.tools` is not empty). Was a 400."""
+    assert tool_request(tools, choice, None) == tool_request(None, None, None)
+    assert tool_request(tools, choice, None).offered is None and tool_request(tools, choice, None).forced is None
 
 
 def test_choices() -> None:
