@@ -236,12 +236,17 @@ def json_schemas(
     response_format: ResponseFormat | None, json_schema: dict[str, Any] | None
 ) -> list[tuple[dict[str, Any], str]]:
     """The JSON schemas a request asks its output to match, each with its parameter:
-    `response_format`'s (`text` asks for nothing; `json_object` for any JSON object;
-    `json_schema` for its `schema`, any object when that is left out, as for json_object)
+    `response_format`'s (`text` asks for nothing; `json_object` for any JSON object, or for
+    its `schema` when it has one, as llama-server takes it; `json_schema` for its `schema`,
+    any object when that is left out, as for json_object)
     and llama-server's `json_schema`, as is."""
     out: list[tuple[dict[str, Any], str]] = []
     if isinstance(response_format, ResponseFormatJsonObject):
-        out.append((ANY_OBJECT, "response_format"))
+        # llama-server's extension: json_object with a schema is that schema
+        # (tools/server/server-common.cpp, the "response_format" field).
+        # An empty schema means any object there, as an absent one does.
+        schema = response_format.schema
+        out.append((schema or ANY_OBJECT, "response_format"))
     elif isinstance(response_format, ResponseFormatJsonSchema):
         schema = response_format.json_schema.schema
         out.append((ANY_OBJECT if schema is None else schema, "response_format"))

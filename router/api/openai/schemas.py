@@ -38,7 +38,11 @@ class ResponseFormatText(msgspec.Struct, tag="text", tag_field="type", forbid_un
 
 
 class ResponseFormatJsonObject(msgspec.Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True):
-    """Any JSON object."""
+    """Any JSON object; with `schema` (llama-server's extension, which instructor's
+    JSON_SCHEMA mode sends), JSON matching that schema instead."""
+
+    # The field is `schema` on the wire; msgspec's own Struct has no such attribute to clash.
+    schema: dict[str, Any] | None = None
 
 
 class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):

@@ -75,7 +75,7 @@ def test_response_format_json_schema_decodes_every_field() -> None:
         ({"type": "json_schema", "json_schema": {"name": "n", "schema": []}}, "response_format.json_schema.schema"),
         ({"type": "json_schema", "json_schema": {"name": "n", "strict": "yes"}}, "response_format.json_schema.strict"),
         ({"type": "json_schema", "json_schema": {"name": "n", "extra": 1}}, "response_format.json_schema.extra"),
-        ({"type": "json_object", "schema": {}}, "response_format.schema"),
+        ({"type": "json_object", "schema": 123}, "response_format.schema"),
         ("json", "response_format"),
     ],
 )
@@ -83,6 +83,20 @@ def test_malformed_response_format_names_the_parameter(fmt: Any, param: str) -> 
     with pytest.raises(InvalidRequest) as info:
         chat(response_format=fmt)
     assert info.value.param == param
+
+
+def test_json_object_with_a_schema_is_that_schema_as_llama_server_takes_it() -> None:
+    """Issue 22, item 2: llama-server's json_object takes a `schema` (its
+    test_chat_completion.py test_completion_with_response_format sends {"const": "42"});
+    instructor's JSON_SCHEMA mode sends it too. Was a 400 naming response_format.schema."""
+    c = constraint(s.ResponseFormatJsonObject(schema={"const": "42"}))
+    assert c is not None and c.param == "response_format" and json.loads(c.source) == {"const": "42"}
+    r = chat(response_format={"type": "json_object", "schema": {"type": "array", "items": {"type": "integer"}}})
+    job = translate.chat_job(r, "m")
+    assert job.params.constraint is not None and json.loads(job.params.constraint.source)["type"] == "array"
+    # An empty schema, as an absent one, is any object (llama-server: "an absent or empty
+    # schema means any object").
+    assert constraint(s.ResponseFormatJsonObject(schema={})) == constraint(s.ResponseFormatJsonObject())
 
 
 def test_name_of_64_characters_is_accepted() -> None:
