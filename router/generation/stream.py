@@ -110,6 +110,12 @@ def _chat_deltas(
 def _with(delta: Delta, **changes: object) -> Delta:
     """`delta` with `changes` applied to the fields it has (a ToolCallEnd has no timings,
     a ToolCallDelta no logprobs)."""
-    names = {f.name for f in dataclasses.fields(delta)}
+    cls = type(delta)
+    names = _FIELDS.get(cls)
+    if names is None:  # read once per event type: this runs per step of such a stream
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
     kept: dict[str, Any] = {k: v for k, v in changes.items() if k in names}
     return dataclasses.replace(delta, **kept)
+
+
+_FIELDS: dict[type, frozenset[str]] = {}

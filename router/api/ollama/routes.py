@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
+from typing import Callable
 
 import msgspec
 from quart import Blueprint, Response
@@ -22,7 +23,9 @@ from router.api.answering import answer, embed
 from router.api.dialect import Server
 from router.api.ollama import models
 from router.api.ollama.render import HEADERS, Reply, lines, whole
-from router.api.ollama.schemas import OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest
+from router.api.ollama.schemas import (
+    OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest,
+)
 from router.api.ollama.translate import chat_job, generate_job, keep_alive
 from router.generation.job import GenerationJob, KeepAlive
 from router.generation.prompts import MAX_PROMPTS
@@ -64,54 +67,56 @@ def register(app: Blueprint, server: Server) -> None:
             raise Unsupported(f'"{name}" does not support generate (it serves embeddings only).', "model")
         return handle
 
-    async def run(handle: ModelHandle, job: GenerationJob, chat: bool, empty: bool) -> Response:
-        """`empty`: the request has nothing to answer (no messages, or no prompt)."""
-        reply = Reply(model=job.model, chat=chat, record=access_log.current())
+    async def generation(
+        name: str, chat: bool, empty: bool, kept: KeepAlive, job_of: Callable[[int | None], GenerationJob]
+    ) -> Response:
+        """/api/chat's or /api/generate's answer; `empty`: the request has nothing to answer
+        (no messages, or no prompt), which loads the model, or with keep_alive 0 unloads it.
+        `job_of` builds the job from the model's token limit."""
+        reply = Reply(model=name, chat=chat, record=access_log.current())
+        if empty and kept.seconds == 0:
+            # Ollama unloads before it asks what the model can do: `ollama stop` works on
+            # an embedding model too.
+            return done(reply, await load_or_unload(resolve(name, generating=False), kept))
+        handle = resolve(name)
+        job = job_of(handle.spec.max_tokens)  # the body's 400s, before any load
         if empty:
-            return await load_only(handle, job.keep_alive, reply)
+            return done(reply, await load_or_unload(handle, kept))
         return await answer(
             handle, job, partial(whole, reply=reply), partial(lines, reply=reply), stream_headers=HEADERS,
             content_type="application/json; charset=utf-8",
         )
 
-    async def load_only(handle: ModelHandle, kept: KeepAlive | None, reply: Reply) -> Response:
-        """Nothing to answer: Ollama's way to load a model."""
+    def done(reply: Reply, reason: str) -> Response:
+        obj = reply.part()
+        obj.update(done=True, done_reason=reason)
+        return _json_response(obj)
+
+    async def load_or_unload(handle: ModelHandle, kept: KeepAlive) -> str:
+        """Nothing to answer: Ollama's way to load a model, or with keep_alive 0 to unload
+        it (once what is in flight is done). Returns the done_reason."""
+        if kept.seconds == 0:
+            handle.request_unload(reason="unloaded by a keep_alive of 0")
+            return "unload"
         await hold(handle, kept)
-        obj = reply.part()
-        obj.update(done=True, done_reason="load")
-        return _json_response(obj)
+        return "load"
 
-    def unload(handle: ModelHandle, reply: Reply) -> Response:
-        """Nothing to answer and keep_alive 0: Ollama's way to unload a model (once what is
-        in flight is done)."""
-        handle.request_unload(reason="unloaded by a keep_alive of 0")
-        obj = reply.part()
-        obj.update(done=True, done_reason="unload")
-        return _json_response(obj)
-
-    async def hold(handle: ModelHandle, kept: KeepAlive | None) -> None:
+    async def hold(handle: ModelHandle, kept: KeepAlive) -> None:
         """Load the model if it is not loaded, and set its keep_alive while holding it."""
         async with handle.lease():
-            if kept is not None:
-                handle.set_keep_alive(kept.seconds)
+            handle.set_keep_alive(kept.seconds)
 
     @app.post("/api/chat")
     async def chat() -> Response:
         r: OllamaChatRequest = decode(await bodies.read_body(), OllamaChatRequest, api="Ollama")
-        if not r.messages and keep_alive(r.keep_alive).seconds == 0:
-            return unload(resolve(r.model, generating=False), Reply(model=r.model, chat=True))
-        handle = resolve(r.model)
-        return await run(handle, chat_job(r, r.model, handle.spec.max_tokens), chat=True, empty=not r.messages)
+        kept = keep_alive(r.keep_alive)
+        return await generation(r.model, True, not r.messages, kept, partial(chat_job, r, r.model))
 
     @app.post("/api/generate")
     async def generate() -> Response:
         r: OllamaGenerateRequest = decode(await bodies.read_body(), OllamaGenerateRequest, api="Ollama")
-        if not r.prompt and keep_alive(r.keep_alive).seconds == 0:
-            # Ollama unloads before it asks what the model can do: `ollama stop` works on
-            # an embedding model too.
-            return unload(resolve(r.model, generating=False), Reply(model=r.model, chat=False))
-        handle = resolve(r.model)
-        return await run(handle, generate_job(r, r.model, handle.spec.max_tokens), chat=False, empty=not r.prompt)
+        kept = keep_alive(r.keep_alive)
+        return await generation(r.model, False, not r.prompt, kept, partial(generate_job, r, r.model))
 
     @app.route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> Response:
@@ -159,10 +164,7 @@ def register(app: Blueprint, server: Server) -> None:
         vectors: list[list[float]] = []
         prompt_tokens = 0
         if not texts:  # an empty request loads the model, as Ollama's (or unloads it)
-            if kept.seconds == 0:
-                handle.request_unload(reason="unloaded by a keep_alive of 0")
-            else:
-                await hold(handle, kept)
+            await load_or_unload(handle, kept)
         else:
             # Ollama cuts an input too long for the model at its end unless told not to.
             result = await embed(handle, texts, truncate=r.truncate is not False)

@@ -200,13 +200,12 @@ def chat_job(r: OllamaChatRequest, model: str, default_max_tokens: int | None) -
 
 def generate_job(r: OllamaGenerateRequest, model: str, default_max_tokens: int | None) -> GenerationJob:
     """A prompt in the model's template (system, then the user's turn), or `raw` text."""
-    for name, value in (("suffix", r.suffix), ("template", r.template), ("context", r.context)):
+    for name, value, why in (
+        ("suffix", r.suffix, "fill-in-the-middle is not supported"),
+        ("template", r.template, "Corral renders with the model's own chat template (or its config's)"),
+        ("context", r.context, "send the conversation as /api/chat messages instead"),
+    ):
         if value:
-            why = {
-                "suffix": "fill-in-the-middle is not supported",
-                "template": "Corral renders with the model's own chat template (or its config's)",
-                "context": "send the conversation as /api/chat messages instead",
-            }[name]
             raise Unsupported(f"'{name}' is not supported: {why}.", name)
     if r.images:
         raise Unsupported("'images' are not supported (Corral runs text models).", "images")
