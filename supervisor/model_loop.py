@@ -327,8 +327,12 @@ def _apply_asks(h: ModelHandle) -> None:
             h.spec, h._next_spec = asks.spec, None
             h.failures = 0
             asks.reset = True
+        elif worker_spec(asks.spec) == worker_spec(h.spec):
+            # Only the router's settings differ (generation defaults, aliases, queue
+            # limits): they take effect now, and the worker keeps running.
+            h.spec, h._next_spec = asks.spec, None
         else:
-            h._next_spec = None if asks.spec == h.spec else asks.spec
+            h._next_spec = asks.spec
     if asks.reset and h.state is State.FAILED:
         h.failures = 0
         _set(h, State.STOPPED, "reset")

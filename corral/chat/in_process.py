@@ -159,7 +159,7 @@ class LocalChat:
             with scope:
                 r: schemas.ChatRequest = decode(json.dumps(body).encode(), schemas.ChatRequest)
                 handle = self._supervisor.resolve(r.model)
-                job = chat_job(r, r.model or handle.name, handle.spec.max_tokens)
+                job = chat_job(r, r.model or handle.name, handle.spec.defaults)
                 gen = await Generation.start(handle, job)
                 try:
                     async for ev in events(gen, job):

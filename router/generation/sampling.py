@@ -10,9 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from supervisor.errors import InvalidRequest
-from worker.protocol import SamplingParams
-
-MAX_STOP_STRINGS = 16
+from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES, SamplingParams
 
 Name = Callable[[str], str]
 
@@ -31,12 +29,8 @@ def _range(name: str, value: float, lo: float, hi: float) -> None:
 def check(p: SamplingParams, name: Name = _same, min_tokens: int = 1) -> None:
     """The samplers' ranges and the token limit (llama-server's /completion allows 0:
     prefill only)."""
-    _range(name("temperature"), p.temperature, 0.0, 2.0)
-    _range(name("top_p"), p.top_p, 0.0, 1.0)
-    _range(name("presence_penalty"), p.presence_penalty, -2.0, 2.0)
-    _range(name("frequency_penalty"), p.frequency_penalty, -2.0, 2.0)
-    _range(name("min_p"), p.min_p, 0.0, 1.0)
-    _range(name("repeat_penalty"), p.repeat_penalty, 0.0, 10.0)
+    for field, (lo, hi) in SAMPLING_RANGES.items():
+        _range(name(field), getattr(p, field), lo, hi)
     if p.repeat_penalty == 0.0:  # llama.cpp requires > 0; 1.0 disables it
         n = name("repeat_penalty")
         raise InvalidRequest(f"Invalid '{n}': must be > 0 (1.0 disables it).", n)

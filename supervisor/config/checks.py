@@ -14,8 +14,9 @@ from typing import Iterator
 
 from supervisor.capacity import parse_size
 from supervisor.config.key_paths import quote
-from supervisor.config.schema import ConfigFile
+from supervisor.config.schema import ConfigFile, ModelConfig
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
+from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
@@ -124,8 +125,7 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
-        if m.max_tokens is not None and m.max_tokens < 1:
-            yield f"{at}.max_tokens: must be at least 1, got {m.max_tokens}"
+        yield from _generation_problems(at, m)
         if m.max_queue is not None and m.max_queue < 0:
             yield f"{at}.max_queue: must be >= 0 (0: no waiting at all), got {m.max_queue}"
         if not _seconds(m.queue_timeout):
@@ -164,3 +164,30 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
                 yield f"{at}.aliases[{i}]: {alias!r} is already used by {seen[alias]}"
             else:
                 seen[alias] = f"{at}.aliases"
+
+
+def _generation_problems(at: str, m: ModelConfig) -> Iterator[str]:
+    """A model's generation defaults, held to the ranges a request's own values are."""
+    if m.max_tokens is not None and m.max_tokens < 1:
+        yield f"{at}.max_tokens: must be at least 1, got {m.max_tokens}"
+    if m.n_predict is not None:
+        if m.max_tokens is not None:
+            yield f"{at}.n_predict: set max_tokens or n_predict (llama-server's name for it), not both"
+        elif m.n_predict < -1:
+            yield f"{at}.n_predict: must be -1 (no limit) or at least 0, got {m.n_predict}"
+    for field, (lo, hi) in SAMPLING_RANGES.items():
+        value = getattr(m, field)
+        if value is not None and not lo <= value <= hi:  # NaN fails this too
+            yield f"{at}.{field}: must be {lo:g}..{hi:g}, got {value}"
+    if m.repeat_penalty == 0.0:
+        yield f"{at}.repeat_penalty: must be above 0 (1.0 disables it)"
+    if m.top_k is not None and m.top_k < 0:
+        yield f"{at}.top_k: must be >= 0 (0 disables it), got {m.top_k}"
+    if m.seed is not None and not -1 <= m.seed <= 0xFFFFFFFF:
+        yield f"{at}.seed: must be -1 (random) or 0..4294967295, got {m.seed}"
+    if m.stop is not None:
+        if len(m.stop) > MAX_STOP_STRINGS:
+            yield f"{at}.stop: at most {MAX_STOP_STRINGS} stop strings, got {len(m.stop)}"
+        if any(not s for s in m.stop):
+            yield f"{at}.stop: stop strings must not be empty"
+

@@ -23,6 +23,7 @@ from supervisor.config.key_paths import quote
 from supervisor.config.keys import KeyFileError, Keyring, KeySource
 from supervisor.config.schema import (
     Config,
+    GenerationDefaults,
     ConfigError,
     ConfigFile,
     ModelConfig,
@@ -31,7 +32,7 @@ from supervisor.config.schema import (
     SupervisorConfig,
 )
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
-from worker.protocol import options_of
+from worker.protocol import ModelOptions, options_of
 
 
 def parse(
@@ -81,7 +82,7 @@ def parse(
             pinned=m.pinned,
             max_queue=m.max_queue,
             queue_timeout=m.queue_timeout,
-            max_tokens=m.max_tokens,
+            **generation_defaults(m),
             # The worker's options pass as written, except a template file's path: it is
             # relative to the config file, which the worker knows nothing of.
             **options_of(replace(m, chat_template=_template(m.chat_template, base_dir))),
@@ -234,3 +235,10 @@ def _template(value: str | None, base_dir: Path) -> str | None:
     if value is None or value in BUILTIN_CHAT_TEMPLATES:
         return value
     return str(resolve_path(value, base_dir))
+
+
+def generation_defaults(m: ModelConfig) -> dict[str, object]:
+    """`m`'s generation defaults, as keyword arguments for its spec."""
+    own = set(GenerationDefaults.__struct_fields__) - set(ModelOptions.__struct_fields__)
+    return {name: getattr(m, name) for name in own}
+

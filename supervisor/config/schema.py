@@ -16,7 +16,7 @@ import msgspec
 
 from supervisor.config.convert import Seconds
 from supervisor.config.keys import ApiKeyTable, Keyring
-from worker.protocol import ModelOptions
+from worker.protocol import ModelOptions, SamplingParams
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -90,8 +90,51 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     reload_settle: Seconds = 0.5
 
 
-class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
-    """A `[models.NAME]` table: the worker's options (inherited), and the supervisor's own."""
+class GenerationDefaults(ModelOptions, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A model's generation defaults, as llama-server's command line sets them (--temp,
+    --seed, --n-predict, ...): a request that sets one of these itself wins. Unset: the
+    worker protocol's (llama-server's) defaults. The router's alone: a reload that changes
+    them takes effect without restarting the worker. Inherited by the config's table and
+    the resolved spec, so that each is declared once."""
+
+    # The token limit of a request that sets none (max_tokens, max_completion_tokens or
+    # n_predict). None: the chat runs until the model stops or the context is full, and
+    # a legacy completion stops at 16, as OpenAI's does. `n_predict` is llama-server's
+    # name for it (-1: no limit); set one of the two.
+    max_tokens: int | None = None
+    n_predict: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None  # -1: a random seed each request
+    stop: list[str] | None = None
+
+    @property
+    def defaults(self) -> SamplingParams:
+        """What a request that sets nothing gets: these over the protocol's defaults."""
+        given = {f: getattr(self, f) for f in _SAMPLING_KEYS if getattr(self, f) is not None}
+        if given.get("seed") == -1:
+            del given["seed"]
+        max_tokens = self.max_tokens
+        if max_tokens is None and self.n_predict is not None and self.n_predict >= 0:
+            max_tokens = self.n_predict
+        return SamplingParams(max_tokens=max_tokens, **given)
+
+
+# GenerationDefaults' keys that SamplingParams has under the same name.
+_SAMPLING_KEYS = (
+    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+    "frequency_penalty", "seed", "stop",
+)
+
+
+class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
+    """A `[models.NAME]` table: the worker's options and the generation defaults
+    (inherited), and the supervisor's own."""
 
     path: str
     aliases: list[str] = []
@@ -103,10 +146,6 @@ class ModelConfig(ModelOptions, forbid_unknown_fields=True, frozen=True):
     # limit).
     max_queue: int | None = None
     queue_timeout: Seconds = 0.0
-    # The token limit of a request that sets none (max_tokens, max_completion_tokens or
-    # n_predict). None: the chat runs until the model stops or the context is full, and
-    # a legacy completion stops at 16, as OpenAI's does.
-    max_tokens: int | None = None
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -131,7 +170,7 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-class ModelSpec(ModelOptions, frozen=True):
+class ModelSpec(GenerationDefaults, frozen=True):
     """A model as the supervisor runs it: config with paths resolved and defaults applied.
 
     A Struct like the config it comes from, so that it inherits the worker's options
@@ -146,7 +185,6 @@ class ModelSpec(ModelOptions, frozen=True):
     pinned: bool = False
     max_queue: int | None = None
     queue_timeout: float = 0.0
-    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,17 @@ slots = 4
 n_ctx = 2048
 chat_template = "gemma"
 
+# llama-server's --temp 1.0 --seed 42 --n-predict 10 --top-k 20, as a model's defaults.
+[models.seeded]
+path = "{MODEL}"
+slots = 2
+n_ctx = 1024
+chat_template = "gemma"
+temperature = 1.0
+seed = 42
+n_predict = 10
+top_k = 20
+
 [models.embed]
 path = "{MODEL}"
 embeddings = true
@@ -113,6 +124,29 @@ def test_n_choices_stream_with_their_indexes(client: openai.OpenAI) -> None:
                 finished.add(c.index)
     assert finished == {0, 1}
     assert text[0] and text[1]
+
+
+def test_a_models_generation_defaults_apply_and_a_request_wins(server: Server, client: openai.OpenAI) -> None:
+    """Issue 22, item 1: a model's temperature, seed and n_predict from its config are what
+    a request that sets none gets; streamed or not, the same seed gives the same text
+    (llama-server's test_completion.py test_consistent_result_same_seed, with --seed as
+    the server's default); the request's own values win."""
+    ask = [{"role": "user", "content": "Write a word."}]
+    client.chat.completions.create(model="seeded", messages=ask)  # the prompt is cached from here on
+    plain = client.chat.completions.create(model="seeded", messages=ask)
+    assert plain.usage is not None and plain.usage.completion_tokens <= 10
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="seeded", messages=ask, stream=True)
+        if c.choices
+    )
+    explicit = client.chat.completions.create(model="seeded", messages=ask, temperature=1.0, seed=42, max_tokens=10)
+    assert plain.choices[0].message.content == streamed == explicit.choices[0].message.content
+    longer = client.chat.completions.create(model="seeded", messages=ask, max_tokens=12, **GREEDY)
+    assert longer.usage is not None and longer.usage.completion_tokens <= 12
+    props = httpx.get(server.url + "/props", params={"model": "seeded"}).json()["default_generation_settings"]
+    params = props.get("params", props)
+    assert (params["temperature"], params["seed"], params["n_predict"], params["top_k"]) == (1.0, 42, 10, 20)
 
 
 # ---- logprobs -----------------------------------------------------------------------------------

@@ -200,3 +200,36 @@ async def test_a_reload_answers_with_a_file_read_after_the_request(
             for _ in range(5):
                 nursery.start_soon(ask)
         assert len(diffs) == 5 and all(d.removed == ("d",) for d in diffs)
+
+
+async def test_a_reload_of_generation_defaults_keeps_the_worker(tmp_path: Path, autojump_clock: object) -> None:
+    """A model's generation defaults (issue 22, item 1) and aliases are the router's: a
+    reload that changes only them applies at once, and the worker, with its request in
+    flight and its warm cache, keeps running. One that changes slots still restarts it."""
+    behaviours = {"c": Behaviour(tokens_per_sec=1.0)}
+    sup, launcher, path, _ = file_supervisor(tmp_path, behaviours, reload_settle=0.5)
+    async with running(sup):
+        c = sup.resolve("c")
+        results: list[str] = []
+
+        async def long_request() -> None:
+            results.append(await complete(sup, "c", max_tokens=20))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_request)
+            await until_state(c, State.READY)
+            changed = {"slots": 2, "temperature": 0.1, "seed": 7, "stop": ["END"], "aliases": ["cc"]}
+            write_config(path, {"a": {}, "b": {}, "c": changed}, reload_settle=0.5)
+            assert (await sup.reload_settled()).changed == ("c",)
+            await trio.sleep(1)  # the model's run loop adopts it
+            assert c.state is State.READY and not c.leaving
+            d = c.spec.defaults
+            assert (d.temperature, d.seed, d.stop) == (0.1, 7, ["END"])
+            assert sup.resolve("cc") is c
+        assert len(results) == 1 and results[0]
+        assert [s.name for s in launcher.starts] == ["c"]
+        write_config(path, {"a": {}, "b": {}, "c": {**changed, "slots": 3}}, reload_settle=0.5)
+        await sup.reload_settled()
+        await trio.sleep(5)  # the old worker stops (nothing in flight)
+        await complete(sup, "c", max_tokens=1)  # loads it again, with the new slots
+        assert [s.name for s in launcher.starts] == ["c", "c"] and c.spec.slots == 3

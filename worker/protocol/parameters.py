@@ -65,6 +65,20 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     logprobs: int | None = None
 
 
+# The ranges the router accepts for SamplingParams' float fields, inclusive (a request
+# out of them gets a 400, a config out of them is refused). The worker's samplers need no
+# more than this; OpenAI's ranges where OpenAI has the parameter.
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "min_p": (0.0, 1.0),
+    "repeat_penalty": (0.0, 10.0),
+}
+MAX_STOP_STRINGS = 16
+
+
 class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A function call an assistant made earlier in the conversation, as the client sent
     it: `arguments` is the JSON text, parsed only when a template renders it."""

@@ -134,12 +134,12 @@ def pick_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-def props_json(name: str, alias: str, ready: Ready, slots: int) -> dict[str, Any]:
-    """GET /props for one model. `model_path` is the model's name: a local path is not a
-    client's to see."""
+def props_json(name: str, alias: str, ready: Ready, slots: int, defaults: SamplingParams) -> dict[str, Any]:
+    """GET /props for one model; `defaults`: what a request that sets nothing gets.
+    `model_path` is the model's name: a local path is not a client's to see."""
     return {
         "default_generation_settings": _slot_json(
-            SlotState(id=0, n_ctx=ready.n_ctx_slot, is_processing=False), SamplingParams()
+            SlotState(id=0, n_ctx=ready.n_ctx_slot, is_processing=False), defaults
         ),
         "total_slots": slots,
         "model_alias": alias,
@@ -154,9 +154,10 @@ def props_json(name: str, alias: str, ready: Ready, slots: int) -> dict[str, Any
     }
 
 
-def slots_json(states: list[SlotState]) -> list[dict[str, Any]]:
-    """GET /slots: each slot as llama-server shows it; an idle slot shows the defaults."""
-    return [_slot_json(s, s.params or SamplingParams()) for s in states]
+def slots_json(states: list[SlotState], defaults: SamplingParams) -> list[dict[str, Any]]:
+    """GET /slots: each slot as llama-server shows it; an idle slot shows the model's
+    `defaults`."""
+    return [_slot_json(s, s.params or defaults) for s in states]
 
 
 def _slot_json(s: SlotState, params: SamplingParams) -> dict[str, Any]:

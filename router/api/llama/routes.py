@@ -64,7 +64,7 @@ def register(app: Blueprint, server: Server) -> None:
         r: NativeCompletionRequest = decode(await bodies.read_body(), NativeCompletionRequest)
         handle = generating_model(r.model)
         name = r.model if r.model is not None else handle.name
-        job = completion_job(r, name, handle.spec.max_tokens)
+        job = completion_job(r, name, handle.spec.defaults)
         prompt: str | list[int | str] = job.prompt if job.prompt is not None else list(job.prompt_parts or ())
         gen, events = await started(handle, job)
         ready = gen.conn.ready
@@ -137,7 +137,7 @@ def register(app: Blueprint, server: Server) -> None:
             ready = conn.ready
         if ready is None:
             raise InternalError("the worker is ready but sent no Ready frame")
-        return _json(props_json(handle.name, model or handle.name, ready, ready.slots))
+        return _json(props_json(handle.name, model or handle.name, ready, ready.slots, handle.spec.defaults))
 
     @app.get("/slots")
     async def slots() -> Response:
@@ -148,7 +148,7 @@ def register(app: Blueprint, server: Server) -> None:
             states = await conn.slots()
         if request.args.get("fail_on_no_slot", "") not in ("", "0", "false") and all(s.is_processing for s in states):
             raise WorkerUnavailable("no slot available", retry=True, retry_after=1.0)
-        return _json(slots_json(states))
+        return _json(slots_json(states, handle.spec.defaults))
 
 
 async def _prompt_text(conn: WorkerConnection, prompt: str | list[int | str]) -> str:

@@ -33,11 +33,11 @@ _OFF: dict[str, object] = {
 
 
 
-def native_params(r: NativeCompletionRequest, default_max_tokens: int | None = None) -> SamplingParams:
+def native_params(r: NativeCompletionRequest, defaults: SamplingParams = SamplingParams()) -> SamplingParams:
     """The worker's sampling parameters for a /completion request; 400 naming the
-    parameter for anything Corral cannot do. `default_max_tokens` is the model's limit
-    for a request that sets neither max_tokens nor n_predict (an explicit n_predict = -1
-    still means no limit)."""
+    parameter for anything Corral cannot do. `defaults` is what the model gives a request
+    that sets nothing; its token limit applies when the request sets neither max_tokens
+    nor n_predict (an explicit n_predict = -1 still means no limit)."""
     for name, off in _OFF.items():
         value = getattr(r, name)
         if value != off:
@@ -51,10 +51,10 @@ def native_params(r: NativeCompletionRequest, default_max_tokens: int | None = N
     if r.max_tokens is not None:  # llama-server takes max_tokens for n_predict
         max_tokens, param = r.max_tokens, "max_tokens"
     elif r.n_predict is None:
-        max_tokens, param = default_max_tokens, "max_tokens"
+        max_tokens, param = defaults.max_tokens, "max_tokens"
     else:
         max_tokens, param = request_fields.n_predict_tokens(r.n_predict), "n_predict"
-    params = request_fields.sampling_params(r, max_tokens, param, min_tokens=0)
+    params = request_fields.sampling_params(r, max_tokens, param, min_tokens=0, defaults=defaults)
     return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
 
 
@@ -86,9 +86,9 @@ def native_prompt(r: NativeCompletionRequest) -> str | list[int | str]:
     return parts
 
 
-def completion_job(r: NativeCompletionRequest, model: str, default_max_tokens: int | None) -> GenerationJob:
+def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingParams) -> GenerationJob:
     """`model`: the name the answer gives (the request's, or the default model's)."""
-    params = native_params(r, default_max_tokens)  # its 400s before the prompt's, as before
+    params = native_params(r, defaults)  # its 400s before the prompt's, as before
     prompt = native_prompt(r)
     return GenerationJob(
         model=model,

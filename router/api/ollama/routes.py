@@ -34,6 +34,7 @@ from router.server.json_body import decode
 from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import idle_limit
+from worker.protocol import SamplingParams
 
 # The Ollama release whose API this follows (docs/api.md); clients compare it.
 VERSION = "0.6.4"
@@ -68,18 +69,18 @@ def register(app: Blueprint, server: Server) -> None:
         return handle
 
     async def generation(
-        name: str, chat: bool, empty: bool, kept: KeepAlive, job_of: Callable[[int | None], GenerationJob]
+        name: str, chat: bool, empty: bool, kept: KeepAlive, job_of: Callable[[SamplingParams], GenerationJob]
     ) -> Response:
         """/api/chat's or /api/generate's answer; `empty`: the request has nothing to answer
         (no messages, or no prompt), which loads the model, or with keep_alive 0 unloads it.
-        `job_of` builds the job from the model's token limit."""
+        `job_of` builds the job from the model's generation defaults."""
         reply = Reply(model=name, chat=chat, record=access_log.current())
         if empty and kept.seconds == 0:
             # Ollama unloads before it asks what the model can do: `ollama stop` works on
             # an embedding model too.
             return done(reply, await load_or_unload(resolve(name, generating=False), kept))
         handle = resolve(name)
-        job = job_of(handle.spec.max_tokens)  # the body's 400s, before any load
+        job = job_of(handle.spec.defaults)  # the body's 400s, before any load
         if empty:
             return done(reply, await load_or_unload(handle, kept))
         return await answer(

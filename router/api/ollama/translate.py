@@ -57,19 +57,19 @@ def keep_alive(value: KeepAliveValue) -> KeepAlive:
     return KeepAlive(sign * seconds)
 
 
-def sampling_params(o: OllamaOptions | None, default_max_tokens: int | None) -> SamplingParams:
+def sampling_params(o: OllamaOptions | None, defaults: SamplingParams) -> SamplingParams:
     """The worker's sampling parameters from `options`; what a request leaves unset takes
-    the worker's defaults (llama-server's, which Ollama's match) and the model's token
-    limit. The runner's own options (num_ctx, num_gpu, ...) are the config's to set:
-    accepted and left alone."""
+    the model's `defaults` (its config's over llama-server's, which Ollama's match). The
+    runner's own options (num_ctx, num_gpu, ...) are the config's to set: accepted and
+    left alone."""
     o = o or OllamaOptions()
-    d = SamplingParams()
+    d = defaults
     if o.typical_p not in (None, 1.0):
         raise Unsupported("'options.typical_p' is not supported (only its default, 1.0).", "options.typical_p")
     if o.mirostat not in (None, 0):
         raise Unsupported("'options.mirostat' is not supported (only 0, off).", "options.mirostat")
     if o.num_predict is None:
-        max_tokens = default_max_tokens
+        max_tokens = d.max_tokens
     elif o.num_predict in (-1, -2):  # no limit; until the context is full (the same here)
         max_tokens = None
     elif o.num_predict < -2:
@@ -79,14 +79,14 @@ def sampling_params(o: OllamaOptions | None, default_max_tokens: int | None) -> 
         )
     else:
         max_tokens = o.num_predict
-    stops = list(o.stop or [])
+    stops = d.stop if o.stop is None else list(o.stop)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=d.temperature if o.temperature is None else o.temperature,
         top_p=d.top_p if o.top_p is None else o.top_p,
         top_k=d.top_k if o.top_k is None else o.top_k,
         min_p=d.min_p if o.min_p is None else o.min_p,
-        seed=None if o.seed is None or o.seed == -1 else o.seed,  # -1: random, as Ollama
+        seed=d.seed if o.seed is None else None if o.seed == -1 else o.seed,  # -1: random, as Ollama
         repeat_penalty=d.repeat_penalty if o.repeat_penalty is None else o.repeat_penalty,
         repeat_last_n=d.repeat_last_n if o.repeat_last_n is None else o.repeat_last_n,
         presence_penalty=d.presence_penalty if o.presence_penalty is None else o.presence_penalty,
@@ -184,8 +184,8 @@ def _calls(calls: Any, at: str, i: int) -> list[ToolCall] | None:
     return out
 
 
-def chat_job(r: OllamaChatRequest, model: str, default_max_tokens: int | None) -> GenerationJob:
-    params = _constraint(sampling_params(r.options, default_max_tokens), r.format)
+def chat_job(r: OllamaChatRequest, model: str, defaults: SamplingParams) -> GenerationJob:
+    params = _constraint(sampling_params(r.options, defaults), r.format)
     return GenerationJob(
         model=model,
         params=params,
@@ -198,7 +198,7 @@ def chat_job(r: OllamaChatRequest, model: str, default_max_tokens: int | None) -
     )
 
 
-def generate_job(r: OllamaGenerateRequest, model: str, default_max_tokens: int | None) -> GenerationJob:
+def generate_job(r: OllamaGenerateRequest, model: str, defaults: SamplingParams) -> GenerationJob:
     """A prompt in the model's template (system, then the user's turn), or `raw` text."""
     for name, value, why in (
         ("suffix", r.suffix, "fill-in-the-middle is not supported"),
@@ -209,7 +209,7 @@ def generate_job(r: OllamaGenerateRequest, model: str, default_max_tokens: int |
             raise Unsupported(f"'{name}' is not supported: {why}.", name)
     if r.images:
         raise Unsupported("'images' are not supported (Corral runs text models).", "images")
-    params = _constraint(sampling_params(r.options, default_max_tokens), r.format)
+    params = _constraint(sampling_params(r.options, defaults), r.format)
     stream, kept = r.stream is not False, keep_alive(r.keep_alive)
     if r.raw:
         if r.system:

@@ -23,23 +23,29 @@ from router.api.openai.schemas import (
 
 
 def sampling_params(
-    r: SamplingFields, max_tokens: int | None, max_tokens_param: str = "max_tokens", min_tokens: int = 1
+    r: SamplingFields,
+    max_tokens: int | None,
+    max_tokens_param: str = "max_tokens",
+    min_tokens: int = 1,
+    defaults: SamplingParams = SamplingParams(),
 ) -> SamplingParams:
-    """Validate the shared parameters and build the worker's view of them. The token limit
-    came from `max_tokens_param` (n_predict, for llama-server's clients), which names it in
-    a 400; llama-server's /completion allows 0 (prefill only)."""
-    stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+    """Validate the shared parameters and build the worker's view of them; what the
+    request leaves unset comes from the model's `defaults`. The token limit came from
+    `max_tokens_param` (n_predict, for llama-server's clients), which names it in a 400;
+    llama-server's /completion allows 0 (prefill only)."""
+    stops = defaults.stop if r.stop is None else [r.stop] if isinstance(r.stop, str) else list(r.stop)
+    d = defaults
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        seed=r.seed,
-        repeat_penalty=r.repeat_penalty,
+        temperature=d.temperature if r.temperature is None else r.temperature,
+        top_p=d.top_p if r.top_p is None else r.top_p,
+        top_k=d.top_k if r.top_k is None else r.top_k,
+        min_p=d.min_p if r.min_p is None else r.min_p,
+        seed=d.seed if r.seed is None else r.seed,
+        repeat_penalty=d.repeat_penalty if r.repeat_penalty is None else r.repeat_penalty,
         repeat_last_n=r.repeat_last_n,
-        presence_penalty=r.presence_penalty,
-        frequency_penalty=r.frequency_penalty,
+        presence_penalty=d.presence_penalty if r.presence_penalty is None else r.presence_penalty,
+        frequency_penalty=d.frequency_penalty if r.frequency_penalty is None else r.frequency_penalty,
         stop=stops,
         ignore_eos=r.ignore_eos,
         timings_per_token=r.timings_per_token,

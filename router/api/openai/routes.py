@@ -71,14 +71,14 @@ def register(app: Blueprint, server: Server) -> None:
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
         handle = generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
-        return await _answer(handle, chat_job(r, r.model or handle.name, handle.spec.max_tokens))
+        return await _answer(handle, chat_job(r, r.model or handle.name, handle.spec.defaults))
 
     @app.post("/v1/completions")
     @app.post("/completions")
     async def completions() -> Response:
         r: schemas.CompletionRequest = decode(await bodies.read_body(), schemas.CompletionRequest)
         handle = generating_model(r.model)
-        return await _answer(handle, completion_job(r, r.model or handle.name, handle.spec.max_tokens))
+        return await _answer(handle, completion_job(r, r.model or handle.name, handle.spec.defaults))
 
     def generating_model(model: str | None) -> ModelHandle:
         handle = resolve(model)

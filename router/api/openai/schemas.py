@@ -12,10 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from router.generation import sampling
-from worker.protocol import SamplingParams
-
-MAX_STOP_STRINGS = sampling.MAX_STOP_STRINGS
+from worker.protocol import MAX_STOP_STRINGS, SamplingParams
 MAX_N = 128  # choices per prompt, as OpenAI
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs and completions' logprobs, as OpenAI's chat
 LOGIT_BIAS_RANGE = 100.0
@@ -71,22 +68,23 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
 
     model: str | None = None  # None: the server's default_model
     max_tokens: Int32 | None = None
-    # What a request leaves unset takes the worker protocol's defaults (llama-server's).
-    temperature: float = _DEFAULT.temperature
-    top_p: float = _DEFAULT.top_p
+    # What a request leaves unset (or sends as null) takes the model's defaults: its
+    # config's, else the worker protocol's (llama-server's).
+    temperature: float | None = None
+    top_p: float | None = None
     n: Int32 = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    presence_penalty: float = _DEFAULT.presence_penalty
-    frequency_penalty: float = _DEFAULT.frequency_penalty
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted and ignored (see IGNORED)
     # llama.cpp extensions, as llama-server names them.
-    top_k: Int32 = _DEFAULT.top_k
-    min_p: float = _DEFAULT.min_p
-    repeat_penalty: float = _DEFAULT.repeat_penalty
+    top_k: Int32 | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
     repeat_last_n: Int32 = _DEFAULT.repeat_last_n
     ignore_eos: bool = _DEFAULT.ignore_eos
     # llama-server's own: n_predict stands for max_tokens when that is absent (-1: no

@@ -12,16 +12,16 @@ from router.generation.job import GenerationJob
 from worker.protocol import Constraint, SamplingParams
 
 
-def chat_job(r: schemas.ChatRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
+def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = SamplingParams()) -> GenerationJob:
     """`model` is the name the response gives: the request's, or the default model's;
-    `default_max_tokens` the model's limit for a request that sets none."""
+    `defaults` what the model gives a request that sets nothing (its token limit too)."""
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     param = "max_tokens"
     if max_tokens is None and r.n_predict is not None:
         max_tokens, param = request_fields.n_predict_tokens(r.n_predict), "n_predict"
     elif max_tokens is None:
-        max_tokens = default_max_tokens
-    params = request_fields.sampling_params(r, max_tokens, param)
+        max_tokens = defaults.max_tokens
+    params = request_fields.sampling_params(r, max_tokens, param, defaults=defaults)
     params = msgspec.structs.replace(params, logprobs=request_fields.chat_logprobs(r))
     return GenerationJob(
         model=model,
@@ -35,8 +35,9 @@ def chat_job(r: schemas.ChatRequest, model: str, default_max_tokens: int | None 
     )
 
 
-def completion_job(r: schemas.CompletionRequest, model: str, default_max_tokens: int | None = None) -> GenerationJob:
-    params = request_fields.sampling_params(r, *_completion_max_tokens(r, default_max_tokens))
+def completion_job(r: schemas.CompletionRequest, model: str, defaults: SamplingParams = SamplingParams()) -> GenerationJob:
+    max_tokens, param = _completion_max_tokens(r, defaults.max_tokens)
+    params = request_fields.sampling_params(r, max_tokens, param, defaults=defaults)
     params = msgspec.structs.replace(params, logprobs=request_fields.completion_logprobs(r))
     prompts = request_fields.completion_prompts(r)
     one = prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None

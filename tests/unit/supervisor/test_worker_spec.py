@@ -10,13 +10,16 @@ from typing import Any
 import msgspec
 
 from supervisor.config import ModelConfig, ModelSpec, parse
+from supervisor.config.schema import GenerationDefaults
 from supervisor.launcher import worker_spec
 from worker.protocol import ModelOptions, WorkerSpec, options_of
 from tests.harness import write_gguf
 
 # The keys of a [models.NAME] table that only the supervisor acts on. A new key that the
 # worker needs belongs in ModelOptions instead, where it reaches the worker by itself.
-SUPERVISOR_ONLY = {"path", "aliases", "idle_timeout", "preload", "pinned", "max_queue", "queue_timeout", "max_tokens"}
+SUPERVISOR_ONLY = {"path", "aliases", "idle_timeout", "preload", "pinned", "max_queue", "queue_timeout"} | (
+    set(GenerationDefaults.__struct_fields__) - set(ModelOptions.__struct_fields__)  # the router applies these
+)
 
 
 def fields(cls: type[msgspec.Struct]) -> set[str]:

@@ -8,6 +8,7 @@ import pytest
 
 from supervisor.config import Config, ConfigError, load, parse
 from tests.harness import write_gguf
+from worker.protocol import SamplingParams
 
 
 @pytest.fixture
@@ -361,10 +362,42 @@ def test_slots_bounds_accepted(base: Path, slots: int) -> None:
         ("n_gpu_layers = -2", "models.a.n_gpu_layers"),
         ("idle_timeout = -1", "models.a.idle_timeout"),
         ('pooling = "mean"', "models.a.pooling"),  # without embeddings = true
+        # Generation defaults, held to a request's ranges (issue 22, item 1).
+        ("temperature = 2.5", "models.a.temperature"),
+        ("temperature = nan", "models.a.temperature"),
+        ("top_p = 1.5", "models.a.top_p"),
+        ("min_p = -0.1", "models.a.min_p"),
+        ("top_k = -1", "models.a.top_k"),
+        ("repeat_penalty = 0.0", "models.a.repeat_penalty"),
+        ("presence_penalty = 3", "models.a.presence_penalty"),
+        ("frequency_penalty = -3", "models.a.frequency_penalty"),
+        ("seed = -2", "models.a.seed"),
+        ("seed = 4294967296", "models.a.seed"),
+        ('stop = [""]', "models.a.stop"),
+        ("n_predict = -2", "models.a.n_predict"),
+        ("n_predict = 5\nmax_tokens = 5", "models.a.n_predict"),
+        ('temperature = "hot"', "models.a.temperature"),
     ],
 )
 def test_model_range_checks(base: Path, line: str, key: str) -> None:
     assert one_problem(MINIMAL + line + "\n", base).startswith(key + ":")
+
+
+def test_generation_defaults_become_the_models_sampling_defaults(base: Path) -> None:
+    """llama-server's --temp 0.2 --top-k 5 --seed 42 --n-predict 64 -r END, as a model
+    table sets them (issue 22, item 1); the rest keep the protocol's defaults."""
+    text = MINIMAL + 'temperature = 0.2\ntop_k = 5\nseed = 42\nn_predict = 64\nstop = ["END"]\n'
+    d = parse(text, base).models["a"].defaults
+    assert (d.temperature, d.top_k, d.seed, d.max_tokens, d.stop) == (0.2, 5, 42, 64, ["END"])
+    assert (d.top_p, d.min_p) == (SamplingParams().top_p, SamplingParams().min_p)
+    # seed -1 and n_predict -1 are llama-server's "random" and "no limit".
+    d = parse(MINIMAL + "seed = -1\nn_predict = -1\n", base).models["a"].defaults
+    assert (d.seed, d.max_tokens) == (None, None)
+    assert parse(MINIMAL + "max_tokens = 9\n", base).models["a"].defaults.max_tokens == 9
+    # [model_defaults] sets them for every model; a table's own key wins.
+    text = "[model_defaults]\ntemperature = 0.0\ntop_k = 1\n" + MINIMAL + "top_k = 7\n"
+    d = parse(text, base).models["a"].defaults
+    assert (d.temperature, d.top_k) == (0.0, 7)
 
 
 def test_bad_pooling_value(base: Path) -> None:

@@ -46,13 +46,23 @@ def test_options_set_the_samplers_and_the_rest_keep_the_defaults() -> None:
     p = sampling_params(
         OllamaOptions(num_predict=7, temperature=0.0, top_k=5, top_p=0.5, min_p=0.1, repeat_penalty=1.1,
                 repeat_last_n=32, presence_penalty=0.5, frequency_penalty=0.25, seed=42, stop=["\n"], num_ctx=99),
-        None,
+        SamplingParams(),
     )
     assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p) == (7, 0.0, 5, 0.5, 0.1)
     assert (p.repeat_penalty, p.repeat_last_n, p.presence_penalty, p.frequency_penalty) == (1.1, 32, 0.5, 0.25)
     assert (p.seed, p.stop) == (42, ["\n"])
-    assert sampling_params(None, 64) == SamplingParams(max_tokens=64)
-    assert sampling_params(OllamaOptions(num_predict=-1, seed=-1), 64) == SamplingParams(max_tokens=None, seed=None)
+    assert sampling_params(None, SamplingParams(max_tokens=64)) == SamplingParams(max_tokens=64)
+    assert sampling_params(OllamaOptions(num_predict=-1, seed=-1), SamplingParams(max_tokens=64)) == SamplingParams(max_tokens=None, seed=None)
+
+
+def test_the_models_defaults_fill_what_options_leave_unset() -> None:
+    """A model's config defaults (llama-server's --temp, --seed, ... ; issue 22 item 1)
+    apply to Ollama's options too; an option the request sets wins."""
+    model = SamplingParams(max_tokens=9, temperature=0.1, top_k=3, seed=5, stop=["END"], presence_penalty=0.5)
+    p = sampling_params(OllamaOptions(top_k=7), model)
+    assert (p.max_tokens, p.temperature, p.top_k, p.seed, p.stop, p.presence_penalty) == (9, 0.1, 7, 5, ["END"], 0.5)
+    p = sampling_params(OllamaOptions(seed=-1, stop=[], num_predict=2), model)
+    assert (p.seed, p.stop, p.max_tokens) == (None, [], 2)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +81,7 @@ def test_options_set_the_samplers_and_the_rest_keep_the_defaults() -> None:
 )
 def test_a_bad_option_is_a_400_naming_it(options: OllamaOptions, param: str) -> None:
     with pytest.raises(CorralError) as exc:
-        sampling_params(options, None)
+        sampling_params(options, SamplingParams())
     assert exc.value.param == param and param in exc.value.message
 
 
@@ -85,7 +95,7 @@ def test_an_option_of_the_wrong_type_or_size_is_a_400_naming_it() -> None:
 
 def test_unknown_keys_are_ignored_as_ollama_ignores_them() -> None:
     r = chat(messages=[], tools=[], options={"low_vram": True, "f16_kv": True}, unknown_key=1)
-    job = chat_job(r, "m", None)
+    job = chat_job(r, "m", SamplingParams())
     assert job.tools.offered is None  # the Python client's `tools: []` is no tools
     assert job.stream is True  # stream is on unless a request turns it off
 
@@ -125,26 +135,26 @@ def test_a_bad_message_is_a_400_naming_its_field(message: dict[str, Any], param:
 
 
 def test_format_json_is_any_object_and_a_schema_constrains_as_given() -> None:
-    job = chat_job(chat(messages=[{"role": "user", "content": "x"}], format="json"), "m", None)
+    job = chat_job(chat(messages=[{"role": "user", "content": "x"}], format="json"), "m", SamplingParams())
     assert job.params.constraint is not None and job.params.constraint.param == "format"
     # The same grammar as OpenAI's json_object: any one JSON object.
     any_object = structured.constraint([(ANY_OBJECT, "format")])
     assert job.params.constraint == any_object
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    c = chat_job(chat(messages=[], format=schema), "m", None).params.constraint
+    c = chat_job(chat(messages=[], format=schema), "m", SamplingParams()).params.constraint
     assert c is not None and json.loads(c.source)["required"] == ["a"]
-    assert chat_job(chat(messages=[], format=""), "m", None).params.constraint is None
+    assert chat_job(chat(messages=[], format=""), "m", SamplingParams()).params.constraint is None
     with pytest.raises(InvalidRequest) as exc:
-        chat_job(chat(messages=[], format="yaml"), "m", None)
+        chat_job(chat(messages=[], format="yaml"), "m", SamplingParams())
     assert exc.value.param == "format"
 
 
 def test_think_false_turns_thinking_off_and_keep_alive_rides_on_the_job() -> None:
-    job = chat_job(chat(messages=[], think=False, keep_alive="10m"), "m", None)
+    job = chat_job(chat(messages=[], think=False, keep_alive="10m"), "m", SamplingParams())
     assert job.template_kwargs == {"enable_thinking": False} and job.keep_alive == KeepAlive(600.0)
-    assert chat_job(chat(messages=[], think="high"), "m", None).template_kwargs is None
+    assert chat_job(chat(messages=[], think="high"), "m", SamplingParams()).template_kwargs is None
     with pytest.raises(InvalidRequest) as exc:
-        chat_job(chat(messages=[], think="very"), "m", None)
+        chat_job(chat(messages=[], think="very"), "m", SamplingParams())
     assert exc.value.param == "think"
 
 
@@ -153,14 +163,14 @@ def test_generate_renders_system_and_prompt_as_a_chat_unless_raw() -> None:
         r: OllamaGenerateRequest = msgspec.json.decode(json.dumps({"model": "m", **body}), type=OllamaGenerateRequest)
         return r
 
-    job = generate_job(gen(prompt="hi", system="be brief", stream=False), "m", None)
+    job = generate_job(gen(prompt="hi", system="be brief", stream=False), "m", SamplingParams())
     assert job.messages == (ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi"))
     assert job.stream is False and job.prompt is None
-    raw = generate_job(gen(prompt="<s>hi", raw=True), "m", None)
+    raw = generate_job(gen(prompt="<s>hi", raw=True), "m", SamplingParams())
     assert raw.messages is None and raw.prompt == "<s>hi"
     for body, param in (({"suffix": "end"}, "suffix"), ({"template": "{{ .Prompt }}"}, "template"),
                         ({"context": [1, 2]}, "context"), ({"images": ["aGk="]}, "images"),
                         ({"raw": True, "system": "s"}, "system")):
         with pytest.raises(CorralError) as exc:
-            generate_job(gen(prompt="x", **body), "m", None)
+            generate_job(gen(prompt="x", **body), "m", SamplingParams())
         assert exc.value.param == param

@@ -10,6 +10,7 @@ import pytest
 from router.api.openai import fields as rf
 from router.server.json_body import decode
 from router.api.openai import schemas as s
+from router.api.openai import translate
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
@@ -170,16 +171,27 @@ def test_sampling_params_defaults_are_llama_servers() -> None:
 
 
 @pytest.mark.parametrize("kind", [s.ChatRequest, s.CompletionRequest])
-def test_request_sampling_defaults_are_the_protocols(kind: type[msgspec.Struct]) -> None:
+def test_request_sampling_defaults_are_the_protocols(kind: type[s.SamplingFields]) -> None:
     """Issue 9, item 2 (20b2548): the router had 0.8/40/0.95/0.05 and SamplingParams
-    1.0/0/1.0/0, so a frame built directly sampled differently from an HTTP request."""
-    request_defaults = {f.name: f.default for f in msgspec.structs.fields(kind)}
-    shared = [f for f in msgspec.structs.fields(SamplingParams) if f.name in request_defaults]
-    assert {f.name for f in shared} >= {"temperature", "top_p", "top_k", "min_p", "repeat_penalty"}
-    for f in shared:
-        # Request shapes differ from the frame's for these.
-        if f.name not in ("max_tokens", "stop", "seed", "logit_bias", "logprobs"):
-            assert request_defaults[f.name] == f.default, f.name
+    1.0/0/1.0/0, so a frame built directly sampled differently from an HTTP request. A
+    request that sets nothing now takes the model's defaults, the protocol's unless the
+    config says otherwise (issue 22, item 1)."""
+    assert rf.sampling_params(kind(), None) == SamplingParams()
+
+
+def test_the_models_defaults_fill_what_the_request_leaves_unset() -> None:
+    """llama-server's --temp, --top-k, --seed, ... as a model's config (issue 22, item 1):
+    what the request sets wins, null included as unset (OpenAI's parameters are nullable)."""
+    model = SamplingParams(temperature=0.1, top_k=3, top_p=0.5, min_p=0.2, seed=5, repeat_penalty=1.3,
+                           presence_penalty=0.5, frequency_penalty=0.25, stop=["END"])
+    assert rf.sampling_params(chat(), None, defaults=model) == model
+    assert rf.sampling_params(chat(temperature=None, seed=None, stop=None), None, defaults=model) == model
+    mine = rf.sampling_params(chat(temperature=1.5, top_k=0, seed=9, stop=[], presence_penalty=0), None, defaults=model)
+    assert (mine.temperature, mine.top_k, mine.seed, mine.stop, mine.presence_penalty) == (1.5, 0, 9, [], 0.0)
+    assert (mine.top_p, mine.min_p, mine.repeat_penalty, mine.frequency_penalty) == (0.5, 0.2, 1.3, 0.25)
+    job = translate.chat_job(chat(), "m", SamplingParams(max_tokens=7, temperature=0.0))
+    assert (job.params.max_tokens, job.params.temperature) == (7, 0.0)
+    assert translate.chat_job(chat(max_tokens=3), "m", SamplingParams(max_tokens=7)).params.max_tokens == 3
 
 
 def test_sampling_params_maps_everything() -> None:
