@@ -147,7 +147,11 @@ def own_origin(scheme: str, host: str | None, forwarded_proto: str | None = None
 
 
 def origin_allowed(origin: str, cors_origins: Sequence[str], own: Origin | None) -> bool:
-    """Whether a request sent by a page of `origin` may be served."""
+    """Whether a request sent by a page of `origin` may be served. A cors_origins entry is
+    "*" (any page), an origin (scheme://host[:port], that one alone), or a host pattern
+    as llama-server's --cors-origins takes one: "localhost" (any loopback page: localhost,
+    127.0.0.1, [::1], any scheme and port), a name ("chat.example", any scheme and port)
+    or ".example.com" (that name and every name under it)."""
     if "*" in cors_origins:
         return True
     parsed = parse_origin(origin)
@@ -155,7 +159,17 @@ def origin_allowed(origin: str, cors_origins: Sequence[str], own: Origin | None)
         return False
     if own is not None and parsed == own:
         return True
-    return any(parse_origin(o) == parsed for o in cors_origins)
+    return any(_origin_matches(parsed, entry) for entry in cors_origins)
+
+
+def _origin_matches(origin: Origin, entry: str) -> bool:
+    if "://" in entry:
+        return parse_origin(entry) == origin
+    name = origin[1].strip("[]")
+    e = entry.lower().strip("[]").rstrip(".")
+    if e == "localhost":
+        return name in ("localhost", "127.0.0.1", "::1")
+    return name == e or (e.startswith(".") and (name == e[1:] or name.endswith(e)))
 
 
 def install(app: QuartTrio, supervisor: Supervisor) -> None:
@@ -170,6 +184,8 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
         sent = any(name == b"host" for name, _ in request.scope.get("headers", ()))
         host = request.headers.get("host") if sent else None
         origin = request.headers.get("origin")
+        if request.method == "OPTIONS" and "access-control-request-method" in request.headers:
+            origin = None  # a preflight does nothing: router/server/cors.py answers it, allowed or not
         own = own_origin(
             request.scheme, host, request.headers.get("x-forwarded-proto"), request.headers.get("x-forwarded-host")
         )

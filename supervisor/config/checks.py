@@ -91,10 +91,11 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
     if srv.pid_file is not None and not resolve_path(srv.pid_file, base_dir).parent.is_dir():
         yield f"server.pid_file: no such folder: {resolve_path(srv.pid_file, base_dir).parent}"
     for i, origin in enumerate(srv.cors_origins):
-        if not _ORIGIN.fullmatch(origin):
+        if not _ORIGIN.fullmatch(origin) and not _host_entry(origin):
             yield (
                 f"server.cors_origins[{i}]: {origin!r} is not an origin: scheme://host[:port] "
-                'with no path (as a browser sends it), or "*"'
+                'with no path (as a browser sends it), a host pattern ("localhost", '
+                '"chat.example", ".example.com") or "*"'
             )
     for i, host in enumerate(srv.allowed_hosts):
         if host != "*" and not _host_entry(host):

@@ -227,13 +227,17 @@ async def test_cors_preflight_needs_no_key_and_errors_carry_the_origin(tmp_path:
         "access-control-request-method": "POST",
         "access-control-request-headers": "authorization, content-type, x-stainless-lang",
     }
+    # 200, as llama-server answers a preflight (llama.cpp's test_security.py, test_cors_options).
     r = await client.options("/v1/chat/completions", headers=ask, scope_base=REMOTE)
-    assert r.status_code == 204
+    assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == "https://app.example"
     assert r.headers["access-control-allow-headers"] == ask["access-control-request-headers"]
-    # A page the config does not name gets no CORS answer: it is refused before the key
-    # check (issue 20, item 5: router/server/site_guard.py).
+    # A page the config does not name gets a preflight answer that allows nothing (as
+    # llama-server's test_cors_origins_localhost_rejects expects), and its requests are
+    # refused before the key check (issue 20, item 5: router/server/site_guard.py).
     r = await client.options("/v1/chat/completions", headers={**ask, "origin": "https://evil.example"}, scope_base=REMOTE)
+    assert r.status_code == 200 and not any(h.lower().startswith("access-control-") for h in r.headers.keys())
+    r = await client.post("/v1/chat/completions", headers={"origin": "https://evil.example", **_bearer(API)}, scope_base=REMOTE)
     assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     # The page can read an error's body and its headers.
     r = await client.get("/v1/models", headers={"origin": "https://app.example"}, scope_base=REMOTE)

@@ -165,7 +165,40 @@ def test_cors_allows_configured_origins_only() -> None:
     assert cors.allowed("https://app.example.evil", origins) is None
     assert cors.allowed(None, origins) is None
     assert cors.allowed("https://app.example", []) is None
-    assert cors.allowed("https://anything", ["*"]) == "*"
+    # "*" echoes the page's origin, as llama-server's default (--cors-origins "*" with
+    # credentials) does (server-http.cpp, set_pre_routing_handler): a browser refuses a
+    # literal "*" to a page that sends credentials.
+    assert cors.allowed("https://anything", ["*"]) == "https://anything"
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [  # llama.cpp's test_security.py, test_cors_origins_localhost_reflects / _rejects
+        ("http://localhost", True),
+        ("http://localhost:8080", True),
+        ("http://127.0.0.1", True),
+        ("http://127.0.0.1:3000", True),
+        ("http://[::1]", True),
+        ("http://[::1]:3000", True),
+        ("https://localhost:8443", True),
+        ("http://web.mydomain.fr", False),
+        ("http://evil.com", False),
+        ("http://notlocalhost", False),
+        ("http://localhost.evil.com", False),
+    ],
+)
+def test_cors_localhost_is_any_loopback_page(origin: str, allowed: bool) -> None:
+    """llama-server's --cors-origins localhost: a page on this machine, any port."""
+    assert (cors.allowed(origin, ["localhost"]) == origin) is allowed
+
+
+def test_cors_host_patterns_take_any_scheme_and_port() -> None:
+    assert cors.allowed("https://chat.example:8443", ["chat.example"]) == "https://chat.example:8443"
+    assert cors.allowed("http://chat.example", ["chat.example"]) == "http://chat.example"
+    assert cors.allowed("https://a.chat.example", ["chat.example"]) is None
+    assert cors.allowed("https://a.b.example.com", [".example.com"]) == "https://a.b.example.com"
+    assert cors.allowed("https://example.com", [".example.com"]) == "https://example.com"
+    assert cors.allowed("https://badexample.com", [".example.com"]) is None
 
 
 def test_a_preflight_allows_what_the_page_asked_for() -> None:
@@ -173,6 +206,8 @@ def test_a_preflight_allows_what_the_page_asked_for() -> None:
     assert h["access-control-allow-origin"] == "https://app.example"
     assert h["access-control-allow-headers"] == "authorization, content-type, x-stainless-os"
     assert "POST" in h["access-control-allow-methods"] and h["access-control-max-age"] == "600"
+    assert "DELETE" in h["access-control-allow-methods"]  # /models/unload's peers, /v1/responses/{id}
+    assert h["access-control-allow-credentials"] == "true"  # as llama-server's
     assert "access-control-allow-headers" not in cors.preflight_headers("*", None)
 
 
@@ -191,7 +226,7 @@ def test_tls_needs_both_files(tmp_path: Path) -> None:
     assert exc.value.problems == [f"server.tls_key: no such file: {tmp_path / 'key.pem'}"]
 
 
-@pytest.mark.parametrize("origin", ["https://app.example/", "app.example", "https://a.example/path", "", "* "])
+@pytest.mark.parametrize("origin", ["https://app.example/", "app.example:80", "https://a.example/path", "", "* ", "a b"])
 def test_cors_origins_must_be_origins(tmp_path: Path, origin: str) -> None:
     with pytest.raises(ConfigError) as exc:
         _parse(tmp_path, cors_origins=["https://ok.example", origin])
