@@ -34,7 +34,7 @@ from typing import Any
 
 from corral.admin_target import KEY_ENV, URL_ENV, read_key, url_from_server
 from supervisor import pid_file
-from supervisor.config import Config
+from supervisor.config import Config, listen_hosts
 
 ENV_URL, ENV_ADMIN_KEY = URL_ENV, KEY_ENV
 _MAX_ANSWER = 1 << 20  # an answer is a few names; --url may point anywhere
@@ -62,7 +62,7 @@ def target(cfg: Config, url: str | None, admin_key_file: str | None) -> Target:
     unreadable key file."""
     srv = cfg.server
     url = url or os.environ.get(ENV_URL) or url_from_server(
-        {"host": srv.host, "port": srv.port, "tls_cert": srv.tls_cert}
+        {"host": listen_hosts(srv)[0], "port": srv.port, "tls_cert": srv.tls_cert}
     )
     try:
         key = read_key(admin_key_file, os.environ)

@@ -24,7 +24,7 @@ from router.app import create_app
 from router.server.auth import refuse_bind
 from supervisor import pid_file
 from supervisor.config import search as config_search
-from supervisor.config import Config, ConfigError, load, without_file
+from supervisor.config import Config, ConfigError, listen_hosts, load, without_file
 from supervisor.supervisor import Supervisor
 from supervisor.systemd import Notifier
 from worker import log_format
@@ -52,7 +52,7 @@ async def serve(
     cfg = supervisor.config
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
-    hc.bind = [bind_address(cfg.server.host, cfg.server.port)]
+    hc.bind = [bind_address(host, cfg.server.port) for host in listen_hosts(cfg.server)]
     # hypercorn's messages through our logging (its own handler would print every line
     # twice, and not as JSON); the access log is Corral's own (router/server/access_log.py).
     hc.errorlog = logging.getLogger("hypercorn.error")
@@ -156,9 +156,10 @@ def serve_command(args: argparse.Namespace) -> int:
         return 1
     log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
     os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
-    if (why := refuse_bind(cfg.server.host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
-        print(f"{path}: {why}", file=sys.stderr)
-        return 1
+    for host in listen_hosts(cfg.server):
+        if (why := refuse_bind(host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
+            print(f"{path}: {why}", file=sys.stderr)
+            return 1
     try:
         trio.run(partial(serve, cfg, server_overrides=overrides))
     except OSError as exc:

@@ -31,6 +31,7 @@ from typing import Sequence
 from quart import request
 from quart_trio import QuartTrio
 
+from supervisor.config import listen_hosts
 from supervisor.errors import Forbidden
 from supervisor.supervisor import Supervisor
 
@@ -90,10 +91,10 @@ def is_loopback_name(name: str) -> bool:
     return ip.is_loopback
 
 
-def host_allowed(host: str | None, allowed_hosts: Sequence[str], bound: str) -> bool:
+def host_allowed(host: str | None, allowed_hosts: Sequence[str], *bound: str) -> bool:
     """Whether a request that reached the server by the name `host` may be served while no
-    API key is configured. `bound`: the address the server listens on, which clients on
-    the network may name (only when it is one address, not every interface)."""
+    API key is configured. `bound`: the addresses the server listens on, which clients on
+    the network may name (only each that is one address, not every interface)."""
     if "*" in allowed_hosts:
         return True
     if host is None:
@@ -104,9 +105,10 @@ def host_allowed(host: str | None, allowed_hosts: Sequence[str], bound: str) -> 
     name = parsed[0]
     if is_loopback_name(name):
         return True
-    listening = bound.strip("[]").lower().rstrip(".")
-    if listening and listening not in ("0.0.0.0", "::") and name == listening:
-        return True
+    for address in bound:
+        listening = address.strip("[]").lower().rstrip(".")
+        if listening and listening not in ("0.0.0.0", "::") and name == listening:
+            return True
     for entry in allowed_hosts:
         e = entry.lower().strip("[]").rstrip(".")
         # ".example.com" admits the name and every name under it.
@@ -195,7 +197,7 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
                 "own pages and the origins in [server] cors_origins may call it",
                 param="Origin",
             )
-        if not supervisor.config.keys.api_keys_required and not host_allowed(host, server.allowed_hosts, server.host):
+        if not supervisor.config.keys.api_keys_required and not host_allowed(host, server.allowed_hosts, *listen_hosts(server)):
             shown = (host or "")[:200]
             raise Forbidden(
                 f"this server is not reached as {shown!r}: with no API key configured it answers "

@@ -28,6 +28,7 @@ from supervisor.config.schema import (
     ModelSpec,
     ServerConfig,
     SupervisorConfig,
+    listen_hosts,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "ServerConfig",
     "SupervisorConfig",
     "from_bytes",
+    "listen_hosts",
     "load",
     "parse",
     "read_bytes",

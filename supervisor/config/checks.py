@@ -14,7 +14,7 @@ from typing import Iterator
 
 from supervisor.capacity import parse_size
 from supervisor.config.key_paths import quote
-from supervisor.config.schema import ConfigFile, ModelConfig
+from supervisor.config.schema import ConfigFile, ModelConfig, listen_hosts
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
 from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES
 
@@ -53,8 +53,15 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
     """Semantic checks msgspec's types cannot express. Yields `key.path: message`.
     `broken` models had tables too wrong to build; they were reported already."""
     srv, sup = file.server, file.supervisor
-    if not srv.host or any(c.isspace() or not c.isprintable() for c in srv.host):
-        yield f"server.host: {srv.host!r} is not an address or a host name"
+    hosts = listen_hosts(srv)
+    if not hosts:
+        yield "server.host: give at least one address"
+    for i, host in enumerate(hosts):
+        at = "server.host" if isinstance(srv.host, str) else f"server.host[{i}]"
+        if not host or any(c.isspace() or not c.isprintable() for c in host):
+            yield f"{at}: {host!r} is not an address or a host name"
+    if len(set(hosts)) != len(hosts):
+        yield "server.host: an address is listed twice"
     if not 0 <= srv.port <= 65535:
         yield f"server.port: must be 0..65535, got {srv.port}"
     if not _seconds(srv.drain_timeout):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from typing import Any
 from pathlib import Path
 
 from msgspec.structs import replace
@@ -237,7 +238,7 @@ def _template(value: str | None, base_dir: Path) -> str | None:
     return str(resolve_path(value, base_dir))
 
 
-def generation_defaults(m: ModelConfig) -> dict[str, object]:
+def generation_defaults(m: ModelConfig) -> dict[str, Any]:
     """`m`'s generation defaults, as keyword arguments for its spec."""
     own = set(GenerationDefaults.__struct_fields__) - set(ModelOptions.__struct_fields__)
     return {name: getattr(m, name) for name in own}

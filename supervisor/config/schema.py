@@ -20,7 +20,9 @@ from worker.protocol import ModelOptions, SamplingParams
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    host: str = "127.0.0.1"
+    # The address to listen on, or several (llama-server's --host 127.0.0.1,::1), all on
+    # `port`.
+    host: str | list[str] = "127.0.0.1"
     port: int = 8080
     # Upper bound on a request body; OpenAI payloads with long chats stay far below it.
     max_body_bytes: int = 16 * 1024 * 1024
@@ -209,3 +211,9 @@ class Config:
             if name in spec.aliases:
                 return spec
         return None
+
+
+def listen_hosts(server: ServerConfig) -> list[str]:
+    """Every address `server` listens on."""
+    return [server.host] if isinstance(server.host, str) else list(server.host)
+
