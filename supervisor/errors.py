@@ -21,6 +21,10 @@ class Unsupported(CorralError):
     """The model cannot do what was asked, e.g. chat without a template (400)."""
 
 
+class NotServed(CorralError):
+    """A route the config turned off, such as /slots (501, llama-server's not_supported_error)."""
+
+
 class ContextOverflow(CorralError):
     """The prompt does not fit the model's context (400 context_length_exceeded).
 

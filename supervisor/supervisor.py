@@ -43,7 +43,7 @@ RELOAD_GIVE_UP = 10.0
 
 
 def no_model() -> InvalidRequest:
-    """A request that names no model, on a server without a default_model."""
+    """A request that names no model, on a server of several models without a default_model."""
     return InvalidRequest("Missing required parameter: 'model' (this server has no default_model).", "model")
 
 
@@ -283,10 +283,14 @@ class Supervisor:
 
     def resolve(self, model: str | None) -> ModelHandle:
         """The handle for a model name or alias, or for `[server] default_model` when a
-        request names none. Raises ModelNotFound, or InvalidRequest for a missing name
-        without a default (both name the parameter "model")."""
+        request names none; a server of one model needs no default_model, as llama-server
+        serving one model answers a request without `model`. Raises ModelNotFound, or
+        InvalidRequest for a missing name without a default (both name the parameter
+        "model")."""
         if model is None:
             model = self.config.server.default_model
+            if model is None and len(self.config.models) == 1:
+                model = next(iter(self.config.models))
             if model is None:
                 raise no_model()
         spec = self.config.resolve(model)

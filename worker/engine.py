@@ -70,15 +70,16 @@ def _pending(slot: Slot[Request]) -> int:
 
 
 class Engine:
-    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False) -> None:
+    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False, n_ctx_slot: int | None = None) -> None:
         self.m = m
         self.emit = emit
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
         self.kv = KvCache(m.memory, m.attention)
         # With a unified KV cache one sequence may use every cell; the engine enforces the
-        # per-request limit itself and preempts when the shared pool runs out.
-        self.n_ctx_slot = m.n_ctx
+        # per-request limit itself (`n_ctx_slot`, else all of it) and preempts when the
+        # shared pool runs out.
+        self.n_ctx_slot = min(m.n_ctx, n_ctx_slot or m.n_ctx)
         # Who waits, who runs, and how each ends (worker/outcomes.py).
         self.requests = Requests(m, self.n_ctx_slot, emit)
         self.admission = Admission(

@@ -165,7 +165,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
             await link.flush_and_exit(1, timeout=2.0)
             return
 
-        engine = Engine(model, link.emit, embeddings=spec.embeddings)
+        engine = Engine(model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot)
         for frame in link.early:
             engine.submit(frame)
         link.early.clear()

@@ -26,6 +26,7 @@ _STATUS: dict[type[e.CorralError], int] = {
     e.WorkerCrashed: 502,
     e.WorkerUnavailable: 503,
     e.InternalError: 500,
+    e.NotServed: 501,
 }
 
 

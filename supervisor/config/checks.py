@@ -127,6 +127,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.slots: must be 1..256, got {m.slots}"
         if m.n_ctx < 16:
             yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
+        if m.n_ctx_slot is not None and not 16 <= m.n_ctx_slot <= m.n_ctx:
+            yield f"{at}.n_ctx_slot: must be 16..n_ctx ({m.n_ctx}), got {m.n_ctx_slot}"
         if not 1 <= m.n_batch:
             yield f"{at}.n_batch: must be at least 1, got {m.n_batch}"
         if m.threads is not None and not 1 <= m.threads <= 1024:

@@ -78,6 +78,7 @@ def parse(
             name=name,
             path=resolve_path(m.path, base_dir),
             aliases=tuple(m.aliases),
+            tags=tuple(m.tags),
             idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
             preload=m.preload,
             pinned=m.pinned,

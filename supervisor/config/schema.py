@@ -55,6 +55,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.
     log_format: Literal["text", "json"] = "text"
+    # GET /slots, what each slot of a model is doing (llama-server's --slots / --no-slots).
+    # Off, it answers 501.
+    slots_endpoint: bool = True
     # A folder whose *.gguf files are served under their file stems, with no table each
     # (supervisor/config/models_dir.py); a [models.NAME] table of the same name overrides one.
     # Rescanned at every reload; relative to the config file.
@@ -140,6 +143,7 @@ class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
 
     path: str
     aliases: list[str] = []
+    tags: list[str] = []  # shown in /v1/models, as llama-server's --tags
     idle_timeout: Seconds | None = None  # overrides [supervisor] idle_timeout
     preload: bool = False  # load at start instead of on the first request
     pinned: bool = False  # never unloaded for idleness
@@ -183,6 +187,7 @@ class ModelSpec(GenerationDefaults, frozen=True):
     path: Path
     aliases: tuple[str, ...]
     idle_timeout: float
+    tags: tuple[str, ...] = ()
     preload: bool = False
     pinned: bool = False
     max_queue: int | None = None

@@ -163,7 +163,10 @@ def test_props_describes_the_model_and_never_its_path(http: httpx.Client) -> Non
     assert settings["n_ctx"] == 2048 and settings["is_processing"] is False
     assert {"n_predict", "seed", "temperature", "top_k", "top_p", "min_p", "stop"} <= settings["params"].keys()
     assert props["chat_template"] == "gemma"  # a built-in's name; a Jinja template is its text
-    assert props["model_alias"] == "a-alias" and props["model_path"] == "chat-a"
+    # The file's name, as llama-server's test_basic.py test_server_props reads it (".gguf"
+    # in it), and none of its folders.
+    assert props["model_alias"] == "a-alias" and props["model_path"] == DEMO_MODEL.name
+    assert "/" not in props["model_path"]
     assert props["modalities"] == {"vision": False, "audio": False}
     assert props["build_info"]
     assert str(DEMO_MODEL) not in r.text and DEMO_MODEL.name not in r.text

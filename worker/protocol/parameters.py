@@ -116,6 +116,10 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
 
     slots: int = 4
     n_ctx: int = 4096  # KV cells shared by all slots
+    # The most one request may hold, prompt and output together. None: all n_ctx (one KV
+    # pool for all slots, llama-server's --kv-unified). llama-server without it gives each
+    # slot n_ctx / parallel; this says the same here, while the slots still share cells.
+    n_ctx_slot: int | None = None
     n_batch: int = 512  # most tokens in one decode step; prompts are prefilled in chunks of it
     # None: the supervisor gives the worker a share of the cores; a worker that is still
     # told None (started by hand, a test) uses all of them.

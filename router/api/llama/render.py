@@ -134,16 +134,17 @@ def pick_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-def props_json(name: str, alias: str, ready: Ready, slots: int, defaults: SamplingParams) -> dict[str, Any]:
+def props_json(file: str, alias: str, ready: Ready, slots: int, defaults: SamplingParams) -> dict[str, Any]:
     """GET /props for one model; `defaults`: what a request that sets nothing gets.
-    `model_path` is the model's name: a local path is not a client's to see."""
+    `model_path` is the GGUF's file name, without its folders: what a client shows as the
+    model, and nothing of the machine's layout."""
     return {
         "default_generation_settings": _slot_json(
             SlotState(id=0, n_ctx=ready.n_ctx_slot, is_processing=False), defaults
         ),
         "total_slots": slots,
         "model_alias": alias,
-        "model_path": name,
+        "model_path": file,
         "chat_template": ready.chat_template,
         "chat_template_caps": {},
         "bos_token": ready.bos_token,

@@ -34,7 +34,7 @@ from router.generation.prompt_bound import refuse_if_too_long
 from router.server import bodies, sse
 from router.server.json_body import decode
 from supervisor.connection import WorkerConnection
-from supervisor.errors import InternalError, Unsupported, WorkerUnavailable
+from supervisor.errors import InternalError, NotServed, Unsupported, WorkerUnavailable
 from supervisor.handle import ModelHandle
 
 # The paths whose errors are in llama-server's shape.
@@ -137,12 +137,15 @@ def register(app: Blueprint, server: Server) -> None:
             ready = conn.ready
         if ready is None:
             raise InternalError("the worker is ready but sent no Ready frame")
-        return _json(props_json(handle.name, model or handle.name, ready, ready.slots, handle.spec.defaults))
+        return _json(props_json(handle.spec.path.name, model or handle.name, ready, ready.slots, handle.spec.defaults))
 
     @app.get("/slots")
     async def slots() -> Response:
         """What each of one model's slots is doing. With `fail_on_no_slot=1`, 503 when
-        every slot is busy (llama-server's readiness probe)."""
+        every slot is busy (llama-server's readiness probe). 501 when the config turns it
+        off, as llama-server's --no-slots."""
+        if not server.supervisor.config.server.slots_endpoint:
+            raise NotServed("This server does not serve the slots endpoint: set [server] slots_endpoint = true.")
         handle = resolve(request.args.get("model"))
         async with handle.lease() as conn:
             states = await conn.slots()

@@ -31,6 +31,7 @@ _KIND: dict[type[e.CorralError], tuple[str, str | None]] = {
     e.WorkerCrashed: ("server_error", "worker_crashed"),
     e.WorkerUnavailable: ("server_error", "model_unavailable"),
     e.InternalError: ("server_error", "internal_error"),
+    e.NotServed: ("invalid_request_error", "not_supported"),
 }
 
 

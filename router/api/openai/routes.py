@@ -37,17 +37,42 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(_json.encode(obj), status=status, content_type="application/json")
 
 
+# llama-server's router-mode status of a model (server-models.h), by Corral's state.
+_LLAMA_STATUS = {
+    State.STOPPED: "unloaded",
+    State.STARTING: "loading",
+    State.READY: "loaded",
+    State.DRAINING: "loaded",  # still serving what it has, then it restarts or unloads
+    State.STOPPING: "unloaded",
+    State.BACKOFF: "unloaded",
+    State.FAILED: "unloaded",
+}
+
+
+def llama_status(state: State) -> dict[str, object]:
+    """`status` as llama-server's GET /models gives it: the value, the arguments it was
+    started with (none: a config, not a command line), and whether it failed."""
+    status: dict[str, object] = {"value": _LLAMA_STATUS[state], "args": []}
+    if state in (State.FAILED, State.BACKOFF):
+        status["failed"] = True
+    return status
+
+
 def register(app: Blueprint, server: Server) -> None:
     resolve = server.resolve
 
     def model_entry(h: ModelHandle) -> dict[str, object]:
+        """OpenAI's model object, with Corral's state and llama-server's router-mode
+        fields: every name it answers to, its tags, its status."""
         entry: dict[str, object] = {
             "id": h.name,
             "object": "model",
             "created": server.started,
             "owned_by": "corral",
-            "aliases": list(h.spec.aliases),
+            "aliases": [h.name, *h.spec.aliases],
+            "tags": list(h.spec.tags),
             "state": h.state.value,
+            "status": llama_status(h.state),
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first

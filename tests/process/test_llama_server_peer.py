@@ -1,0 +1,72 @@
+"""llama-server's behaviours that llama.cpp's own server tests check (tools/server/tests/unit
+of the llama.cpp that llama-cpp-python 0.3.36 vendors), re-expressed against Corral with
+the process fake worker (issue 22, item 8). Each test names the upstream test it comes
+from; tests/peer/ runs the upstream suite itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from router.app import create_app
+from supervisor.config import parse
+from supervisor.supervisor import Supervisor
+from tests.harness import config_text, running, write_gguf
+from tests.process.support import WORKER_COMMAND
+
+
+def _sup(tmp_path: Path, models: dict[str, dict[str, object]], **server: object) -> Supervisor:
+    write_gguf(tmp_path / "dummy.gguf")
+    return Supervisor(parse(config_text(models, server), tmp_path), worker_command=WORKER_COMMAND)
+
+
+async def test_slots_endpoint_off_answers_501(tmp_path: Path) -> None:
+    """test_basic.py test_server_slots: with --no-slots, GET /slots is 501 with an error."""
+    sup = _sup(tmp_path, {"a": {"slots": 2}}, slots_endpoint=False)
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            r = await client.get("/slots")
+            body = await r.get_json()
+            assert r.status_code == 501 and body["error"]["type"] == "not_supported_error"
+            assert "slots_endpoint" in body["error"]["message"]
+    sup = _sup(tmp_path, {"a": {"slots": 2}})
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            slots = await (await client.get("/slots")).get_json()
+            assert len(slots) == 2 and "params" in slots[0]  # Corral shows each slot's sampling
+
+
+async def test_models_list_every_name_the_tags_and_the_status(tmp_path: Path) -> None:
+    """test_basic.py test_server_model_aliases_and_tags (--alias tinyllama-2,fim,code --tags
+    chat,fim,small): `aliases` holds every name, the id among them; `tags` the tags. And
+    test_router.py's `status.value`: unloaded, then loaded once a request loaded it."""
+    sup = _sup(tmp_path, {"code": {"aliases": ["fim", "tinyllama-2"], "tags": ["chat", "fim", "small"]}})
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            for path in ("/models", "/v1/models"):
+                (model,) = (await (await client.get(path)).get_json())["data"]
+                assert model["id"] == "code"
+                assert set(model["aliases"]) == {"tinyllama-2", "fim", "code"}
+                assert set(model["tags"]) == {"chat", "fim", "small"}
+                assert model["status"]["value"] == "unloaded"
+            r = await client.post("/completion", json={"model": "fim", "prompt": "x", "n_predict": 2})
+            assert r.status_code == 200
+            (model,) = (await (await client.get("/models")).get_json())["data"]
+            assert model["status"]["value"] == "loaded"
+
+
+async def test_props_name_the_file_and_the_models_defaults(tmp_path: Path) -> None:
+    """test_basic.py test_server_props: `model_path` is the GGUF (".gguf" in it), and the
+    default generation settings carry the server's seed (--seed 42)."""
+    sup = _sup(tmp_path, {"a": {"seed": 42, "temperature": 0.5, "n_predict": 64}})
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            props = await (await client.get("/props")).get_json()
+            assert props["model_path"] == "dummy.gguf"
+            params = props["default_generation_settings"]["params"]
+            assert (params["seed"], params["temperature"], params["n_predict"]) == (42, 0.5, 64)
