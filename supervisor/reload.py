@@ -14,7 +14,10 @@ from supervisor.config import Config, ServerConfig
 
 # [server] keys that a reload applies at once; every other one is read when the socket opens.
 LIVE_SERVER_KEYS = frozenset(
-    {"default_model", "api_keys", "api_keys_file", "admin_keys", "models_dir", "cors_origins", "allowed_hosts"}
+    {
+        "default_model", "unknown_model", "api_keys", "api_keys_file", "admin_keys", "models_dir", "cors_origins",
+        "allowed_hosts", "slots_endpoint",
+    }
 )
 
 

@@ -283,17 +283,21 @@ class Supervisor:
 
     def resolve(self, model: str | None) -> ModelHandle:
         """The handle for a model name or alias, or for `[server] default_model` when a
-        request names none; a server of one model needs no default_model, as llama-server
-        serving one model answers a request without `model`. Raises ModelNotFound, or
+        request names none (or, with `unknown_model = "default"`, one it does not serve);
+        a server of one model needs no default_model, as llama-server serving one model
+        answers a request without `model`. Raises ModelNotFound, or
         InvalidRequest for a missing name without a default (both name the parameter
         "model")."""
+        default = self.config.server.default_model
+        if default is None and len(self.config.models) == 1:
+            default = next(iter(self.config.models))
         if model is None:
-            model = self.config.server.default_model
-            if model is None and len(self.config.models) == 1:
-                model = next(iter(self.config.models))
-            if model is None:
+            if default is None:
                 raise no_model()
+            model = default
         spec = self.config.resolve(model)
+        if spec is None and default is not None and self.config.server.unknown_model == "default":
+            spec = self.config.resolve(default)
         if spec is None:
             raise unknown_model(model)
         return self.handles[spec.name]

@@ -51,6 +51,25 @@ def complete_sends(send: ASGISendCallable) -> ASGISendCallable:
     return send_to_completion
 
 
+def title_case_headers(send: ASGISendCallable) -> ASGISendCallable:
+    """`send`, with each response header named as most HTTP/1.1 servers write it
+    (`Content-Type`, `Access-Control-Allow-Origin`). Names are case-insensitive, but some
+    clients read them into a plain dict (llama.cpp's own server tests do), and
+    llama-server writes them so; Quart hands them over in lower case."""
+
+    async def titled(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(_title(name), value) for name, value in message.get("headers", ())]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return titled
+
+
+def _title(name: bytes) -> bytes:
+    return b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-"))
+
+
 class HTTPConnection(TrioASGIHTTPConnection):
     """quart-trio's HTTP connection, with sends that cannot be cancelled halfway, and an
     access log line for every request once its answer is done (router/server/access_log.py)."""
@@ -58,6 +77,8 @@ class HTTPConnection(TrioASGIHTTPConnection):
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         record = access_log.begin(self.scope)
         try:
+            if self.scope.get("http_version") in ("1.0", "1.1"):  # HTTP/2 names are lower case
+                send = title_case_headers(send)
             await super().__call__(receive, complete_sends(access_log.watching(record, send)))
         finally:
             access_log.end(record, self.app.extensions.get(access_log.DONE_HOOKS, ()))

@@ -31,6 +31,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Where a request that names no model goes (a name or an alias). Without it, a request
     # must name its model. Applies on reload, unlike the keys above.
     default_model: str | None = None
+    # A request that names a model Corral does not serve: "error" answers 404 naming it;
+    # "default" serves it with the default model (default_model, or the only model), as
+    # llama-server serving one model ignores the name a client sends.
+    unknown_model: Literal["error", "default"] = "error"
     # Keys (supervisor/config/keys.py). With any API key, every route but /health needs a key.
     # /admin/* and /metrics need an admin key; with none configured, they answer loopback
     # clients only. All three apply on reload, and a reload re-reads the file.

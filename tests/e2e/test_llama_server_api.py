@@ -169,7 +169,7 @@ def test_props_describes_the_model_and_never_its_path(http: httpx.Client) -> Non
     assert "/" not in props["model_path"]
     assert props["modalities"] == {"vision": False, "audio": False}
     assert props["build_info"]
-    assert str(DEMO_MODEL) not in r.text and DEMO_MODEL.name not in r.text
+    assert str(DEMO_MODEL.parent) not in r.text  # the file's name, never its folders
 
 
 def test_slots_lists_every_slot(http: httpx.Client) -> None:
@@ -179,8 +179,11 @@ def test_slots_lists_every_slot(http: httpx.Client) -> None:
     assert [s["id"] for s in slots] == [0, 1]
     for s in slots:
         assert s["n_ctx"] == 1024 and isinstance(s["is_processing"], bool)
-        assert {"n_predict", "temperature"} <= s["params"].keys()
-        assert {"has_next_token", "n_remain", "n_decoded"} <= s["next_token"].keys()
+        if s["is_processing"]:
+            assert {"n_predict", "temperature"} <= s["params"].keys()
+            assert {"has_next_token", "n_remain", "n_decoded"} <= s["next_token"].keys()
+        else:  # a slot with no task, as llama-server shows one
+            assert "params" not in s and "next_token" not in s
 
 
 # ---- errors, in llama-server's shape ----------------------------------------------------------

@@ -36,7 +36,8 @@ async def test_slots_endpoint_off_answers_501(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with running(sup):
             slots = await (await client.get("/slots")).get_json()
-            assert len(slots) == 2 and "params" in slots[0]  # Corral shows each slot's sampling
+            # An idle slot has no task, so no params (test_server_slots: "params" not in it).
+            assert len(slots) == 2 and "params" not in slots[0] and slots[0]["is_processing"] is False
 
 
 async def test_models_list_every_name_the_tags_and_the_status(tmp_path: Path) -> None:
@@ -70,3 +71,29 @@ async def test_props_name_the_file_and_the_models_defaults(tmp_path: Path) -> No
             assert props["model_path"] == "dummy.gguf"
             params = props["default_generation_settings"]["params"]
             assert (params["seed"], params["temperature"], params["n_predict"]) == (42, 0.5, 64)
+
+
+async def test_unknown_model_default_serves_any_name_with_the_default(tmp_path: Path) -> None:
+    """test_security.py test_openai_library_correct_api_key and test_embedding.py's openai
+    library tests send model="gpt-3.5-turbo" / "text-embedding-3-small" to a server of one
+    model, which llama-server serves anyway. Corral answers 404 unless the config says
+    `unknown_model = "default"` (a deliberate difference: a typo in a model's name should
+    not silently reach another model)."""
+    body = {"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    sup = _sup(tmp_path, {"a": {}, "b": {}}, default_model="b")
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            r = await client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 404 and (await r.get_json())["error"]["param"] == "model"
+    sup = _sup(tmp_path, {"a": {}, "b": {}}, default_model="b", unknown_model="default")
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            r = await client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200
+            assert sup.handles["b"].statistics().requests_per_minute == 1
+            assert sup.handles["a"].statistics().requests_per_minute == 0
+            # A name it serves still goes to its own model.
+            r = await client.post("/v1/chat/completions", json={**body, "model": "a"})
+            assert r.status_code == 200 and sup.handles["a"].statistics().requests_per_minute == 1

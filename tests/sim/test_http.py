@@ -164,7 +164,7 @@ async def test_models_retrieve_names_the_model_of_a_name_or_an_alias_and_loads_n
             r = await client.get(path)
             assert r.status_code == 200, path
             body = await r.get_json()
-            assert body["id"] == "a" and body["object"] == "model" and body["aliases"] == ["org/alias"]
+            assert body["id"] == "a" and body["object"] == "model" and body["aliases"] == ["a", "org/alias"]
             assert isinstance(body["created"], int) and body["owned_by"] == "corral"
         r = await client.get("/v1/models/nope")
         assert r.status_code == 404
@@ -183,7 +183,11 @@ async def test_the_openai_routes_answer_without_their_v1_prefix(tmp_path: Path, 
         r = await client.post("/chat/completions", json={**CHAT, "model": "a"})
         assert r.status_code == 200
         assert (await r.get_json())["object"] == "chat.completion"
+        # /completions without /v1 is llama-server's native completion, as llama-server
+        # routes it (llama.cpp's test_security.py test_correct_api_key reads `content`).
         r = await client.post("/completions", json={"model": "a", "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200 and "content" in (await r.get_json())
+        r = await client.post("/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and (await r.get_json())["object"] == "text_completion"
         r = await client.post("/embeddings", json={"model": "a", "input": "x"})
         assert r.status_code == 400  # reaches the route: "a" is not an embedding model

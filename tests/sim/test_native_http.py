@@ -73,7 +73,7 @@ async def test_tokenize_detokenize_apply_template_props_slots(tmp_path: Path, au
         assert await r.get_json() == {"prompt": "<user>hi\n<assistant>"}
         r = await client.get("/props?model=al")
         props = await r.get_json()
-        assert props["total_slots"] == 3 and props["model_alias"] == "al" and props["model_path"] == "a"
+        assert props["total_slots"] == 3 and props["model_alias"] == "al" and props["model_path"] == "dummy.gguf"
         assert props["default_generation_settings"]["params"]["top_k"] == 40
         r = await client.get("/slots?model=a")
         slots = await r.get_json()
@@ -81,7 +81,8 @@ async def test_tokenize_detokenize_apply_template_props_slots(tmp_path: Path, au
 
 
 async def test_native_errors_are_in_llama_servers_shape(tmp_path: Path, autojump_clock: object) -> None:
-    sup, _ = sim_supervisor(tmp_path, {"a": {}})
+    # Two models, so that a request naming none has no model to go to.
+    sup, _ = sim_supervisor(tmp_path, {"a": {}, "b": {}})
     client = create_app(sup, sup.config).test_client()
     async with running(sup):
         cases = [

@@ -155,10 +155,15 @@ def props_json(file: str, alias: str, ready: Ready, slots: int, defaults: Sampli
     }
 
 
-def slots_json(states: list[SlotState], defaults: SamplingParams) -> list[dict[str, Any]]:
-    """GET /slots: each slot as llama-server shows it; an idle slot shows the model's
-    `defaults`."""
-    return [_slot_json(s, s.params or defaults) for s in states]
+def slots_json(states: list[SlotState]) -> list[dict[str, Any]]:
+    """GET /slots: each slot as llama-server shows it. An idle slot is its id, context and
+    state alone, as llama-server shows a slot with no task (server-context.cpp,
+    server_slot::to_json)."""
+    return [
+        _slot_json(s, s.params or SamplingParams()) if s.params is not None or s.is_processing
+        else {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.is_processing}
+        for s in states
+    ]
 
 
 def _slot_json(s: SlotState, params: SamplingParams) -> dict[str, Any]:

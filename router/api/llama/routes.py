@@ -38,7 +38,7 @@ from supervisor.errors import InternalError, NotServed, Unsupported, WorkerUnava
 from supervisor.handle import ModelHandle
 
 # The paths whose errors are in llama-server's shape.
-PATHS = frozenset({"/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
+PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
 
 
 def owns(path: str) -> bool:
@@ -60,6 +60,7 @@ def register(app: Blueprint, server: Server) -> None:
         return handle
 
     @app.post("/completion")
+    @app.post("/completions")  # llama-server's, as /completion: OpenAI's is /v1/completions
     async def completion() -> Response:
         r: NativeCompletionRequest = decode(await bodies.read_body(), NativeCompletionRequest)
         handle = generating_model(r.model)
@@ -151,7 +152,7 @@ def register(app: Blueprint, server: Server) -> None:
             states = await conn.slots()
         if request.args.get("fail_on_no_slot", "") not in ("", "0", "false") and all(s.is_processing for s in states):
             raise WorkerUnavailable("no slot available", retry=True, retry_after=1.0)
-        return _json(slots_json(states, handle.spec.defaults))
+        return _json(slots_json(states))
 
 
 async def _prompt_text(conn: WorkerConnection, prompt: str | list[int | str]) -> str:

@@ -98,8 +98,7 @@ def register(app: Blueprint, server: Server) -> None:
         handle = generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
         return await _answer(handle, chat_job(r, r.model or handle.name, handle.spec.defaults))
 
-    @app.post("/v1/completions")
-    @app.post("/completions")
+    @app.post("/v1/completions")  # /completions, without /v1, is llama-server's native one
     async def completions() -> Response:
         r: schemas.CompletionRequest = decode(await bodies.read_body(), schemas.CompletionRequest)
         handle = generating_model(r.model)
