@@ -5,6 +5,7 @@ from; tests/peer/ runs the upstream suite itself."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import trio
@@ -13,7 +14,7 @@ from router.app import create_app
 from supervisor.config import parse
 from supervisor.supervisor import Supervisor
 from tests.harness import config_text, running, write_gguf
-from tests.process.support import WORKER_COMMAND
+from tests.process.support import WORKER_COMMAND, serving_http
 
 
 def _sup(tmp_path: Path, models: dict[str, dict[str, object]], **server: object) -> Supervisor:
@@ -97,3 +98,28 @@ async def test_unknown_model_default_serves_any_name_with_the_default(tmp_path: 
             # A name it serves still goes to its own model.
             r = await client.post("/v1/chat/completions", json={**body, "model": "a"})
             assert r.status_code == 200 and sup.handles["a"].statistics().requests_per_minute == 1
+
+
+async def test_header_names_are_written_title_cased(tmp_path: Path) -> None:
+    """test_security.py test_cors_options reads `res.headers["Access-Control-Allow-Origin"]`
+    from a plain dict of the headers: the name must be written as llama-server writes it."""
+    sup = _sup(tmp_path, {"a": {}}, cors_origins=["*"])
+    with trio.fail_after(20):
+        async with serving_http(sup) as base:
+            host, port = base.removeprefix("http://").rsplit(":", 1)
+
+            def preflight() -> bytes:
+                with socket.create_connection((host, int(port)), timeout=10) as s:
+                    s.sendall(
+                        b"OPTIONS /completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://localhost:3000\r\n"
+                        b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n"
+                    )
+                    data = b""
+                    while chunk := s.recv(4096):
+                        data += chunk
+                    return data
+
+            head = (await trio.to_thread.run_sync(preflight)).split(b"\r\n\r\n")[0]
+            assert head.startswith(b"HTTP/1.1 200")
+            assert b"\r\nAccess-Control-Allow-Origin: http://localhost:3000\r\n" in head
+            assert b"\r\nAccess-Control-Allow-Credentials: true\r\n" in head
