@@ -171,11 +171,18 @@ class WorkerConnection:
         return RequestStream(self, rid, recv, n)
 
     async def embed(
-        self, inputs: list[str], tokens: list[list[int]] | None = None, truncate: bool = False
+        self,
+        inputs: list[str],
+        tokens: list[list[int]] | None = None,
+        truncate: bool = False,
+        parts: list[list[int | str]] | None = None,
     ) -> EmbedResult:
-        """Embed texts, or token arrays (`tokens`, with `inputs` empty); `truncate`: cut an
-        input too long for the model at its end instead of refusing it."""
-        reply = await self._call(lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens, truncate=truncate))
+        """Embed texts, or token arrays (`tokens`, with `inputs` empty), or mixed prompts
+        (`parts`); `truncate`: cut an input too long for the model at its end instead of
+        refusing it."""
+        reply = await self._call(
+            lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens, truncate=truncate, parts=parts)
+        )
         assert isinstance(reply, EmbedResult)
         return reply
 

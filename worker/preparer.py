@@ -42,7 +42,8 @@ from typing import Callable, Protocol, Union
 import msgspec
 
 from worker.constraint import Matcher, as_lark
-from worker.prompts import Prepared, Texts, VocabModel, pooling_problem, texts_for
+from worker.prompts import pooling_problem, texts_for
+from worker.text_limits import Prepared, Texts, VocabModel
 from worker.protocol import Constraint, Detokenize, Embed, Error, Frame, Generate, Render, Tokenize
 from worker.rejected import RequestRejected
 from worker.request import EmbedJob, Request

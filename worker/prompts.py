@@ -14,13 +14,14 @@ Preparing a request therefore has two stages, which worker/preparer.py runs on t
 2. `Texts.tokenize`: tokenize (llama.cpp drops the GIL) and check exact counts, then build
    the Request, EmbedJob or TokenizeResult.
 
-Pure logic over the `TextModel` protocol, so it is tested with a fake tokenizer.
+The limits and the two stages' types are in worker/text_limits.py; an embedding's inputs
+are prepared in worker/embed_inputs.py. Pure logic over the `TextModel` protocol, so it is
+tested with a fake tokenizer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, Union
+from typing import Any
 
 from worker import chat_formats
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
@@ -28,137 +29,21 @@ from worker.protocol import (
     Detokenize,
     DetokenizeResult,
     Embed,
-    Frame,
     Generate,
     Render,
     Rendered,
     Tokenize,
     TokenizeResult,
     fewest_tokens,
-    utf8_length,
 )
+from worker.embed_inputs import embed_texts
 from worker.rejected import RequestRejected
-from worker.request import EmbedJob, Request
+from worker.request import Request
 from worker.stops import StopMatcher
+from worker.text_limits import Limit, TextModel, Texts, VocabModel, check_ids, checked
 
 # Pooling types whose output is one vector per input, which is what /v1/embeddings returns.
 EMBEDDING_POOLINGS = ("mean", "cls", "last")
-
-Prepared = Union[Request, EmbedJob, Frame]
-
-
-class TextModel(Protocol):
-    """What preparing a request needs of a model."""
-
-    @property
-    def template(self) -> ChatTemplate | None: ...
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-
-    def max_token_bytes(self) -> int | None:
-        """The most bytes of text one token can cover, or None where no such bound holds
-        (tokenizers that normalise text, which can fold many bytes into one token)."""
-        ...
-
-
-class VocabModel(TextModel, Protocol):
-    """What the requests that name token ids need besides: the vocabulary's size (every id
-    a client sends is checked against it) and the text of tokens."""
-
-    @property
-    def n_vocab(self) -> int: ...
-
-    def detokenize(self, tokens: list[int]) -> str:
-        """The text of `tokens`, special tokens written out."""
-        ...
-
-    def token_text(self, token: int) -> bytes:
-        """One token's bytes, a special token's text included."""
-        ...
-
-    def output_text(self, tokens: list[int]) -> str:
-        """The text of `tokens` as output writes it (what `echo` prepends)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Limit:
-    """At most `most` tokens; an error reads "{what} is N tokens; {why}" and names `param`."""
-
-    most: int
-    what: str
-    why: str
-    param: str
-    n_ctx: int | None = None  # the context reported with a refusal (llama-server's n_ctx)
-    cut: bool = False  # a longer text keeps its first `most` tokens instead of being refused
-
-    def refuse(self, n_tokens: int, at_least: bool = False) -> RequestRejected:
-        count = f"at least {n_tokens}" if at_least else str(n_tokens)
-        return RequestRejected(
-            "context_length_exceeded", f"{self.what} is {count} tokens; {self.why}", self.param,
-            n_prompt_tokens=n_tokens, n_ctx=self.n_ctx,
-        )
-
-    def check_bytes(self, n_bytes: int, max_token_bytes: int | None) -> None:
-        """Refuse a text of `n_bytes` that certainly makes more than `most` tokens."""
-        at_least = fewest_tokens(n_bytes, max_token_bytes)
-        if at_least > self.most:
-            raise self.refuse(at_least, at_least=True) from None
-
-
-@dataclass(frozen=True)
-class Texts:
-    """Stage 1's result: texts short enough to tokenize, each with its limit, and what to
-    build from their tokens."""
-
-    texts: list[tuple[str, Limit]]
-    build: Callable[[list[list[int]]], Prepared]
-    # BOS and the like: for every text, or text by text (a mixed prompt adds them only to a
-    # string that comes first).
-    add_special: bool | Sequence[bool] = True
-    parse_special: bool = True
-
-    def tokenize(self, m: TextModel) -> Prepared:
-        """Stage 2: tokenize each text, check its exact count, and build the result."""
-        tokens = []
-        for i, (text, limit) in enumerate(self.texts):
-            add = self.add_special if isinstance(self.add_special, bool) else self.add_special[i]
-            toks = m.tokenize(text, add_special=add, parse_special=self.parse_special)
-            if len(toks) > limit.most and limit.cut:
-                toks = toks[: limit.most]
-            elif len(toks) > limit.most:
-                raise limit.refuse(len(toks))
-            tokens.append(toks)
-        return self.build(tokens)
-
-
-def _checked(text: str, limit: Limit, m: TextModel) -> tuple[str, Limit]:
-    """`text`, refused if its byte length alone shows it is too long. Each token covers at
-    least one byte, so a text shorter than the limit in bytes never asks for the bound."""
-    n_bytes = utf8_length(text)
-    if n_bytes > limit.most and limit.cut:
-        # Its first `most` tokens lie within its first most * max_token_bytes bytes: only
-        # those are tokenized, so a huge text costs no more than one that fits.
-        widest = m.max_token_bytes()
-        if widest:
-            keep = limit.most * widest
-            return text.encode()[:keep].decode(errors="ignore"), limit
-        return text, limit
-    if n_bytes > limit.most:
-        limit.check_bytes(n_bytes, m.max_token_bytes())
-    return text, limit
-
-
-def check_ids(tokens: Sequence[int | str], n_vocab: int, param: str) -> None:
-    """Every token id a client sent must name a token of this vocabulary: llama.cpp reads
-    an id out of range past the end of its tables."""
-    for i, t in enumerate(tokens):
-        if isinstance(t, int) and not 0 <= t < n_vocab:
-            raise RequestRejected(
-                "invalid_request",
-                f"Invalid token id {t} at {param}[{i}]: this model's vocabulary has ids 0 to {n_vocab - 1}.",
-                param,
-            )
 
 
 def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
@@ -199,7 +84,7 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
     def build(tokens: list[list[int]]) -> Request:
         return _request(g, tokens[0], n_ctx_slot, param, text if g.echo else None, in_reasoning)
 
-    return Texts([_checked(text, limit, m)], build)
+    return Texts([checked(text, limit, m)], build)
 
 
 def _request(
@@ -227,7 +112,7 @@ def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> T
     if ids > limit.most:
         raise limit.refuse(ids)
     strings = [p for p in parts if isinstance(p, str)]
-    texts = [_checked(s, limit, m) for s in strings]
+    texts = [checked(s, limit, m) for s in strings]
     adds = [i == 0 for i, p in enumerate(parts) if isinstance(p, str)]
 
     def build(tokens: list[list[int]]) -> Request:
@@ -246,46 +131,6 @@ def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> T
 
 
 
-def embed_texts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
-    """Stage 1 of an embedding request: every input must fit one batch."""
-    if e.tokens is not None:
-        return _embed_tokens(e, m, n_batch)
-    texts = []
-    for i, text in enumerate(e.inputs):
-        if not text:
-            raise RequestRejected("invalid_request", f"input[{i}] is empty", "input")
-        limit = Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input", cut=e.truncate)
-        texts.append(_checked(text, limit, m))
-
-    def build(tokens: list[list[int]]) -> EmbedJob:
-        for i, toks in enumerate(tokens):
-            if not toks:
-                raise RequestRejected("invalid_request", f"input[{i}] makes no tokens", "input")
-        return EmbedJob(id=e.id, inputs=tokens)
-
-    return Texts(texts, build)
-
-
-def _embed_tokens(e: Embed, m: VocabModel, n_batch: int) -> Texts:
-    """Token-array inputs: checked as texts are once tokenized, and against the vocabulary."""
-    inputs = [list(t) for t in e.tokens or []]
-    if not inputs:
-        raise RequestRejected("invalid_request", "input is empty", "input")
-    for i, toks in enumerate(inputs):
-        if not toks:
-            raise RequestRejected("invalid_request", f"input[{i}] is empty", "input")
-        if len(toks) > n_batch and e.truncate:
-            inputs[i] = toks[:n_batch]
-        elif len(toks) > n_batch:
-            raise Limit(n_batch, f"input[{i}]", f"this model embeds at most {n_batch}", "input").refuse(len(toks))
-        check_ids(toks, m.n_vocab, "input")
-
-    def build(_: list[list[int]]) -> EmbedJob:
-        return EmbedJob(id=e.id, inputs=inputs)
-
-    return Texts([], build)
-
-
 def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int) -> Texts:
     """Stage 1 of POST /tokenize. A text longer than any prompt this model can take is
     refused rather than tokenized: it cannot be a prompt, and tokenizing it costs without
@@ -300,7 +145,7 @@ def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int) -> Texts:
             return TokenizeResult(id=t.id, tokens=tokens[0])
         return TokenizeResult(id=t.id, tokens=tokens[0], pieces=[piece(m.token_text(tok)) for tok in tokens[0]])
 
-    return Texts([_checked(t.text, limit, m)], build, add_special=t.add_special, parse_special=t.parse_special)
+    return Texts([checked(t.text, limit, m)], build, add_special=t.add_special, parse_special=t.parse_special)
 
 
 def piece(data: bytes) -> str | list[int]:

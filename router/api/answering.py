@@ -14,6 +14,7 @@ from quart import Response
 
 from router.generation.events import Event
 from router.generation.job import GenerationJob
+from router.generation.prompts import Prompt, is_tokens
 from router.generation.run import Generation
 from router.generation.stream import events
 from router.server import access_log, sse
@@ -51,9 +52,7 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
     return gen, events(gen, job)
 
 
-async def embed(
-    handle: ModelHandle, inputs: Sequence[str] | Sequence[tuple[int, ...]], truncate: bool = False
-) -> EmbedResult:
+async def embed(handle: ModelHandle, inputs: Sequence[Prompt], truncate: bool = False) -> EmbedResult:
     """Embed texts, or token arrays, on `handle`'s model (`truncate`: cut an input too long
     at its end, rather than refuse it). In the model's slot line like a generation
     (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them. A client
@@ -68,8 +67,12 @@ async def embed(
             record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
         try:
             texts = [x for x in inputs if isinstance(x, str)]
-            if texts or not inputs:
+            if len(texts) == len(inputs):
                 return await conn.embed(texts, truncate=truncate)
-            return await conn.embed([], tokens=[list(x) for x in inputs if isinstance(x, tuple)], truncate=truncate)
+            if all(is_tokens(x) for x in inputs):
+                tokens = [[t for t in x if isinstance(t, int)] for x in inputs]
+                return await conn.embed([], tokens=tokens, truncate=truncate)
+            parts: list[list[int | str]] = [[x] if isinstance(x, str) else list(x) for x in inputs]  # mixed
+            return await conn.embed([], parts=parts, truncate=truncate)
         finally:
             ticket.release()

@@ -15,6 +15,7 @@ import msgspec
 
 from router.generation.job import GenerationJob
 from router.generation.prompt_bound import bounded_text, refuse_if_too_long
+from router.generation.prompts import Prompt, is_tokens
 from router.generation.tool_grammar import tool_choice_constraint
 from router.server import access_log
 from supervisor.connection import RequestStream, WorkerConnection
@@ -88,8 +89,9 @@ class Generation:
         self._n = job.n
         for prompt in job.prompts:
             text = prompt if isinstance(prompt, str) else None
-            if job.prompt_parts is not None:  # its strings alone bound it from below
-                text = "".join(p for p in job.prompt_parts if isinstance(p, str))
+            parts = _parts(job, prompt)
+            if parts is not None:  # its strings alone bound it from below
+                text = "".join(p for p in parts if isinstance(p, str))
             if ready is not None and (text is not None or messages is not None):
                 refuse_if_too_long(
                     ready,
@@ -123,10 +125,10 @@ class Generation:
                 params,
                 prompt=prompt if isinstance(prompt, str) else None,
                 messages=messages,
-                prompt_parts=list(job.prompt_parts) if job.prompt_parts is not None else None,
+                prompt_parts=_parts(job, prompt),
                 tools=list(tools.offered) if tools.offered else None,
                 template_kwargs=job.template_kwargs,
-                prompt_tokens=list(prompt) if isinstance(prompt, tuple) else None,
+                prompt_tokens=[t for t in prompt if isinstance(t, int)] if isinstance(prompt, tuple) and is_tokens(prompt) else None,
                 n=job.n,
                 echo=job.echo,
                 request_id=self._record.id if self._record is not None else None,
@@ -194,4 +196,13 @@ class Generation:
             self._ticket.release()
         self._lease.release()
 
+
+def _parts(job: GenerationJob, prompt: Prompt | None) -> list[int | str] | None:
+    """The mixed prompt (ids and texts) a Generate carries: /completion's, or one of a
+    completions request's prompts that mixes them."""
+    if job.prompt_parts is not None:
+        return list(job.prompt_parts)
+    if isinstance(prompt, tuple) and not is_tokens(prompt):
+        return list(prompt)
+    return None
 

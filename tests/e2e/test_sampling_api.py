@@ -307,6 +307,45 @@ def test_embeddings_take_token_arrays(server: Server, client: openai.OpenAI) -> 
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
 
 
+def test_llama_servers_mixed_inputs_embed_as_their_text(server: Server) -> None:
+    """llama.cpp's test_embedding.py test_embedding_mixed_input and
+    test_embedding_content_text_same_as_string: ids and texts mixed, objects, content
+    parts; each embeds as the text it spells."""
+    head = tokenize(server, "hello", model="embed", add_special=True)  # BOS, hello
+    tail = tokenize(server, " world", model="embed")
+    inputs = [
+        "hello world",
+        [*head, " world"],  # ids then a text
+        {"prompt_string": "hello world"},
+        {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]},
+        ["hello", *tail],  # a text first (it gets the BOS), then ids
+    ]
+    r = httpx.post(server.base + "/embeddings", json={"model": "embed", "input": inputs})
+    assert r.status_code == 200, r.text
+    vectors = [d["embedding"] for d in r.json()["data"]]
+    assert len(vectors) == 5
+    for v in vectors[1:]:
+        assert sum(x * y for x, y in zip(vectors[0], v)) > 0.999
+    single = httpx.post(server.base + "/embeddings", json={"model": "embed", "input": [*head, " world"]})
+    assert single.status_code == 200 and len(single.json()["data"]) == 1
+
+
+def test_a_mixed_prompt_completes_as_its_text(server: Server, client: openai.OpenAI) -> None:
+    """llama.cpp's test_completion.py mixed prompts, on /v1/completions: one prompt of ids
+    and strings, and a list mixing such a prompt with a string."""
+    head = tokenize(server, "Once upon", add_special=True)
+    by_text = client.completions.create(model="chat", prompt="Once upon a time", max_tokens=6, **GREEDY)
+    r = httpx.post(server.base + "/completions", json={
+        "model": "chat", "prompt": [*head, " a time"], "max_tokens": 6, **GREEDY,
+    })
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"].split()[:1] == by_text.choices[0].text.split()[:1]
+    r = httpx.post(server.base + "/completions", json={
+        "model": "chat", "prompt": ["Once upon a time", [*head, " a time"]], "max_tokens": 6, **GREEDY,
+    })
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+
+
 def test_the_server_is_still_healthy(server: Server) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
     assert server.process.poll() is None

@@ -54,14 +54,16 @@ class Generate(Frame):
 
 
 class Embed(Frame):
-    """Embed texts, or (when `tokens` is set, and `inputs` empty) token arrays. `truncate`:
-    an input longer than the model embeds is cut at its end (Ollama's default) rather than
-    refused."""
+    """Embed texts, or (when `tokens` is set, and `inputs` empty) token arrays, or (when
+    `parts` is set) llama-server's mixed prompts: token ids and texts, the texts tokenized
+    in place. `truncate`: an input longer than the model embeds is cut at its end (Ollama's
+    default) rather than refused."""
 
     id: int
     inputs: list[str]
     tokens: list[list[int]] | None = None
     truncate: bool = False
+    parts: list[list[int | str]] | None = None
 
 
 class Tokenize(Frame):

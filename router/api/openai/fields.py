@@ -220,22 +220,18 @@ def completion_prompts(r: CompletionRequest) -> list[Prompt]:
     return prompts
 
 
-def embedding_inputs(r: EmbeddingRequest) -> list[str] | list[tuple[int, ...]]:
-    """The texts, or the token arrays, to embed (OpenAI takes either, not a mix)."""
+def embedding_inputs(r: EmbeddingRequest) -> list[Prompt]:
+    """The inputs to embed: texts, token arrays, or llama-server's mixed and object forms
+    (router/generation/prompts.py), any of them in one list as llama-server takes them."""
     if r.dimensions is not None:
         raise Unsupported("dimensions is not supported.", "dimensions")
     if isinstance(r.input, list) and not r.input:
         raise InvalidRequest("'input' must not be empty.", "input")
     inputs = prompt_list(r.input, "input")
-    texts = [x for x in inputs if isinstance(x, str)]
-    if texts and len(texts) != len(inputs):
-        raise InvalidRequest("'input' mixes strings and token arrays; send one kind.", "input")
-    if not texts:
-        return [x for x in inputs if not isinstance(x, str)]
-    for i, x in enumerate(texts):
-        if not x:
+    for i, x in enumerate(inputs):
+        if not x:  # OpenAI refuses an empty string; llama-server embeds its BOS alone
             raise InvalidRequest(f"'input[{i}]' must not be an empty string.", "input")
-    return texts
+    return inputs
 
 
 def json_schemas(

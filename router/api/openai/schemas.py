@@ -144,9 +144,9 @@ IGNORED: dict[str, str] = {
 
 
 class CompletionRequest(SamplingFields, forbid_unknown_fields=True):
-    # str, [str], or token arrays; msgspec unions allow one list type, so elements are
-    # checked in completion_prompt.
-    prompt: str | list[Any] = ""
+    # str, [str], token arrays, or llama-server's mixed and object forms; msgspec unions
+    # allow one list type, so elements are checked in router/generation/prompts.py.
+    prompt: str | list[Any] | dict[str, Any] = ""
     echo: bool = False
     suffix: str | None = None
     best_of: Int32 | None = None
@@ -154,7 +154,7 @@ class CompletionRequest(SamplingFields, forbid_unknown_fields=True):
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
-    input: str | list[Any]
+    input: str | list[Any] | dict[str, Any]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Int32 | None = None

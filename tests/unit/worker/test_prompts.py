@@ -9,7 +9,8 @@ import pytest
 
 from worker.chat_formats import ChatFormat
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
-from worker.prompts import Limit, Prepared, pooling_problem, texts_for
+from worker.prompts import pooling_problem, texts_for
+from worker.text_limits import Limit, Prepared
 from worker.protocol import ChatMessage, Embed, Generate, SamplingParams, Tokenize, TokenizeResult, fewest_tokens
 from worker.rejected import RequestRejected
 from worker.request import EmbedJob, Request
@@ -208,6 +209,24 @@ def test_truncated_embedding_inputs_keep_their_first_tokens() -> None:
     assert isinstance(tokens, EmbedJob) and tokens.inputs == [list(range(1, 9))]
     with pytest.raises(RequestRejected):  # the default is still to refuse
         prepare(Embed(id=7, inputs=[], tokens=[list(range(1, 20))]), v, n_batch=8)
+
+
+def test_mixed_embedding_inputs_tokenize_their_texts_in_place() -> None:
+    """llama-server's mixed inputs (test_embedding.py test_embedding_mixed_input): ids as
+    sent, texts tokenized where they stand, BOS only for a text that comes first; each
+    input bounded by the batch as a text is, with llama-server's "too large"."""
+    v = VocabModel()
+    job = prepare(Embed(id=8, inputs=[], parts=[["ab", 12, "c"], [12, 34], ["x"]]), v, n_batch=16)
+    assert isinstance(job, EmbedJob)
+    assert job.inputs == [[2, 97, 98, 12, 99], [12, 34], [2, 120]]
+    with pytest.raises(RequestRejected) as info:
+        prepare(Embed(id=9, inputs=[], parts=[["ok"], [5, 301]]), v, n_batch=16)
+    assert info.value.param == "input"  # an id past the vocabulary
+    with pytest.raises(RequestRejected) as info:
+        prepare(Embed(id=10, inputs=[], parts=[[1, 2, "w" * 40]]), v, n_batch=16)
+    assert info.value.code == "context_length_exceeded" and "too large" in info.value.message
+    cut = prepare(Embed(id=11, inputs=[], parts=[[1, 2, "w" * 40]], truncate=True), v, n_batch=16)
+    assert isinstance(cut, EmbedJob) and cut.inputs == [[1, 2] + [119] * 14]
 
 
 def test_tokenize_requests_are_bounded_by_the_context() -> None:

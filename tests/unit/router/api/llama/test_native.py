@@ -17,7 +17,8 @@ from router.api.llama.schemas import NativeCompletionRequest
 from router.api.llama.translate import native_params, native_prompt
 from supervisor import errors as e
 from tests.unit.worker.test_prompts import FakeModel, prepare
-from worker.prompts import Limit, detokenize_texts, piece
+from worker.prompts import detokenize_texts, piece
+from worker.text_limits import Limit
 from worker.protocol import Constraint, Detokenize, Generate, SamplingParams, Timings, Usage
 from worker.rejected import RequestRejected
 from worker.request import Request

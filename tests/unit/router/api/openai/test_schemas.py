@@ -479,6 +479,15 @@ def test_chat_accepted_no_op_features() -> None:
         ([1, 2, 3], [(1, 2, 3)]),
         ([[1, 2], [3]], [(1, 2), (3,)]),
         (["a", [3]], ["a", (3,)]),
+        # llama-server's shapes (its test_completion.py / test_embedding.py mixed inputs;
+        # server-common.cpp, tokenize_input_prompts): ids and strings mixed in one prompt,
+        # objects, and lists that mix all of them.
+        ([12, 34, "string", 56, 78], [(12, 34, "string", 56, 78)]),
+        (["string1", [12, 34, 56]], ["string1", (12, 34, 56)]),
+        ([[12, 34, 56], [12, "string", 34, 56]], [(12, 34, 56), (12, "string", 34, 56)]),
+        ({"prompt_string": "string"}, ["string"]),
+        ({"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}, ["hello world"]),
+        (["s1", {"prompt_string": [1, "s2"]}, {"content": [{"type": "text", "text": "s3"}]}], ["s1", (1, "s2"), "s3"]),
     ],
 )
 def test_completion_prompt_shapes(prompt: Any, want: list[Any]) -> None:
@@ -497,8 +506,12 @@ def test_completion_prompt_default_empty() -> None:
         ([-1, 2], "prompt"),
         ([True], "prompt[0]"),
         (["a", 1.5], "prompt[1]"),
-        ([[1, "x"]], "prompt[0]"),
+        ([[1, 2.5]], "prompt[0]"),
+        ([[2**31, "x"]], "prompt[0]"),
         ([[2**31]], "prompt[0]"),
+        ([{"nope": 1}], "prompt[0]"),
+        ({"prompt_string": 3}, "prompt"),
+        ({"content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "prompt.content[0]"),
         (["x"] * 129, "prompt"),
     ],
 )
@@ -560,8 +573,22 @@ def test_embedding_token_arrays(value: Any, want: list[Any]) -> None:
     assert rf.embedding_inputs(embedding(input=value)) == want
 
 
-@pytest.mark.parametrize("value", [["a", [1]], ["a", 1], [[1], []], [[-1]]])
-def test_embedding_bad_or_mixed_inputs(value: Any) -> None:
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [  # llama.cpp's test_embedding.py test_embedding_mixed_input
+        (["a", [1]], ["a", (1,)]),
+        (["a", 1], [("a", 1)]),  # holds an id: one mixed prompt
+        ([[12, 34, 56], [12, "string", 34, 56]], [(12, 34, 56), (12, "string", 34, 56)]),
+        ({"prompt_string": "string"}, ["string"]),
+        (["s1", {"prompt_string": "s2"}, {"content": [{"type": "text", "text": "s3"}]}], ["s1", "s2", "s3"]),
+    ],
+)
+def test_embedding_mixed_inputs(value: Any, want: list[Any]) -> None:
+    assert rf.embedding_inputs(embedding(input=value)) == want
+
+
+@pytest.mark.parametrize("value", [[[1], []], [[-1]], [{"x": 1}], [1.5]])
+def test_embedding_bad_inputs(value: Any) -> None:
     with pytest.raises(InvalidRequest) as info:
         rf.embedding_inputs(embedding(input=value))
     assert info.value.param.startswith("input")
