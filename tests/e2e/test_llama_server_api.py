@@ -114,6 +114,25 @@ def test_token_and_mixed_prompts_match_the_string_prompt(http: httpx.Client) -> 
     assert by_ids["prompt"].endswith(text)
 
 
+def test_several_prompts_get_one_answer_each_in_order(http: httpx.Client) -> None:
+    """llama.cpp's test_completion.py test_completion_with_tokens_input: `prompt` as a list
+    of prompts (ids, strings, {prompt_string}) answers with a list, one result each; the
+    same prompt in any form gives the same text. Streamed, each event names its `index`."""
+    text = "I believe the meaning of life is"
+    tokens = http.post("/tokenize", json={"model": "chat-a", "content": text, "add_special": True}).json()["tokens"]
+    for prompt in ([tokens, tokens], [tokens, text], [tokens, {"prompt_string": text}]):
+        r = http.post("/completion", json={"model": "chat-a", "prompt": prompt, "n_predict": 6, **GREEDY})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert isinstance(out, list) and [o["index"] for o in out] == [0, 1]
+        assert out[0]["content"].split()[:1] == out[1]["content"].split()[:1]
+        assert all(FINAL <= o.keys() for o in out)
+    events, _ = stream(http, prompt=[text, "Once upon a time"], n_predict=4)
+    finals = [e for e in events if e["stop"]]
+    assert sorted(e["index"] for e in finals) == [0, 1]
+    assert {e["index"] for e in events} == {0, 1}
+
+
 def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
     out = complete(http, prompt="Just fill the cache", n_predict=0)
     assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"

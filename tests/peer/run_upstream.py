@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     files = [f"unit/{f}" for f in (args.files or COUNTED)]
     junit = work / "junit.xml"
     command = [str(python), "-m", "pytest", *files, "-p", "no:cacheprovider", f"--junitxml={junit}", "-q"]
+    if not args.slow:  # as the suite's own tests.sh runs it unless SLOW_TESTS=1
+        command += ["-m", "not slow"]
     if args.workers > 1:
         command += ["-n", str(args.workers)]
     if args.k:
@@ -177,6 +179,7 @@ def main() -> int:
     p.add_argument("--out", default="peer-results.json")
     p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers")
     p.add_argument("-k", help="pytest's -k expression")
+    p.add_argument("--slow", action="store_true", help="include the tests marked slow (real-model downloads upstream)")
     p.add_argument("--port", type=int, help="the first server's port (default: the suite's, 8080)")
     p.add_argument("--compare", nargs=2, metavar=("BASELINE", "CANDIDATE"))
     p.add_argument("files", nargs="*", help=f"test files (default: {' '.join(COUNTED)})")

@@ -80,7 +80,7 @@ class NativeCompletion:
         """One streamed event: its text and tokens, `stop: false` (llama-server sends the
         token ids in every streamed event)."""
         obj: dict[str, Any] = {
-            "index": 0,
+            "index": ev.choice,
             "content": ev.text,
             "tokens": list(ev.tokens),
             "stop": False,
@@ -92,13 +92,13 @@ class NativeCompletion:
             obj["timings"] = timings_json(ev.timings)
         return sse.event(_json.encode(obj))
 
-    def final(self, content: str, tokens: list[int], last: Finish, prompt: str) -> dict[str, Any]:
+    def final(self, content: str, tokens: list[int], last: Finish, prompt: str, index: int = 0) -> dict[str, Any]:
         """The whole answer, or a stream's last event: `stop: true`, why it stopped, counts
-        and timings."""
+        and timings. `index`: which of the request's prompts it answers."""
         usage = last.usage
         stop_type: StopType = last.stop_type or ("limit" if last.reason == "length" else "eos")
         out = {
-            "index": 0,
+            "index": index,
             "content": content,
             "tokens": tokens if (self.return_tokens or self.stream) else [],
             "id_slot": -1 if last.id_slot is None else last.id_slot,

@@ -31,6 +31,7 @@ from router.generation import tool_schemas
 from router.generation.answer import gather
 from router.generation.events import Event, Failed, Finish, TextDelta
 from router.generation.prompt_bound import refuse_if_too_long
+from router.generation.prompts import Prompt
 from router.server import bodies, sse
 from router.server.json_body import decode
 from supervisor.connection import WorkerConnection
@@ -66,7 +67,10 @@ def register(app: Blueprint, server: Server) -> None:
         handle = generating_model(r.model)
         name = r.model if r.model is not None else handle.name
         job = completion_job(r, name, handle.spec.defaults)
-        prompt: str | list[int | str] = job.prompt if job.prompt is not None else list(job.prompt_parts or ())
+        prompts: list[Prompt] = (
+            list(job.prompt_list) if job.prompt_list is not None
+            else [job.prompt if job.prompt is not None else tuple(job.prompt_parts or ())]
+        )
         gen, events = await started(handle, job)
         ready = gen.conn.ready
         fmt = NativeCompletion(
@@ -79,11 +83,11 @@ def register(app: Blueprint, server: Server) -> None:
         )
         if not r.stream:
             try:
-                body = await _whole(events, gen.conn, fmt, prompt)
+                body = await _whole(events, gen.conn, fmt, prompts)
             finally:
                 gen.close()
             return Response(body, content_type="application/json")
-        return Response(sse.Body(_events(events, gen.conn, fmt, prompt), gen.close), status=200, headers=sse.HEADERS)
+        return Response(sse.Body(_events(events, gen.conn, fmt, prompts), gen.close), status=200, headers=sse.HEADERS)
 
     @app.post("/tokenize")
     async def tokenize() -> Response:
@@ -155,7 +159,7 @@ def register(app: Blueprint, server: Server) -> None:
         return _json(slots_json(states))
 
 
-async def _prompt_text(conn: WorkerConnection, prompt: str | list[int | str]) -> str:
+async def _prompt_text(conn: WorkerConnection, prompt: Prompt) -> str:
     """The prompt as text for the answer's `prompt`: token ids written out as the worker
     reads them (llama-server shows the processed prompt)."""
     if isinstance(prompt, str):
@@ -173,30 +177,38 @@ async def _prompt_text(conn: WorkerConnection, prompt: str | list[int | str]) ->
     return "".join(out)
 
 
-async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompt: str | list[int | str]) -> bytes:
+async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompts: list[Prompt]) -> bytes:
+    """The answer; for several prompts, a list of answers in their order, as llama-server
+    answers them."""
     answer = await gather(events)
-    c = answer.by_index[0]
-    assert c.finish is not None
-    return encode(fmt.final(c.content, c.tokens, c.finish, await _prompt_text(conn, prompt)))
+    out = []
+    for i, prompt in enumerate(prompts):
+        c = answer.by_index[i]
+        assert c.finish is not None
+        out.append(fmt.final(c.content, c.tokens, c.finish, await _prompt_text(conn, prompt), index=i))
+    return encode(out if len(prompts) > 1 else out[0])
 
 
 async def _events(
-    events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompt: str | list[int | str]
+    events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompts: list[Prompt]
 ) -> AsyncIterator[bytes]:
     """llama-server's stream: an event per step with its text and `stop: false`, then one
-    with `stop: true` and the whole answer's fields. No [DONE], as llama-server; a failure
-    after the headers is a final `{"error": ...}` event in its shape."""
-    n = 0
-    last: TextDelta | None = None  # the last step's text: it rides in the final event
+    with `stop: true` and the whole answer's fields; each prompt's with its `index`. No
+    [DONE], as llama-server; a failure after the headers is a final `{"error": ...}` event
+    in its shape."""
+    n: dict[int, int] = {}
+    last: dict[int, TextDelta] = {}  # each answer's last step's text: it rides in its final event
     async for ev in events:
         if isinstance(ev, TextDelta):
-            n += len(ev.tokens)
+            n[ev.choice] = n.get(ev.choice, 0) + len(ev.tokens)
             if ev.last:
-                last = ev
+                last[ev.choice] = ev
             else:
-                yield fmt.event(ev, n)
+                yield fmt.event(ev, n[ev.choice])
         elif isinstance(ev, Finish):
-            text, tokens = (last.text, list(last.tokens)) if last is not None else ("", [])
-            yield sse.event(encode(fmt.final(text, tokens, ev, await _prompt_text(conn, prompt))))
+            end = last.get(ev.choice)
+            text, tokens = (end.text, list(end.tokens)) if end is not None else ("", [])
+            prompt = await _prompt_text(conn, prompts[ev.choice])
+            yield sse.event(encode(fmt.final(text, tokens, ev, prompt, index=ev.choice)))
         elif isinstance(ev, Failed):
             yield error_event(ev.error)

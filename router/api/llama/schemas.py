@@ -24,7 +24,7 @@ class NativeCompletionRequest(schemas.SamplingFields, forbid_unknown_fields=True
     """POST /completion. The sampling parameters and their defaults are the OpenAI routes'
     (which are llama-server's); what follows is /completion's own."""
 
-    prompt: str | list[Any] = ""
+    prompt: str | list[Any] | dict[str, Any] = ""
     return_tokens: bool = False
     id_slot: Int32 = -1  # accepted, ignored: the slot with the longest cached prefix is taken
     # Accepted with no effect on what is generated.

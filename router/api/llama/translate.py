@@ -16,6 +16,7 @@ from router.api.llama.schemas import NativeCompletionRequest
 from router.api.openai import fields as request_fields
 from router.generation import structured
 from router.generation.job import GenerationJob
+from router.generation.prompts import Prompt, prompt_list
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import SamplingParams
 
@@ -58,38 +59,20 @@ def native_params(r: NativeCompletionRequest, defaults: SamplingParams = Samplin
     return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
 
 
-def native_prompt(r: NativeCompletionRequest) -> str | list[int | str]:
-    """The prompt as the worker takes it: a string, or llama-server's mixed prompt (token
-    ids and strings, tokenized in place). A list of several prompts would need one answer
-    each, which Corral does not do: 400 naming `prompt`."""
-    p = r.prompt
-    if isinstance(p, str):
-        return p
-    if len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]  # one prompt, wrapped: ["text"] or [[ids...]]
-        if isinstance(p, str):
-            return p
-    parts: list[int | str] = []
-    for i, x in enumerate(p):
-        if isinstance(x, bool) or not isinstance(x, (int, str)):
-            if isinstance(x, (list, dict)):  # several prompts, or a multimodal one
-                raise Unsupported("Only one prompt per request is supported on /completion.", "prompt")
-            raise InvalidRequest(f"Invalid value for 'prompt[{i}]': expected a token id or a string.", f"prompt[{i}]")
-        if isinstance(x, int) and not -(2**31) <= x < 2**31:
-            raise InvalidRequest(f"Invalid token id {x} at prompt[{i}].", "prompt")
-        parts.append(x)
-    if parts and all(isinstance(x, str) for x in parts):
-        # ["a", "b"] is two prompts to llama-server, not one mixed prompt.
-        raise Unsupported("Only one prompt per request is supported on /completion.", "prompt")
-    if not parts:
-        raise InvalidRequest("'prompt' must not be empty.", "prompt")
-    return parts
+def native_prompts(r: NativeCompletionRequest) -> list[Prompt]:
+    """The prompts, as llama-server reads `prompt` (server-common.cpp,
+    tokenize_input_prompts): a string, ids and strings mixed, an object, or a list of
+    those, each answered on its own."""
+    return prompt_list(r.prompt, "prompt")
 
 
 def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingParams) -> GenerationJob:
     """`model`: the name the answer gives (the request's, or the default model's)."""
     params = native_params(r, defaults)  # its 400s before the prompt's, as before
-    prompt = native_prompt(r)
+    prompts = native_prompts(r)
+    if len(prompts) > 1:  # one answer each, in order: `index` tells them apart
+        return GenerationJob(model=model, params=params, prompt_list=tuple(prompts), stream=r.stream)
+    (prompt,) = prompts
     return GenerationJob(
         model=model,
         params=params,

@@ -14,7 +14,7 @@ from router.api.timings import timings_json
 from router.generation.events import Finish
 from router.api.llama.render import NativeCompletion, pick_fields
 from router.api.llama.schemas import NativeCompletionRequest
-from router.api.llama.translate import native_params, native_prompt
+from router.api.llama.translate import native_params, native_prompts
 from supervisor import errors as e
 from tests.unit.worker.test_prompts import FakeModel, prepare
 from worker.prompts import detokenize_texts, piece
@@ -35,27 +35,36 @@ def req(**body: Any) -> NativeCompletionRequest:
 
 @pytest.mark.parametrize(
     ("prompt", "expected"),
-    [("hi", "hi"), (["hi"], "hi"), ([[1, 2]], [1, 2]), ([1, "a", 2], [1, "a", 2]), ([["a", 3]], ["a", 3])],
+    [  # llama.cpp's test_completion.py test_completion_with_tokens_input and test_json_prompt_no_mtmd
+        ("hi", ["hi"]),
+        (["hi"], ["hi"]),
+        ([[1, 2]], [(1, 2)]),
+        ([1, "a", 2], [(1, "a", 2)]),
+        ([["a", 3]], [("a", 3)]),
+        ({"prompt_string": "a"}, ["a"]),
+        # several prompts, each answered on its own
+        (["a", "b"], ["a", "b"]),
+        ([[1], [2]], [(1,), (2,)]),
+        ([[1, 2], {"prompt_string": "a"}], [(1, 2), "a"]),
+    ],
 )
-def test_one_prompt_in_any_of_llama_servers_forms(prompt: Any, expected: Any) -> None:
-    assert native_prompt(req(prompt=prompt)) == expected
+def test_prompts_in_any_of_llama_servers_forms(prompt: Any, expected: Any) -> None:
+    assert native_prompts(req(prompt=prompt)) == expected
 
 
 @pytest.mark.parametrize(
     ("prompt", "error", "param"),
     [
-        (["a", "b"], e.Unsupported, "prompt"),  # two prompts
-        ([[1], [2]], e.Unsupported, "prompt"),
-        ([{"prompt_string": "a"}], e.Unsupported, "prompt"),
-        ([1, 2.5], e.InvalidRequest, "prompt[1]"),
+        ([1, 2.5], e.InvalidRequest, "prompt"),
         ([True], e.InvalidRequest, "prompt[0]"),
         ([], e.InvalidRequest, "prompt"),
         ([2**40], e.InvalidRequest, "prompt"),
+        ({"prompt_string": "a", "multimodal_data": ["x"]}, e.InvalidRequest, "prompt"),  # test_json_prompt_mtm_error_when_not_supported
     ],
 )
 def test_prompts_that_are_refused(prompt: Any, error: type[e.CorralError], param: str) -> None:
     with pytest.raises(error) as info:
-        native_prompt(req(prompt=prompt))
+        native_prompts(req(prompt=prompt))
     assert info.value.param == param
 
 
