@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from worker import chat_formats
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.protocol import (
@@ -56,6 +58,8 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
         param,
         n_ctx_slot,
     )
+    if g.params.logit_bias_text:
+        g = _bias_texts_tokenized(g, m)
     if g.params.logit_bias:
         check_ids(list(g.params.logit_bias), m.n_vocab, "logit_bias")
     if g.n < 1:
@@ -85,6 +89,18 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
         return _request(g, tokens[0], n_ctx_slot, param, text if g.echo else None, in_reasoning)
 
     return Texts([checked(text, limit, m)], build)
+
+
+def _bias_texts_tokenized(g: Generate, m: TextModel) -> Generate:
+    """llama-server's text keys in logit_bias: every token of each text gets its bias
+    (tokenized without BOS, special tokens as plain text, as common_tokenize(..., false)
+    does). The router bounds how many texts and how long."""
+    bias = dict(g.params.logit_bias)
+    for text, value in g.params.logit_bias_text.items():
+        for token in m.tokenize(text, add_special=False, parse_special=False):
+            bias[token] = value
+    params = msgspec.structs.replace(g.params, logit_bias=bias, logit_bias_text={})
+    return msgspec.structs.replace(g, params=params)
 
 
 def _request(

@@ -229,12 +229,32 @@ def test_logit_bias_minus_100_on_the_greedy_token_changes_the_answer(server: Ser
     assert first not in again.choices[0].logprobs.top_logprobs[0]
 
 
+@pytest.mark.parametrize("form", ["object", "pairs", "ban"])
+def test_logit_bias_by_text_and_as_pairs_keeps_the_words_out(server: Server, form: str) -> None:
+    """llama.cpp's test_completion.py test_logit_bias (tokenize=False and openai_style
+    both ways): a text key biases its tokens; [[text, bias]] and `false` as llama-server
+    takes them (server-schema.cpp)."""
+    kw = {"model": "chat", "prompt": "The capital of France is", "max_tokens": 8, **GREEDY}
+    plain = httpx.post(server.base + "/completions", json=kw).json()["choices"][0]["text"]
+    word = plain.split()[0]
+    bias: object = {
+        "object": {" " + word: -100, word: -100},
+        "pairs": [[" " + word, -100], [word, -100]],
+        "ban": [[" " + word, False], [word, False]],
+    }[form]
+    r = httpx.post(server.base + "/completions", json={**kw, "logit_bias": bias})
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["text"]
+    assert text.split()[:1] != [word], (plain, text)
+
+
 def test_bad_logit_bias_and_logprobs_are_400s_naming_the_parameter(server: Server) -> None:
     chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     cases = [
         ({**chat, "logit_bias": {"999999": 1}}, "logit_bias"),  # past the vocabulary: the worker says so
         ({**chat, "logit_bias": {"12": 101}}, "logit_bias"),
-        ({**chat, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({**chat, "logit_bias": {"x": True}}, "logit_bias"),
+        ({**chat, "logit_bias": [[12]]}, "logit_bias"),
         ({**chat, "top_logprobs": 2}, "top_logprobs"),
         ({**chat, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({**chat, "n": 0}, "n"),

@@ -60,6 +60,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # OpenAI's logit_bias with its ids parsed: added to the logits before sampling (the
     # router bounds the values to -100..100; the worker checks the ids against its vocabulary).
     logit_bias: dict[int, float] = {}
+    # llama-server's logit_bias keyed by text: each text's tokens get its bias. The worker
+    # tokenizes them (no BOS, special tokens as text) into logit_bias before it samples.
+    logit_bias_text: dict[str, float] = {}
     # None: no logprobs. k >= 0: each generated token's logprob and its k most likely
     # alternatives, from the logits the sampler used (after logit_bias and any constraint).
     logprobs: int | None = None
@@ -77,6 +80,10 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
     "repeat_penalty": (0.0, 10.0),
 }
 MAX_STOP_STRINGS = 16
+# llama-server's `false` in logit_bias: the token is never chosen while any other may be.
+# Finite, unlike llama-server's -INFINITY, so that a request that bans every token samples
+# from equals instead of from NaN.
+LOGIT_BAN = -1e9
 
 
 class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -15,7 +15,7 @@ from router.generation import sampling, tool_schemas
 from router.generation.prompts import Prompt, prompt_list
 from router.generation.structured import ANY_OBJECT
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams
+from worker.protocol import LOGIT_BAN, ChatMessage, SamplingParams
 from router.api.openai.schemas import (
     LOGIT_BIAS_RANGE, MAX_N, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, EmbeddingRequest,
     ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, SamplingFields,
@@ -59,7 +59,8 @@ def sampling_params(
             "stream_options",
         )
     sampling.check_stops(stops)
-    return msgspec.structs.replace(params, logit_bias=logit_bias(r.logit_bias))
+    ids, texts = logit_bias(r.logit_bias)
+    return msgspec.structs.replace(params, logit_bias=ids, logit_bias_text=texts)
 
 
 def n_predict_tokens(n_predict: int | None, param: str = "n_predict") -> int | None:
@@ -72,23 +73,58 @@ def n_predict_tokens(n_predict: int | None, param: str = "n_predict") -> int | N
     return n_predict
 
 
-def logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
-    """OpenAI's `{"token id": bias}` with its ids parsed; biases within -100..100. Ids past
-    the model's vocabulary are the worker's to refuse (it knows the vocabulary)."""
-    out: dict[int, float] = {}
-    for key, value in (bias or {}).items():
-        if not (key.isascii() and key.isdigit()) or int(key) > 2**31 - 1:
-            raise InvalidRequest(
-                f"Invalid key in 'logit_bias': {key!r} is not a token id (a non-negative integer).",
-                "logit_bias",
-            )
-        if not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:  # NaN fails this too
-            raise InvalidRequest(
-                f"Invalid value in 'logit_bias' for token {key}: expected a value between -100 and 100, got {value}.",
-                "logit_bias",
-            )
-        out[int(key)] = value
-    return out
+# Text keys a request may bias, and how long each may be: each is tokenized by the worker.
+MAX_LOGIT_BIAS_TEXTS = 1024
+MAX_LOGIT_BIAS_TEXT_BYTES = 1024
+
+
+def logit_bias(bias: dict[str, float | bool] | list[Any] | None) -> tuple[dict[int, float], dict[str, float]]:
+    """logit_bias in every form llama-server takes (server-schema.cpp, "logit_bias"):
+    OpenAI's `{"token id": bias}`, `{"text": bias}`, `[[id, bias], ["text", bias], ...]`;
+    a bias is -100..100 (OpenAI's range), or `false` to ban the token. Returns the ids'
+    biases and the texts' (tokenized by the worker). Ids past the model's vocabulary are
+    the worker's to refuse (it knows the vocabulary); llama-server skips them silently."""
+    ids: dict[int, float] = {}
+    texts: dict[str, float] = {}
+    if bias is None:
+        return ids, texts
+    if isinstance(bias, dict):
+        entries: list[tuple[object, object, str]] = [(k, v, f"logit_bias.{k}") for k, v in bias.items()]
+    else:
+        entries = []
+        for i, el in enumerate(bias):
+            if not isinstance(el, list) or len(el) != 2:
+                raise InvalidRequest(f"Invalid value for 'logit_bias[{i}]': expected [token id or text, bias].", "logit_bias")
+            entries.append((el[0], el[1], f"logit_bias[{i}]"))
+    for key, value, where in entries:
+        amount = _bias_value(value, where)
+        if isinstance(key, str) and key.isascii() and key.removeprefix("-").isdigit():
+            key = int(key)  # an id, as strtol reads it; a negative one is refused below
+        if isinstance(key, int) and not isinstance(key, bool):
+            if not 0 <= key <= 2**31 - 1:
+                raise InvalidRequest(f"Invalid key in '{where}': {key} is not a token id.", "logit_bias")
+            ids[key] = amount
+        elif isinstance(key, str) and key:
+            if len(key.encode()) > MAX_LOGIT_BIAS_TEXT_BYTES:
+                raise InvalidRequest(f"Invalid key in '{where}': at most {MAX_LOGIT_BIAS_TEXT_BYTES} bytes of text.", "logit_bias")
+            texts[key] = amount
+        else:
+            raise InvalidRequest(f"Invalid key in '{where}': expected a token id or a text.", "logit_bias")
+    if len(texts) > MAX_LOGIT_BIAS_TEXTS:
+        raise InvalidRequest(f"Invalid 'logit_bias': at most {MAX_LOGIT_BIAS_TEXTS} text keys.", "logit_bias")
+    return ids, texts
+
+
+def _bias_value(value: object, where: str) -> float:
+    if value is False:
+        return LOGIT_BAN
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:  # NaN fails this too
+            return float(value)
+    raise InvalidRequest(
+        f"Invalid value in '{where}': expected a value between -100 and 100, or false to ban the token; got {value!r}.",
+        "logit_bias",
+    )
 
 
 def chat_logprobs(r: ChatRequest) -> int | None:

@@ -79,7 +79,9 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     seed: Seed | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    # OpenAI's {"token id": bias}; llama-server's also takes text keys, [[id or text,
+    # bias], ...] and `false` for a ban (router/api/openai/fields.py, logit_bias).
+    logit_bias: dict[str, float | bool] | list[Any] | None = None
     user: str | None = None  # accepted and ignored (see IGNORED)
     # llama.cpp extensions, as llama-server names them.
     top_k: Int32 | None = None

@@ -232,6 +232,20 @@ def test_stop_string_and_list() -> None:
     assert rf.sampling_params(chat(stop=[]), None).stop == []
 
 
+def test_logit_bias_in_every_form_llama_server_takes() -> None:
+    """llama.cpp's test_completion.py test_logit_bias (ids and texts, OpenAI's object and
+    llama-server's pairs) and server-schema.cpp's `false` to ban: ids parsed, texts left
+    for the worker to tokenize, false a ban that is finite (no NaN if all are banned)."""
+    from worker.protocol import LOGIT_BAN
+
+    assert rf.logit_bias({"5": -100, "7": False}) == ({5: -100.0, 7: LOGIT_BAN}, {})
+    assert rf.logit_bias([[5, 10], [" the", -100], ["x", False]]) == ({5: 10.0}, {" the": -100.0, "x": LOGIT_BAN})
+    assert rf.logit_bias({" hello": 2.5}) == ({}, {" hello": 2.5})
+    p = rf.sampling_params(chat(logit_bias=[[3, 1], ["a", -1]]), None)
+    assert (p.logit_bias, p.logit_bias_text) == ({3: 1.0}, {"a": -1.0})
+    assert LOGIT_BAN > float("-inf") and LOGIT_BAN < -1e6
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
@@ -247,7 +261,11 @@ def test_stop_string_and_list() -> None:
         ({"repeat_last_n": -2}, "repeat_last_n"),
         ({"n": 129}, "n"),
         ({"n": 0}, "n"),
-        ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"abc": True}}, "logit_bias"),  # only false bans; true means nothing
+        ({"logit_bias": [[1, 2, 3]]}, "logit_bias"),
+        ({"logit_bias": [5]}, "logit_bias"),
+        ({"logit_bias": [[None, 1]]}, "logit_bias"),
+        ({"logit_bias": {"": 1}}, "logit_bias"),
         ({"logit_bias": {"-5": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": 100.5}}, "logit_bias"),
         ({"logit_bias": {"5": -101}}, "logit_bias"),
