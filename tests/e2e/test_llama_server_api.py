@@ -133,6 +133,24 @@ def test_several_prompts_get_one_answer_each_in_order(http: httpx.Client) -> Non
     assert {e["index"] for e in events} == {0, 1}
 
 
+def test_n_probs_gives_each_token_and_its_likeliest(http: httpx.Client) -> None:
+    """llama.cpp's test_completion.py test_n_probs and test_n_probs_stream."""
+    out = complete(http, prompt="I believe the meaning of life is", n_probs=10, n_predict=5)
+    probs = out["completion_probabilities"]
+    assert len(probs) == out["tokens_predicted"] == 5
+    assert "".join(p["token"] for p in probs) == out["content"]
+    for tok in probs:
+        assert tok["id"] > 0 and tok["logprob"] <= 0.0 and isinstance(tok["bytes"], list)
+        assert len(tok["top_logprobs"]) == 10
+        assert tok["top_logprobs"][0]["id"] == tok["id"]  # greedy: the likeliest was taken
+        assert all(p["logprob"] <= 0.0 and isinstance(p["token"], str) for p in tok["top_logprobs"])
+    events, _ = stream(http, prompt="I believe the meaning of life is", n_probs=10, n_predict=5)
+    steps = [e for e in events if not e["stop"]]
+    assert steps and all(len(e["completion_probabilities"]) == len(e["tokens"]) for e in steps)
+    r = http.post("/completion", json={"model": "chat-a", "prompt": "x", "n_probs": 3, "post_sampling_probs": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs"
+
+
 def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
     out = complete(http, prompt="Just fill the cache", n_predict=0)
     assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"

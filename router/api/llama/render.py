@@ -10,14 +10,14 @@ build.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
 from router.api.timings import timings_json
 from router.generation.events import Finish, TextDelta
 from router.server import sse
-from worker.protocol import Ready, SamplingParams, SlotState, StopType
+from worker.protocol import Ready, SamplingParams, SlotState, StopType, TokenLogprob
 
 _json = msgspec.json.Encoder()
 
@@ -54,7 +54,7 @@ def params_json(p: SamplingParams, stream: bool = False) -> dict[str, Any]:
         "n_keep": 0,
         "ignore_eos": p.ignore_eos,
         "stream": stream,
-        "n_probs": 0,
+        "n_probs": p.logprobs or 0,
         "min_keep": 0,
         "grammar": "",
         "samplers": list(SAMPLERS),
@@ -90,9 +90,14 @@ class NativeCompletion:
         }
         if ev.timings is not None and self.params.timings_per_token:
             obj["timings"] = timings_json(ev.timings)
+        if self.params.logprobs is not None:
+            obj["completion_probabilities"] = probabilities_json(ev.logprobs)
         return sse.event(_json.encode(obj))
 
-    def final(self, content: str, tokens: list[int], last: Finish, prompt: str, index: int = 0) -> dict[str, Any]:
+    def final(
+        self, content: str, tokens: list[int], last: Finish, prompt: str, index: int = 0,
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> dict[str, Any]:
         """The whole answer, or a stream's last event: `stop: true`, why it stopped, counts
         and timings. `index`: which of the request's prompts it answers."""
         usage = last.usage
@@ -116,7 +121,22 @@ class NativeCompletion:
             "tokens_cached": usage.cached_tokens,
             "timings": timings_json(last.timings),
         }
+        if self.params.logprobs is not None:
+            out["completion_probabilities"] = probabilities_json(logprobs)
         return pick_fields(out, self.response_fields) if self.response_fields else out
+
+
+def probabilities_json(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """n_probs' `completion_probabilities`, as llama-server shapes them: each token with
+    its logprob and its n most likely alternatives (the model's, before sampling)."""
+    return [
+        {**_candidate(lp.token, lp.piece, lp.logprob), "top_logprobs": [_candidate(t.token, t.piece, t.logprob) for t in lp.top]}
+        for lp in logprobs
+    ]
+
+
+def _candidate(token: int, piece: bytes, logprob: float) -> dict[str, Any]:
+    return {"id": token, "token": piece.decode("utf-8", errors="replace"), "bytes": list(piece), "logprob": logprob}
 
 
 def pick_fields(obj: dict[str, Any], fields: list[str]) -> dict[str, Any]:

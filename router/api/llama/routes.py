@@ -185,7 +185,7 @@ async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: Nati
     for i, prompt in enumerate(prompts):
         c = answer.by_index[i]
         assert c.finish is not None
-        out.append(fmt.final(c.content, c.tokens, c.finish, await _prompt_text(conn, prompt), index=i))
+        out.append(fmt.final(c.content, c.tokens, c.finish, await _prompt_text(conn, prompt), index=i, logprobs=c.logprobs))
     return encode(out if len(prompts) > 1 else out[0])
 
 
@@ -209,6 +209,7 @@ async def _events(
             end = last.get(ev.choice)
             text, tokens = (end.text, list(end.tokens)) if end is not None else ("", [])
             prompt = await _prompt_text(conn, prompts[ev.choice])
-            yield sse.event(encode(fmt.final(text, tokens, ev, prompt, index=ev.choice)))
+            logprobs = end.logprobs if end is not None else ()
+            yield sse.event(encode(fmt.final(text, tokens, ev, prompt, index=ev.choice, logprobs=logprobs)))
         elif isinstance(ev, Failed):
             yield error_event(ev.error)

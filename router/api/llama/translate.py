@@ -27,11 +27,11 @@ _OFF: dict[str, object] = {
     "mirostat": 0,
     "dry_multiplier": 0.0,
     "xtc_probability": 0.0,
-    "n_probs": 0,
     "n_indent": 0,
     "n_cmpl": 1,
 }
 
+MAX_N_PROBS = 100  # candidates per token: llama-server sets no bound, one pass costs more with each
 
 
 def native_params(r: NativeCompletionRequest, defaults: SamplingParams = SamplingParams()) -> SamplingParams:
@@ -56,6 +56,17 @@ def native_params(r: NativeCompletionRequest, defaults: SamplingParams = Samplin
     else:
         max_tokens, param = request_fields.n_predict_tokens(r.n_predict), "n_predict"
     params = request_fields.sampling_params(r, max_tokens, param, min_tokens=0, defaults=defaults)
+    if r.n_probs:
+        if not 0 < r.n_probs <= MAX_N_PROBS:
+            raise InvalidRequest(f"Invalid 'n_probs': expected a value from 0 to {MAX_N_PROBS}, got {r.n_probs}.", "n_probs")
+        if r.post_sampling_probs:
+            # The sampler chain's own distribution (after top_k, top_p, min_p and
+            # temperature) is not what Corral reads; the model's would be a wrong answer.
+            raise Unsupported(
+                "'post_sampling_probs' is not supported: n_probs gives the model's probabilities, before sampling.",
+                "post_sampling_probs",
+            )
+        params = msgspec.structs.replace(params, logprobs=r.n_probs)
     return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
 
 

@@ -68,6 +68,21 @@ def test_prompts_that_are_refused(prompt: Any, error: type[e.CorralError], param
     assert info.value.param == param
 
 
+def test_n_probs_asks_for_that_many_candidates_and_post_sampling_is_refused_by_name() -> None:
+    """llama.cpp's test_completion.py test_n_probs: n_probs 10 gives each token and its 10
+    likeliest. post_sampling_probs would need the sampler chain's distribution, which
+    Corral does not read: a 400 naming it, never the model's numbers under its name."""
+    assert native_params(req(n_probs=10)).logprobs == 10
+    assert native_params(req()).logprobs is None
+    for bad in (-1, 101):
+        with pytest.raises(e.InvalidRequest) as info:
+            native_params(req(n_probs=bad))
+        assert info.value.param == "n_probs"
+    with pytest.raises(e.Unsupported) as unsupported:
+        native_params(req(n_probs=3, post_sampling_probs=True))
+    assert unsupported.value.param == "post_sampling_probs"
+
+
 def test_n_predict_and_max_tokens() -> None:
     assert native_params(req()).max_tokens is None  # -1 (llama-server's default): no limit
     assert native_params(req(n_predict=-1)).max_tokens is None
@@ -81,7 +96,7 @@ def test_n_predict_and_max_tokens() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5), ("n_probs", 3),
+    [("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5),
      ("dynatemp_range", 0.5), ("lora", [{"id": 0, "scale": 1.0}])],
 )
 def test_what_corral_cannot_do_is_refused_by_name(field: str, value: Any) -> None:
