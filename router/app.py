@@ -89,6 +89,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return await on_corral_error(InternalError(f"internal error: {type(exc).__name__}"))
 
     @app.get("/health")
+    @app.get("/v1/health")  # llama-server's second name for it
     async def health() -> Response:
         return Response(_json.encode({"status": "ok"}), content_type="application/json")
 

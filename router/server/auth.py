@@ -40,7 +40,7 @@ class Access(Enum):
 
 
 def access_of(path: str) -> Access:
-    if path == "/health" or path == "/":
+    if path in ("/health", "/v1/health", "/"):
         return Access.OPEN
     if path == "/metrics" or path == "/admin" or path.startswith("/admin/"):
         return Access.ADMIN

@@ -151,6 +151,20 @@ def test_n_probs_gives_each_token_and_its_likeliest(http: httpx.Client) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs"
 
 
+def test_input_tokens_counts_the_chats_prompt(http: httpx.Client) -> None:
+    """llama-server's /v1/chat/completions/input_tokens (server-context.cpp,
+    handle_count_tokens): the chat's prompt tokens, as the chat itself reports them."""
+    body = {"model": "chat-a", "messages": [{"role": "user", "content": "Count me, please."}], "max_tokens": 1}
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        r = http.post(path, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["object"] == "response.input_tokens"
+        n = r.json()["input_tokens"]
+        used = http.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+        assert n == used > 5
+    assert http.get("/v1/health").json() == {"status": "ok"}
+
+
 def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
     out = complete(http, prompt="Just fill the cache", n_predict=0)
     assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"

@@ -98,6 +98,20 @@ def register(app: Blueprint, server: Server) -> None:
         handle = generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
         return await _answer(handle, chat_job(r, r.model or handle.name, handle.spec.defaults))
 
+    @app.post("/v1/chat/completions/input_tokens")
+    @app.post("/chat/completions/input_tokens")
+    async def chat_input_tokens() -> Response:
+        """llama-server's token count of a chat body: the tokens its prompt would be, as
+        the chat route renders and tokenizes it. Generates nothing."""
+        r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
+        handle = generating_model(r.model)
+        job = chat_job(r, r.model or handle.name, handle.spec.defaults)
+        async with handle.lease() as conn:
+            offered = list(job.tools.offered) if job.tools.offered else None
+            prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)
+            n = len(await conn.tokenize(prompt, add_special=True))
+        return json_response({"object": "response.input_tokens", "input_tokens": n})
+
     @app.post("/v1/completions")  # /completions, without /v1, is llama-server's native one
     async def completions() -> Response:
         r: schemas.CompletionRequest = decode(await bodies.read_body(), schemas.CompletionRequest)
