@@ -123,3 +123,37 @@ async def test_header_names_are_written_title_cased(tmp_path: Path) -> None:
             assert head.startswith(b"HTTP/1.1 200")
             assert b"\r\nAccess-Control-Allow-Origin: http://localhost:3000\r\n" in head
             assert b"\r\nAccess-Control-Allow-Credentials: true\r\n" in head
+
+
+async def test_router_mode_load_and_unload(tmp_path: Path) -> None:
+    """test_router.py test_router_unload_model and _load_model_and_wait: POST /models/load
+    {"model"} answers {"success": true} and the model reads `loaded` in GET /models;
+    unload answers the same and it reads `unloaded`. Loading a running model, or
+    unloading a stopped one, is a 400 (llama-server's "already running" / "not running")."""
+    sup = _sup(tmp_path, {"a": {}, "b": {}})
+    client = create_app(sup, sup.config).test_client()
+
+    async def status(name: str) -> str:
+        data = (await (await client.get("/models")).get_json())["data"]
+        return next(m["status"]["value"] for m in data if m["id"] == name)
+
+    with trio.fail_after(30):
+        async with running(sup):
+            r = await client.post("/models/unload", json={"model": "a"})
+            assert r.status_code == 400 and "not running" in (await r.get_json())["error"]["message"]
+            r = await client.post("/models/load", json={"model": "a"})
+            assert r.status_code == 200 and await r.get_json() == {"success": True}
+            assert await status("a") == "loaded" and await status("b") == "unloaded"
+            r = await client.post("/models/load", json={"model": "a"})
+            assert r.status_code == 400 and (await r.get_json())["error"]["type"] == "invalid_request_error"
+            r = await client.post("/models/unload", json={"model": "a"})
+            assert r.status_code == 200 and await r.get_json() == {"success": True}
+            for _ in range(200):
+                if await status("a") == "unloaded":
+                    break
+                await trio.sleep(0.05)
+            assert await status("a") == "unloaded"
+            r = await client.post("/models/load", json={"model": "nope"})
+            assert r.status_code == 404  # Corral's: an unknown name is not found (llama-server: 400)
+            r = await client.post("/models/load", json={})
+            assert r.status_code == 400 and (await r.get_json())["error"]["param"] == "model"

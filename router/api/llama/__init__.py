@@ -18,6 +18,8 @@ OPERATIONS = (
         "post", "/apply-template", "Render a chat with the model's template (llama-server's route)",
         schemas.ApplyTemplateRequest, _E,
     ),
+    Operation("post", "/models/load", "Load a model (llama-server's router mode)", schemas.ModelActionRequest, _E),
+    Operation("post", "/models/unload", "Unload a model (llama-server's router mode)", schemas.ModelActionRequest, _E),
 )
 
 DIALECT = Dialect(

@@ -21,6 +21,7 @@ from router.api.llama.render import NativeCompletion, encode, props_json, slots_
 from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
+    ModelActionRequest,
     NativeCompletionRequest,
     TokenizeRequest,
 )
@@ -35,11 +36,15 @@ from router.generation.prompts import Prompt
 from router.server import bodies, sse
 from router.server.json_body import decode
 from supervisor.connection import WorkerConnection
-from supervisor.errors import InternalError, NotServed, Unsupported, WorkerUnavailable
+from supervisor.errors import InternalError, InvalidRequest, NotServed, Unsupported, WorkerUnavailable
 from supervisor.handle import ModelHandle
+from supervisor.lifecycle import State
 
 # The paths whose errors are in llama-server's shape.
-PATHS = frozenset({"/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots"})
+PATHS = frozenset({
+    "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
+    "/models/load", "/models/unload",
+})
 
 
 def owns(path: str) -> bool:
@@ -131,6 +136,29 @@ def register(app: Blueprint, server: Server) -> None:
         async with handle.lease() as conn:
             prompt = await conn.render(messages, list(tools) if tools else None, kwargs)
         return _json({"prompt": prompt})
+
+    @app.post("/models/load")
+    async def models_load() -> Response:
+        """llama-server's router mode: load a model. Answers once it is loaded (llama-server
+        answers at once and its client polls GET /models for `loaded`: a client that polls
+        finds it so). Already running: 400, as llama-server answers."""
+        r: ModelActionRequest = decode(await bodies.read_body(), ModelActionRequest)
+        handle = resolve(r.model)
+        if handle.state in (State.STARTING, State.READY):
+            raise InvalidRequest("model is already running", "model")
+        await handle.ensure_ready()
+        return _json({"success": True})
+
+    @app.post("/models/unload")
+    async def models_unload() -> Response:
+        """llama-server's router mode: unload a model once what it has in flight is done.
+        Not running: 400, as llama-server answers."""
+        r: ModelActionRequest = decode(await bodies.read_body(), ModelActionRequest)
+        handle = resolve(r.model)
+        if handle.state not in (State.STARTING, State.READY, State.DRAINING):
+            raise InvalidRequest("model is not running", "model")
+        handle.request_unload(reason="unloaded by POST /models/unload")
+        return _json({"success": True})
 
     @app.get("/props")
     async def props() -> Response:

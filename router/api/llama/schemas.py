@@ -108,3 +108,10 @@ class NativeErrorBody(msgspec.Struct):
     """Every error on llama-server's own routes (router/api/llama/errors.py)."""
 
     error: NativeErrorDetail
+
+
+class ModelActionRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /models/load and /models/unload, as llama-server's router mode takes them."""
+
+    model: str
+
