@@ -156,6 +156,7 @@ class WorkerConnection:
         n: int = 1,
         echo: bool = False,
         request_id: str | None = None,
+        add_generation_prompt: bool = True,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events."""
@@ -165,7 +166,7 @@ class WorkerConnection:
             Generate(
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
-                request_id=request_id,
+                request_id=request_id, add_generation_prompt=add_generation_prompt,
             )
         )
         return RequestStream(self, rid, recv, n)
@@ -211,11 +212,16 @@ class WorkerConnection:
         messages: list[ChatMessage],
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
-        """The messages rendered by the model's chat template, generation prompt included,
-        as a chat request with these tools and template variables would have them."""
+        """The messages rendered by the model's chat template, as a chat request with these
+        tools and template variables would have them; the generation prompt unless told
+        otherwise."""
         reply = await self._call(
-            lambda rid: Render(id=rid, messages=messages, tools=tools, template_kwargs=template_kwargs)
+            lambda rid: Render(
+                id=rid, messages=messages, tools=tools, template_kwargs=template_kwargs,
+                add_generation_prompt=add_generation_prompt,
+            )
         )
         return expect(reply, Rendered).prompt
 

@@ -52,10 +52,13 @@ class ChatTemplate(Protocol):
         max_bytes: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         """The prompt text. Raises TemplateError, or TemplateTooLong when the text would
         be longer than `max_bytes` UTF-8 bytes, found as cheaply as the template allows.
-        `tools` must be None unless `format.tools` is set."""
+        `tools` must be None unless `format.tools` is set. Without
+        `add_generation_prompt`, the assistant's turn is not opened (and a final assistant
+        message is rendered as a whole turn, not continued)."""
         ...
 
 
@@ -142,16 +145,17 @@ class JinjaTemplate:
         max_bytes: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         offered = tools
         if self._format.tools == "generic" and chat_formats.needs_generic_rewrite(messages, tools):
             messages = chat_formats.generic_messages(messages, tools, self._system_role)
             offered = None  # the instructions are in the messages; the template never sees them
-        prefill = chat_formats.prefill_of(messages)
+        prefill = chat_formats.prefill_of(messages) if add_generation_prompt else None
         if prefill is not None:
             messages = messages[:-1]
         context: dict[str, Any] = dict(template_kwargs or {})
-        context.update(bos_token=self._bos, eos_token=self._eos, add_generation_prompt=True)
+        context.update(bos_token=self._bos, eos_token=self._eos, add_generation_prompt=add_generation_prompt)
         if offered:
             context["tools"] = list(offered)
         text = self._render_any_shape(messages, context)
@@ -202,6 +206,7 @@ class BuiltinTemplate:
         max_bytes: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         # A built-in template takes tools only in the generic format, where they travel as
         # a system message; template_kwargs have no meaning for C++ templates.
@@ -209,9 +214,9 @@ class BuiltinTemplate:
             messages = chat_formats.generic_messages(messages, tools, system_role=True)
         elif any(m.role == "tool" or m.tool_calls for m in messages) or tools:
             raise TemplateError("this model's built-in chat template cannot render tool calls")
-        prefill = chat_formats.prefill_of(messages)
+        prefill = chat_formats.prefill_of(messages) if add_generation_prompt else None
         if prefill is None:
-            return self._apply(messages, max_bytes)
+            return self._apply(messages, max_bytes, add_generation_prompt)
         extra = utf8_length(prefill.content)
         try:
             text = self._apply(messages[:-1], None if max_bytes is None else max(0, max_bytes - extra))
@@ -221,7 +226,7 @@ class BuiltinTemplate:
             raise TemplateTooLong(utf8_length(text) + extra)
         return text + prefill.content
 
-    def _apply(self, messages: Sequence[ChatMessage], max_bytes: int | None) -> str:
+    def _apply(self, messages: Sequence[ChatMessage], max_bytes: int | None, add_ass: bool = True) -> str:
         # C strings end at NUL: drop any (the check is a fast scan; the copy is rare).
         contents = [(m.content.replace("\0", "") if "\0" in m.content else m.content).encode() for m in messages]
         roles = [m.role.encode() for m in messages]  # kept alive while C reads them
@@ -231,13 +236,13 @@ class BuiltinTemplate:
             arr[i].content = c
         # A NULL buffer measures the text without copying it out: a prompt over the limit
         # is refused without building a Python string of it (the C call drops the GIL).
-        n = llama_cpp.llama_chat_apply_template(self._name, arr, len(messages), True, None, 0)
+        n = llama_cpp.llama_chat_apply_template(self._name, arr, len(messages), add_ass, None, 0)
         if n < 0:
             raise TemplateError(f"built-in template {self._name.decode()!r} failed")
         if max_bytes is not None and n > max_bytes:
             raise TemplateTooLong(n)
         buf = ctypes.create_string_buffer(n + 1)
-        n = llama_cpp.llama_chat_apply_template(self._name, arr, len(messages), True, buf, n + 1)
+        n = llama_cpp.llama_chat_apply_template(self._name, arr, len(messages), add_ass, buf, n + 1)
         return ctypes.string_at(buf, n).decode("utf-8", errors="replace")
 
 

@@ -74,7 +74,9 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
         fmt = template.format
         bound = m.max_token_bytes()
         try:
-            text = template.render(g.messages, limit.most * bound if bound else None, g.tools, g.template_kwargs)
+            text = template.render(
+                g.messages, limit.most * bound if bound else None, g.tools, g.template_kwargs, g.add_generation_prompt
+            )
         except TemplateTooLong as exc:
             raise limit.refuse(fewest_tokens(exc.n_bytes, bound), at_least=True) from None
         except TemplateError as exc:
@@ -203,7 +205,9 @@ def render_texts(r: Render, m: TextModel) -> Texts:
     """POST /apply-template: the chat template rendered here, in stage 1 (it holds the GIL);
     nothing is tokenized."""
     try:
-        prompt = _chat_template(m, r.tools).render(r.messages, tools=r.tools, template_kwargs=r.template_kwargs)
+        prompt = _chat_template(m, r.tools).render(
+            r.messages, tools=r.tools, template_kwargs=r.template_kwargs, add_generation_prompt=r.add_generation_prompt
+        )
     except TemplateError as exc:
         raise RequestRejected("invalid_request", f"chat template: {exc}", "messages") from None
     return Texts([], lambda _: Rendered(id=r.id, prompt=prompt))

@@ -37,6 +37,7 @@ class GenerationJob:
     include_usage: bool = False  # stream_options.include_usage
     tools: ToolRequest = field(default_factory=ToolRequest)
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs
+    add_generation_prompt: bool = True  # False: the template does not open the assistant's turn
     # A text completion's prompts when they are not one string (token arrays, or several
     # prompts); each gives n choices, choice p*n + j being prompt p's j-th.
     prompt_list: tuple[Prompt, ...] | None = None

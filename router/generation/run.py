@@ -131,6 +131,7 @@ class Generation:
                 prompt_tokens=[t for t in prompt if isinstance(t, int)] if isinstance(prompt, tuple) and is_tokens(prompt) else None,
                 n=job.n,
                 echo=job.echo,
+                add_generation_prompt=job.add_generation_prompt,
                 request_id=self._record.id if self._record is not None else None,
             )
             self._streams.append(stream)

@@ -203,6 +203,17 @@ def test_apply_template_renders_the_chat_template(http: httpx.Client) -> None:
     prompt = r.json()["prompt"]
     assert "<start_of_turn>user\n" in prompt and "Hi there" in prompt
     assert prompt.endswith("<start_of_turn>model\n")  # the generation prompt
+    # llama.cpp's test_template.py test_add_generation_prompt: without it, no opened turn.
+    r = http.post("/apply-template", json={"model": "chat-a", "messages": messages, "add_generation_prompt": False})
+    assert r.status_code == 200 and not r.json()["prompt"].endswith("<start_of_turn>model\n")
+    assert r.json()["prompt"] == prompt.removesuffix("<start_of_turn>model\n")
+    # test_chat_completion.py: continue_final_message with add_generation_prompt true is a 400.
+    chat = {"model": "chat-a", "max_tokens": 2, "add_generation_prompt": True, "continue_final_message": True,
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    r = http.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    r = http.post("/v1/chat/completions", json={**chat, "add_generation_prompt": False})
+    assert r.status_code == 200, r.text
 
 
 def test_props_describes_the_model_and_never_its_path(http: httpx.Client) -> None:

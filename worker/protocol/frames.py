@@ -46,6 +46,9 @@ class Generate(Frame):
     tools: list[dict[str, Any]] | None = None
     # Extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
     template_kwargs: dict[str, Any] | None = None
+    # False: the template does not open the assistant's turn (llama-server's
+    # add_generation_prompt; a chat continuing its last message needs none).
+    add_generation_prompt: bool = True
     prompt_tokens: list[int] | None = None
     n: int = 1
     echo: bool = False
@@ -82,14 +85,16 @@ class Detokenize(Frame):
 
 
 class Render(Frame):
-    """Render messages with the model's chat template, generation prompt included
-    (llama-server's /apply-template); answered with Rendered. `tools` and
-    `template_kwargs` as in Generate: the prompt a chat request with them would get."""
+    """Render messages with the model's chat template (llama-server's /apply-template);
+    answered with Rendered. `tools` and `template_kwargs` as in Generate: the prompt a chat
+    request with them would get; without `add_generation_prompt`, the assistant's turn is
+    not opened."""
 
     id: int
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None = None
     template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
 
 
 class SlotsQuery(Frame):

@@ -134,7 +134,7 @@ def register(app: Blueprint, server: Server) -> None:
         tools = tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls).offered
         kwargs = request_fields.chat_template_kwargs(r.chat_template_kwargs)
         async with handle.lease() as conn:
-            prompt = await conn.render(messages, list(tools) if tools else None, kwargs)
+            prompt = await conn.render(messages, list(tools) if tools else None, kwargs, r.add_generation_prompt)
         return _json({"prompt": prompt})
 
     @app.post("/models/load")

@@ -86,6 +86,7 @@ class ApplyTemplateRequest(msgspec.Struct, forbid_unknown_fields=True):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
 
 
 class SlotsQuery(msgspec.Struct, forbid_unknown_fields=True):

@@ -244,6 +244,21 @@ def chat_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None
     return kwargs
 
 
+def generation_prompt(r: ChatRequest) -> bool:
+    """Whether the template opens the assistant's turn. `continue_final_message` (vLLM's
+    name for what Corral does with a final assistant message anyway) with
+    `add_generation_prompt` true is a contradiction: 400, as llama-server answers it."""
+    if r.continue_final_message:
+        if r.add_generation_prompt:
+            raise InvalidRequest(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true.", "continue_final_message"
+            )
+        if not r.messages or r.messages[-1].get("role") != "assistant":
+            raise InvalidRequest("'continue_final_message' needs a final assistant message to continue.", "messages")
+        return True  # the final assistant message is continued: rendered after the opened turn
+    return r.add_generation_prompt is not False
+
+
 def completion_prompts(r: CompletionRequest) -> list[Prompt]:
     """The request's prompts: each gives n choices (choice index = prompt index * n + j)."""
     prompts = prompt_list(r.prompt, "prompt")

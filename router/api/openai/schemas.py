@@ -103,6 +103,10 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
 class ChatRequest(SamplingFields, forbid_unknown_fields=True):
     messages: list[dict[str, Any]] = []
     max_completion_tokens: Int32 | None = None
+    # llama-server's (and vLLM's): whether the template opens the assistant's turn, and
+    # whether the last (assistant) message is continued instead of answered.
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
     logprobs: bool | None = None
     top_logprobs: Int32 | None = None
     response_format: ResponseFormat | None = None

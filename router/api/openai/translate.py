@@ -32,6 +32,7 @@ def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = Samp
         tools=tool_schemas.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
         template_kwargs=request_fields.chat_template_kwargs(r.chat_template_kwargs),
         n=r.n,
+        add_generation_prompt=request_fields.generation_prompt(r),
     )
 
 

@@ -173,3 +173,20 @@ def test_detection_of_formats_by_markers() -> None:
     assert chat_formats.detect_tool_format("<start_of_turn>") == "generic"
     assert chat_formats.resolve("auto", None, True) == chat_formats.ChatFormat(tools="generic", reasoning=False)
     assert chat_formats.resolve("generic", None, True).tools == "generic"
+
+
+def test_add_generation_prompt_false_leaves_the_assistants_turn_closed() -> None:
+    """llama.cpp's test_template.py test_add_generation_prompt and test_chat_completion.py's
+    continue_final_message: without the generation prompt the template does not open the
+    assistant's turn, and a final assistant message is a whole turn, not continued."""
+    source = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    t = JinjaTemplate(source, "", "")
+    ask = [ChatMessage(role="user", content="q")]
+    assert t.render(ask) == "<user>q</user><assistant>"
+    assert t.render(ask, add_generation_prompt=False) == "<user>q</user>"
+    prefill = [*ask, ChatMessage(role="assistant", content="Wh")]
+    assert t.render(prefill) == "<user>q</user><assistant>Wh"  # continued
+    assert t.render(prefill, add_generation_prompt=False) == "<user>q</user><assistant>Wh</assistant>"

@@ -49,6 +49,7 @@ class Template:
         max_bytes: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         self.max_bytes.append(max_bytes)
         if self.fail:
@@ -264,6 +265,7 @@ class ThinkingTemplate(Template):
         max_bytes: int | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         closed = (template_kwargs or {}).get("enable_thinking") is False
         return super().render(messages, max_bytes) + ("<think>\n\n</think>\n\n" if closed else "<think>\n")

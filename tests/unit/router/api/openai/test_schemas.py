@@ -623,3 +623,18 @@ def test_embedding_encoding_format() -> None:
     with pytest.raises(InvalidRequest) as info:
         embedding(input="x", encoding_format="int8")
     assert info.value.param == "encoding_format"
+
+
+def test_continue_final_message_and_add_generation_prompt() -> None:
+    """llama.cpp's test_chat_completion.py: continue_final_message with
+    add_generation_prompt true is a 400 (test_chat_template_continue_final_message_mutual_exclusion);
+    with it false, the final assistant message is continued (..._vllm_compat)."""
+    ask = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(InvalidRequest) as info:
+        rf.generation_prompt(chat(messages=ask, add_generation_prompt=True, continue_final_message=True))
+    assert info.value.param == "continue_final_message"
+    assert rf.generation_prompt(chat(messages=ask, add_generation_prompt=False, continue_final_message=True)) is True
+    with pytest.raises(InvalidRequest):
+        rf.generation_prompt(chat(messages=ask[:1], continue_final_message=True))
+    assert rf.generation_prompt(chat(messages=ask[:1], add_generation_prompt=False)) is False
+    assert rf.generation_prompt(chat(messages=ask[:1])) is True
