@@ -177,12 +177,13 @@ class WorkerConnection:
         tokens: list[list[int]] | None = None,
         truncate: bool = False,
         parts: list[list[int | str]] | None = None,
+        rank_query: str | None = None,
     ) -> EmbedResult:
         """Embed texts, or token arrays (`tokens`, with `inputs` empty), or mixed prompts
         (`parts`); `truncate`: cut an input too long for the model at its end instead of
         refusing it."""
         reply = await self._call(
-            lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens, truncate=truncate, parts=parts)
+            lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens, truncate=truncate, parts=parts, rank_query=rank_query)
         )
         assert isinstance(reply, EmbedResult)
         return reply

@@ -19,6 +19,8 @@ def _embed_limit(i: int, n_batch: int, cut: bool = False) -> Limit:
 
 def embed_texts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
     """Stage 1 of an embedding request: every input must fit one batch."""
+    if e.rank_query is not None:
+        return _rerank_texts(e, e.rank_query, m, n_batch)
     if e.parts is not None:
         return _embed_parts(e, m, n_batch)
     if e.tokens is not None:
@@ -75,6 +77,42 @@ def _embed_parts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
         return EmbedJob(id=e.id, inputs=out)
 
     return Texts(texts, build, add_special=adds)
+
+
+def _rerank_texts(e: Embed, query: str, m: VocabModel, n_batch: int) -> Texts:
+    """A rerank: one input per document, laid out as llama-server lays a query and a
+    document out for a reranker (worker/text_limits.py, RerankShape), each within a batch."""
+    if not e.inputs:
+        raise RequestRejected("invalid_request", "documents is empty", "documents")
+    shape = m.rerank_shape
+    if shape.template is not None:
+        texts = [shape.template.replace("{query}", query).replace("{document}", doc) for doc in e.inputs]
+        limits = [_embed_limit(i, n_batch) for i in range(len(texts))]
+
+        def build_templated(tokens: list[list[int]]) -> EmbedJob:
+            return EmbedJob(id=e.id, inputs=tokens, scores=True)
+
+        # Tokenized as llama-server does it: no BOS added, special tokens parsed.
+        return Texts([checked(t, lim, m) for t, lim in zip(texts, limits)], build_templated, add_special=False)
+    pieces = [query, *e.inputs]
+    limit = _embed_limit(0, n_batch)
+
+    def build(tokens: list[list[int]]) -> EmbedJob:
+        q, docs = tokens[0], tokens[1:]
+        out = []
+        for i, d in enumerate(docs):
+            toks = [shape.bos] if shape.bos is not None else []
+            toks += q
+            toks += [shape.eos] if shape.eos is not None else []
+            toks += [shape.sep] if shape.sep is not None else []
+            toks += d
+            toks += [shape.eos] if shape.eos is not None else []
+            if len(toks) > n_batch:
+                raise _embed_limit(i, n_batch).refuse(len(toks))
+            out.append(toks)
+        return EmbedJob(id=e.id, inputs=out, scores=True)
+
+    return Texts([checked(p, limit, m) for p in pieces], build, add_special=False, parse_special=False)
 
 
 def _embed_tokens(e: Embed, m: VocabModel, n_batch: int) -> Texts:

@@ -83,6 +83,9 @@ class EmbedRun:
             ptr = llama_cpp.llama_get_embeddings_seq(m.ctx, seq)
             if not ptr:
                 return Error(id=self.job.id, code="internal", message="no pooled embedding")
+            if self.job.scores:  # a reranker's: n_cls_out scores a sequence, as they are
+                self.out[idx] = np.ctypeslib.as_array(ptr, shape=(m.n_cls_out,)).astype(np.float64).tolist()
+                continue
             vec = np.ctypeslib.as_array(ptr, shape=(m.n_embd,)).astype(np.float64)
             norm = float(np.linalg.norm(vec))
             # A zero vector has no direction to keep; it goes out as it came.

@@ -20,6 +20,7 @@ from worker import chat_formats
 from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
 from worker.kv_rules import Attention
 from worker.protocol import WorkerSpec
+from worker.text_limits import RerankShape
 
 _POOLING = {
     "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
@@ -87,6 +88,7 @@ class LoadedModel:
     eos_text: str = ""
     # What a sequence's KV cells must hold (worker/kv_rules.py).
     attention: Attention = field(default_factory=Attention)
+    n_cls_out: int = 1  # a reranker's scores per input
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -176,6 +178,24 @@ class LoadedModel:
         """The text of a token prompt as output writes it (special tokens render as
         nothing): what `echo` prepends."""
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    @property
+    def rerank_shape(self) -> RerankShape:
+        """How a query and a document make one input of this model as a reranker: its
+        GGUF's "rerank" template, or the special tokens its vocabulary adds
+        (format_prompt_rerank in llama-server's server-common.cpp)."""
+        template = llama_cpp.llama_model_chat_template(self.model, b"rerank")
+        if template:
+            return RerankShape(template=template.decode("utf-8", errors="replace"))
+        v = self.vocab
+        eos = int(llama_cpp.llama_vocab_eos(v))
+        if eos == llama_cpp.LLAMA_TOKEN_NULL:
+            eos = int(llama_cpp.llama_vocab_sep(v))
+        return RerankShape(
+            bos=int(llama_cpp.llama_vocab_bos(v)) if llama_cpp.llama_vocab_get_add_bos(v) else None,
+            eos=eos if llama_cpp.llama_vocab_get_add_eos(v) else None,
+            sep=int(llama_cpp.llama_vocab_sep(v)) if llama_cpp.llama_vocab_get_add_sep(v) else None,
+        )
 
     def max_token_bytes(self) -> int | None:
         """The most bytes of input text one token can cover (see `_longest_token`)."""
@@ -285,6 +305,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         bos_text=bos_text,
         eos_text=eos_text,
         attention=_attention(model),
+        n_cls_out=max(1, int(llama_cpp.llama_model_n_cls_out(model))),
     )
 
 

@@ -164,8 +164,12 @@ class Preparer:
                 raise RequestRejected(
                     "unsupported", "this model does not serve embeddings (set embeddings = true)", "model"
                 )
-            problem = pooling_problem(self.m.pooling or "")
-            if problem is not None:
+            if frame.rank_query is not None:
+                if self.m.pooling != "rank":
+                    raise RequestRejected(
+                        "unsupported", 'this model is not a reranker: /rerank needs pooling = "rank" in its config', "model"
+                    )
+            elif (problem := pooling_problem(self.m.pooling or "")) is not None:
                 raise RequestRejected("unsupported", problem, "model")
         if isinstance(frame, Generate) and frame.params.constraint is not None:
             # GBNF converts in Python, holding the GIL: here, at full priority (as_lark).

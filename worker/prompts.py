@@ -218,7 +218,7 @@ def pooling_problem(pooling: str) -> str | None:
     if pooling in EMBEDDING_POOLINGS:
         return None
     if pooling == "rank":
-        why = "'rank' pooling makes a reranker's relevance score, not an embedding"
+        why = "'rank' pooling makes a reranker's relevance score (served on /rerank), not an embedding"
     else:
         why = f"{pooling!r} pooling gives one vector per token, not one per input"
     return f"{why}; /v1/embeddings needs pooling = mean, cls or last in this model's config"

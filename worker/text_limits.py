@@ -32,6 +32,18 @@ class TextModel(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RerankShape:
+    """How a query and a document make one reranker input (llama-server's
+    format_prompt_rerank): the GGUF's "rerank" template with {query} and {document}, or
+    else BOS, query, EOS, SEP, document, EOS, each where the vocabulary asks for it."""
+
+    template: str | None = None
+    bos: int | None = None
+    eos: int | None = None
+    sep: int | None = None
+
+
 class VocabModel(TextModel, Protocol):
     """What the requests that name token ids need besides: the vocabulary's size (every id
     a client sends is checked against it) and the text of tokens."""
@@ -49,6 +61,11 @@ class VocabModel(TextModel, Protocol):
 
     def output_text(self, tokens: list[int]) -> str:
         """The text of `tokens` as output writes it (what `echo` prepends)."""
+        ...
+
+    @property
+    def rerank_shape(self) -> RerankShape:
+        """How this model's reranker inputs are laid out."""
         ...
 
 

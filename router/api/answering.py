@@ -52,7 +52,9 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
     return gen, events(gen, job)
 
 
-async def embed(handle: ModelHandle, inputs: Sequence[Prompt], truncate: bool = False) -> EmbedResult:
+async def embed(
+    handle: ModelHandle, inputs: Sequence[Prompt], truncate: bool = False, rank_query: str | None = None
+) -> EmbedResult:
     """Embed texts, or token arrays, on `handle`'s model (`truncate`: cut an input too long
     at its end, rather than refuse it). In the model's slot line like a generation
     (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them. A client
@@ -67,6 +69,8 @@ async def embed(handle: ModelHandle, inputs: Sequence[Prompt], truncate: bool = 
             record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
         try:
             texts = [x for x in inputs if isinstance(x, str)]
+            if rank_query is not None:  # a rerank: texts, each scored against the query
+                return await conn.embed(texts, rank_query=rank_query)
             if len(texts) == len(inputs):
                 return await conn.embed(texts, truncate=truncate)
             if all(is_tokens(x) for x in inputs):

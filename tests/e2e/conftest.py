@@ -137,6 +137,15 @@ path = "{MODEL}"
 embeddings = true
 slots = 4
 n_ctx = 1024
+
+# The demo model as a reranker: llama.cpp scores with its last token's state (it has no
+# classifier head), enough to test the route's shapes, not its ranking.
+[models.rank]
+path = "{MODEL}"
+embeddings = true
+pooling = "rank"
+slots = 2
+n_ctx = 1024
 """
 
 

@@ -165,6 +165,37 @@ def test_input_tokens_counts_the_chats_prompt(http: httpx.Client) -> None:
     assert http.get("/v1/health").json() == {"status": "ok"}
 
 
+DOCUMENTS = ["A machine is a physical system.", "Learning is acquiring knowledge.",
+             "Machine learning is a field of AI.", "Paris est une ville."]
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/reranking", "/v1/reranking"])
+def test_rerank_answers_in_jina_and_tei_shapes(http: httpx.Client, path: str) -> None:
+    """llama.cpp's test_rerank.py: test_rerank_top_n, test_rerank_tei_top_n, test_rerank_usage
+    (the shapes; the demo model has no reranker head, so not its ranking)."""
+    r = http.post(path, json={"model": "rank", "query": "Machine learning is", "documents": DOCUMENTS})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "list" and out["model"] == "rank"
+    scores = [x["relevance_score"] for x in out["results"]]
+    assert sorted(x["index"] for x in out["results"]) == [0, 1, 2, 3] and scores == sorted(scores, reverse=True)
+    assert out["usage"]["prompt_tokens"] == out["usage"]["total_tokens"] > 4 * 5
+    top = http.post(path, json={"model": "rank", "query": "q", "documents": DOCUMENTS, "top_n": 2,
+                                "return_documents": True}).json()["results"]
+    assert len(top) == 2 and all(x["document"]["text"] == DOCUMENTS[x["index"]] for x in top)
+    tei = http.post(path, json={"model": "rank", "query": "q", "texts": DOCUMENTS, "top_n": 99, "return_text": True}).json()
+    assert isinstance(tei, list) and len(tei) == 4 and all(x["text"] == DOCUMENTS[x["index"]] for x in tei)
+
+
+@pytest.mark.parametrize("documents", [[], None, 123, [1, 2, 3]])
+def test_rerank_refuses_bad_documents(http: httpx.Client, documents: Any) -> None:
+    """test_rerank.py test_invalid_rerank_req; and a model that is not a reranker."""
+    r = http.post("/rerank", json={"model": "rank", "query": "q", "documents": documents})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
+    r = http.post("/rerank", json={"model": "embed", "query": "q", "documents": ["a"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
 def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
     out = complete(http, prompt="Just fill the cache", n_predict=0)
     assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"

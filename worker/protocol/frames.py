@@ -67,6 +67,9 @@ class Embed(Frame):
     tokens: list[list[int]] | None = None
     truncate: bool = False
     parts: list[list[int | str]] | None = None
+    # Rerank instead (a model with pooling = "rank"): each of `inputs` is a document, scored
+    # against this query; EmbedResult.data holds each one's scores (one for most rerankers).
+    rank_query: str | None = None
 
 
 class Tokenize(Frame):

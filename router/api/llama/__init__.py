@@ -18,6 +18,7 @@ OPERATIONS = (
         "post", "/apply-template", "Render a chat with the model's template (llama-server's route)",
         schemas.ApplyTemplateRequest, _E,
     ),
+    Operation("post", "/rerank", "Rerank documents (llama-server's route; also /v1/rerank)", schemas.RerankRequest, _E),
     Operation("post", "/models/load", "Load a model (llama-server's router mode)", schemas.ModelActionRequest, _E),
     Operation("post", "/models/unload", "Unload a model (llama-server's router mode)", schemas.ModelActionRequest, _E),
 )

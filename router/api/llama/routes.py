@@ -14,7 +14,8 @@ from typing import AsyncIterator
 from quart import Blueprint, Response, request
 
 
-from router.api.answering import started
+from router.api.answering import embed, started
+from router.api.llama import rerank
 from router.api.dialect import Server
 from router.api.llama.errors import error_event
 from router.api.llama.render import NativeCompletion, encode, props_json, slots_json
@@ -22,6 +23,7 @@ from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
     ModelActionRequest,
+    RerankRequest,
     NativeCompletionRequest,
     TokenizeRequest,
 )
@@ -43,7 +45,7 @@ from supervisor.lifecycle import State
 # The paths whose errors are in llama-server's shape.
 PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
-    "/models/load", "/models/unload",
+    "/models/load", "/models/unload", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
 })
 
 
@@ -136,6 +138,21 @@ def register(app: Blueprint, server: Server) -> None:
         async with handle.lease() as conn:
             prompt = await conn.render(messages, list(tools) if tools else None, kwargs, r.add_generation_prompt)
         return _json({"prompt": prompt})
+
+    @app.post("/rerank")
+    @app.post("/reranking")
+    @app.post("/v1/rerank")
+    @app.post("/v1/reranking")
+    async def rerank_documents() -> Response:
+        """Score documents against a query with a reranker (a model with pooling = "rank"),
+        in the slot line as embeddings are; answered as llama-server answers."""
+        r: RerankRequest = decode(await bodies.read_body(), RerankRequest)
+        handle = resolve(r.model)
+        if not handle.spec.embeddings or handle.spec.pooling != "rank":
+            raise Unsupported(f'The model `{handle.name}` is not a reranker (pooling = "rank" in its config).', "model")
+        rr = rerank.read(r)
+        result = await embed(handle, rr.documents, rank_query=rr.query)
+        return _json(rerank.answer(rr, result.data, result.prompt_tokens, r.model or handle.name))
 
     @app.post("/models/load")
     async def models_load() -> Response:

@@ -116,3 +116,14 @@ class ModelActionRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     model: str
 
+
+class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /rerank: Jina/Cohere's body, or TEI's (`texts`); router/api/llama/rerank.py."""
+
+    query: str
+    model: str | None = None
+    documents: Any = None  # Jina/Cohere: a list of strings
+    texts: Any = None  # TEI's name for them; the answer is then TEI's shape
+    top_n: Int32 | None = None
+    return_documents: bool = False
+    return_text: bool = False  # TEI's

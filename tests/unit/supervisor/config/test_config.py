@@ -405,7 +405,7 @@ def test_bad_pooling_value(base: Path) -> None:
     assert msg.startswith("models.a.pooling:")
 
 
-@pytest.mark.parametrize(("pooling", "why"), [("none", "one vector per token"), ("rank", "relevance score")])
+@pytest.mark.parametrize(("pooling", "why"), [("none", "one vector per token")])
 def test_pooling_that_embeddings_cannot_return_is_a_config_error(
     base: Path, pooling: str, why: str
 ) -> None:
@@ -415,7 +415,7 @@ def test_pooling_that_embeddings_cannot_return_is_a_config_error(
     assert msg.startswith("models.a.pooling:") and why in msg and "mean, cls or last" in msg
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last", "rank"])  # rank: a reranker (issue 22, item 6)
 def test_pooled_embeddings_pass_the_check(base: Path, pooling: str) -> None:
     cfg = parse(MINIMAL + f'embeddings = true\npooling = "{pooling}"\n', base)
     assert cfg.models["a"].pooling == pooling
