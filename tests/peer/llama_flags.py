@@ -206,6 +206,8 @@ def corral_config(f: ServerFlags, model_has_template: bool = False, router_folde
         model["embeddings"] = True
     if f.pooling:
         model["pooling"] = f.pooling
+    elif f.reranking:
+        model["pooling"] = "rank"
     if f.chat_template_file:
         model["chat_template"] = f.chat_template_file
     elif f.chat_template:
