@@ -110,7 +110,13 @@ _SHAPES = ((True, True), (True, False), (False, True), (False, False))
 
 class JinjaTemplate:
     def __init__(
-        self, source: str, bos_token: str, eos_token: str, tool_format: str = "auto", reasoning: bool = True
+        self,
+        source: str,
+        bos_token: str,
+        eos_token: str,
+        tool_format: str = "auto",
+        reasoning: bool = True,
+        defaults: dict[str, Any] | None = None,
     ) -> None:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
@@ -123,6 +129,11 @@ class JinjaTemplate:
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template does not compile: {exc}") from exc
         self._bos, self._eos = bos_token, eos_token
+        # The variables every render gets unless the request sets them: enable_thinking
+        # is true, as llama-server's context always has it (common/chat.cpp), so that a
+        # template written `if not enable_thinking` opens its <think> block by default;
+        # then the model's config (chat_template_kwargs).
+        self._defaults: dict[str, Any] = {"enable_thinking": True, **(defaults or {})}
         self._format = chat_formats.resolve(tool_format, source, reasoning)
         # Whether the template takes a system message (gemma's refuse one): the generic
         # format's tool instructions go into the first user message where it does not.
@@ -154,7 +165,7 @@ class JinjaTemplate:
         prefill = chat_formats.prefill_of(messages) if add_generation_prompt else None
         if prefill is not None:
             messages = messages[:-1]
-        context: dict[str, Any] = dict(template_kwargs or {})
+        context: dict[str, Any] = {**self._defaults, **(template_kwargs or {})}
         context.update(bos_token=self._bos, eos_token=self._eos, add_generation_prompt=add_generation_prompt)
         if offered:
             context["tools"] = list(offered)

@@ -363,13 +363,13 @@ def _template(
                 f"the chat template file cannot be read ({exc.strerror or type(exc).__name__})",
                 f"cannot read chat template {spec.chat_template}: {exc}",
             ) from exc
-        return JinjaTemplate(source, *_bos_eos(vocab), spec.tool_format, spec.reasoning), source
+        return JinjaTemplate(source, *_bos_eos(vocab), spec.tool_format, spec.reasoning, spec.chat_template_kwargs), source
     raw = llama_cpp.llama_model_chat_template(model, None)
     if not raw:
         return None, ""
     text = raw.decode("utf-8", errors="replace")
     try:
-        return JinjaTemplate(text, *_bos_eos(vocab), spec.tool_format, spec.reasoning), text
+        return JinjaTemplate(text, *_bos_eos(vocab), spec.tool_format, spec.reasoning, spec.chat_template_kwargs), text
     except ValueError as exc:
         raise LoadError(str(exc)) from exc
 

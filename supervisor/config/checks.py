@@ -136,6 +136,9 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
         yield from _generation_problems(at, m)
+        for key in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
+            if key in m.chat_template_kwargs:
+                yield f"{at}.chat_template_kwargs.{key}: Corral sets this template variable from each request"
         if m.max_queue is not None and m.max_queue < 0:
             yield f"{at}.max_queue: must be >= 0 (0: no waiting at all), got {m.max_queue}"
         if not _seconds(m.queue_timeout):

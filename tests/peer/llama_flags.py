@@ -51,6 +51,7 @@ class ServerFlags:
     models_autoload: bool = True
     sleep_idle_seconds: float | None = None
     kv_unified: bool = False
+    reasoning: str | None = None
     ignored: tuple[str, ...] = field(default=())
 
 
@@ -61,7 +62,7 @@ _IGNORED_WITH_VALUE = (
     "--slot-save-path", "--grp-attn-n", "--grp-attn-w", "--lora", "--spec-type",
     "--spec-draft-n-max", "--spec-draft-n-min", "--spec-synth-len", "--spec-synth-rates",
     "--mmproj-url", "--media-path", "--cache-ram", "--tools", "--tools-runtime",
-    "--mcp-servers-config", "--mcp-servers-json", "--reasoning", "--log-file",
+    "--mcp-servers-config", "--mcp-servers-json", "--log-file",
 )
 _IGNORED_SWITCHES = (
     "--offline", "--cont-batching", "--swa-full", "--verbose",
@@ -105,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-models-autoload", action="store_true")
     p.add_argument("--sleep-idle-seconds", type=float)
     p.add_argument("--kv-unified", "-kvu", action="store_true")
+    p.add_argument("--reasoning", "-rea")
     for flag in _IGNORED_WITH_VALUE:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), action="append")
     for flag in _IGNORED_SWITCHES:
@@ -131,7 +133,7 @@ def read_flags(argv: list[str], local_model: str) -> ServerFlags:
         chat_template_file=a.chat_template_file, reasoning_format=a.reasoning_format,
         models_dir=a.models_dir, models_max=a.models_max, models_preset=a.models_preset,
         models_autoload=not a.no_models_autoload, sleep_idle_seconds=a.sleep_idle_seconds,
-        kv_unified=a.kv_unified,
+        kv_unified=a.kv_unified, reasoning=a.reasoning,
         ignored=ignored,
     )
 
@@ -216,6 +218,8 @@ def corral_config(f: ServerFlags, model_has_template: bool = False, router_folde
         # llama-server falls back to ChatML for a model without a template; Corral asks
         # for one in the config instead, so the launcher says it.
         model["chat_template"] = "chatml"
+    if f.reasoning in ("on", "off"):  # llama-server's default template variable for each
+        model["chat_template_kwargs"] = {"enable_thinking": f.reasoning == "on"}
     if f.n_predict is not None:
         model["n_predict"] = f.n_predict
     if f.temperature is not None:

@@ -149,6 +149,9 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     tool_format: Literal["auto", "hermes", "llama3", "mistral", "generic"] = "auto"
     # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
     reasoning: bool = True
+    # Jinja template variables every request gets unless it sets them itself
+    # (llama-server's --chat-template-kwargs; --reasoning off is {enable_thinking = false}).
+    chat_template_kwargs: dict[str, Any] = {}
 
 
 def options_of(source: ModelOptions) -> dict[str, Any]:

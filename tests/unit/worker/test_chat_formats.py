@@ -190,3 +190,19 @@ def test_add_generation_prompt_false_leaves_the_assistants_turn_closed() -> None
     prefill = [*ask, ChatMessage(role="assistant", content="Wh")]
     assert t.render(prefill) == "<user>q</user><assistant>Wh"  # continued
     assert t.render(prefill, add_generation_prompt=False) == "<user>q</user><assistant>Wh</assistant>"
+
+
+def test_enable_thinking_is_true_unless_the_model_or_the_request_says_otherwise() -> None:
+    """llama.cpp's test_template.py test_reasoning: llama-server's template context always
+    has enable_thinking (true by default), so a template written `if not enable_thinking`
+    opens its <think> block; --reasoning off (the model's chat_template_kwargs here) closes
+    it, and a request's own chat_template_kwargs win over both."""
+    source = (
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<A><think>\n{% if not enable_thinking %}</think>{% endif %}{% endif %}"
+    )
+    ask = [ChatMessage(role="user", content="q")]
+    assert JinjaTemplate(source, "", "").render(ask).endswith("<think>\n")
+    off = JinjaTemplate(source, "", "", defaults={"enable_thinking": False})
+    assert off.render(ask).endswith("<think>\n</think>")
+    assert off.render(ask, template_kwargs={"enable_thinking": True}).endswith("<think>\n")

@@ -377,6 +377,7 @@ def test_slots_bounds_accepted(base: Path, slots: int) -> None:
         ("n_predict = -2", "models.a.n_predict"),
         ("n_predict = 5\nmax_tokens = 5", "models.a.n_predict"),
         ('temperature = "hot"', "models.a.temperature"),
+        ("chat_template_kwargs = { add_generation_prompt = false }", "models.a.chat_template_kwargs.add_generation_prompt"),
     ],
 )
 def test_model_range_checks(base: Path, line: str, key: str) -> None:
