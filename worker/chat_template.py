@@ -108,6 +108,14 @@ def _message_dict(m: ChatMessage, object_arguments: bool, null_content: bool) ->
 _SHAPES = ((True, True), (True, False), (False, True), (False, False))
 
 
+def _today() -> dict[str, str]:
+    """The dates llama-server gives every template (common/chat.cpp,
+    common_chat_extra_context): Llama 3.x's `date_string` and Firefunction's `datetime`;
+    without them those templates write a date of their own (26 Jul 2024)."""
+    now = datetime.datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
+
+
 class JinjaTemplate:
     def __init__(
         self,
@@ -165,7 +173,7 @@ class JinjaTemplate:
         prefill = chat_formats.prefill_of(messages) if add_generation_prompt else None
         if prefill is not None:
             messages = messages[:-1]
-        context: dict[str, Any] = {**self._defaults, **(template_kwargs or {})}
+        context: dict[str, Any] = {**_today(), **self._defaults, **(template_kwargs or {})}
         context.update(bos_token=self._bos, eos_token=self._eos, add_generation_prompt=add_generation_prompt)
         if offered:
             context["tools"] = list(offered)

@@ -206,3 +206,14 @@ def test_enable_thinking_is_true_unless_the_model_or_the_request_says_otherwise(
     off = JinjaTemplate(source, "", "", defaults={"enable_thinking": False})
     assert off.render(ask).endswith("<think>\n</think>")
     assert off.render(ask, template_kwargs={"enable_thinking": True}).endswith("<think>\n")
+
+
+def test_templates_get_todays_date_as_llama_server_gives_it() -> None:
+    """llama.cpp's test_template.py test_date_inside_prompt: Llama 3.3's `date_string` and
+    Firefunction's `datetime` are today's (common_chat_extra_context), and `strftime_now`."""
+    import datetime
+
+    source = "{{ date_string }}|{{ datetime }}|{{ strftime_now('%Y') }}"
+    today = datetime.date.today()
+    text = JinjaTemplate(source, "", "").render([ChatMessage(role="user", content="q")])
+    assert text == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|{today.year}"
