@@ -35,8 +35,19 @@ _json = msgspec.json.Encoder()
 DIALECTS: tuple[Dialect, ...] = (llama.DIALECT, ollama.DIALECT, openai.DIALECT)
 
 
-def dialect_of(path: str) -> Dialect:
-    return next(d for d in DIALECTS if d.owns(path))
+def dialect_of(path: str, v1_errors: str = "openai") -> Dialect:
+    """The dialect whose shape an error on `path` takes. With `[server] v1_error_shape =
+    "llama-server"`, the OpenAI routes' errors take llama-server's shape, as llama-server
+    answers on them (its `exceed_context_size_error` with its counts, among others);
+    Corral's own routes keep theirs."""
+    dialect = next(d for d in DIALECTS if d.owns(path))
+    if v1_errors == "llama-server" and dialect is openai.DIALECT and not _corral_route(path):
+        return llama.DIALECT
+    return dialect
+
+
+def _corral_route(path: str) -> bool:
+    return path in ("/metrics", "/admin") or path.startswith("/admin/")
 
 
 def openapi_document() -> dict[str, Any]:
@@ -69,7 +80,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
 
     @app.errorhandler(CorralError)
     async def on_corral_error(exc: CorralError) -> Response:
-        return _error_response(dialect_of(request.path).render_error(exc))
+        return _error_response(dialect_of(request.path, supervisor.config.server.v1_error_shape).render_error(exc))
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
@@ -77,7 +88,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         message, code = http_problem(
             status, request.method, request.path, exc.description or exc.name, config.server.max_body_bytes
         )
-        return _error_response(dialect_of(request.path).render_http(status, message, code))
+        return _error_response(
+            dialect_of(request.path, supervisor.config.server.v1_error_shape).render_http(status, message, code)
+        )
 
     @app.errorhandler(ConfigError)
     async def on_config_error(exc: ConfigError) -> Response:

@@ -62,6 +62,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # GET /slots, what each slot of a model is doing (llama-server's --slots / --no-slots).
     # Off, it answers 501.
     slots_endpoint: bool = True
+    # The shape of errors on the OpenAI routes: OpenAI's ({"error": {"message", "type",
+    # "param", "code"}}), or llama-server's, which answers them in its own shape
+    # ({"error": {"code", "message", "type"}}, a context overflow as
+    # exceed_context_size_error with n_prompt_tokens and n_ctx).
+    v1_error_shape: Literal["openai", "llama-server"] = "openai"
     # A folder whose *.gguf files are served under their file stems, with no table each
     # (supervisor/config/models_dir.py); a [models.NAME] table of the same name overrides one.
     # Rescanned at every reload; relative to the config file.

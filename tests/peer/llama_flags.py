@@ -180,6 +180,7 @@ def corral_config(f: ServerFlags, model_has_template: bool = False, router_folde
     if f.models_dir:
         server["models_dir"] = f.models_dir
     server["slots_endpoint"] = f.slots
+    server["v1_error_shape"] = "llama-server"
     config: dict[str, Any] = {
         "server": server,
         # llama-server's models stay loaded; tests time nothing around a lazy load.

@@ -157,3 +157,27 @@ async def test_router_mode_load_and_unload(tmp_path: Path) -> None:
             assert r.status_code == 404  # Corral's: an unknown name is not found (llama-server: 400)
             r = await client.post("/models/load", json={})
             assert r.status_code == 400 and (await r.get_json())["error"]["param"] == "model"
+
+
+async def test_v1_errors_in_llama_servers_shape_when_the_config_asks(tmp_path: Path) -> None:
+    """test_chat_completion.py test_context_size_exceeded: llama-server answers a context
+    overflow on its OpenAI routes as exceed_context_size_error with n_prompt_tokens and
+    n_ctx. Corral answers in OpenAI's shape (context_length_exceeded), unless
+    `v1_error_shape = "llama-server"`; its own /admin routes keep theirs either way."""
+    body = {"model": "a", "prompt": "w " * 70, "max_tokens": 2}
+    sup = _sup(tmp_path, {"a": {"n_ctx": 64}})
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            err = (await (await client.post("/v1/completions", json=body)).get_json())["error"]
+            assert (err["type"], err["code"]) == ("invalid_request_error", "context_length_exceeded")
+    sup = _sup(tmp_path, {"a": {"n_ctx": 64}}, v1_error_shape="llama-server")
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            r = await client.post("/v1/completions", json=body)
+            err = (await r.get_json())["error"]
+            assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+            assert err["code"] == 400 and err["n_ctx"] == 64 and err["n_prompt_tokens"] > 64
+            r = await client.post("/admin/models/zz/load")
+            assert (await r.get_json())["error"]["code"] == "model_not_found"  # Corral's own route

@@ -110,7 +110,12 @@ class Completion:
             delta: dict[str, object] = {}
             if first:
                 delta["role"] = "assistant"
-            if text is not None:
+            if first and not text:
+                # The role's chunk has content null, as llama-server sends it (its tests
+                # check `content is None`; a client that joins deltas skips nulls, where an
+                # empty string would be a delta with nothing in it). OpenAI sends "".
+                delta["content"] = None
+            elif text is not None:
                 delta["content"] = text
             choice: dict[str, object] = {
                 "index": index,

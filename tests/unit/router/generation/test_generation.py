@@ -132,7 +132,7 @@ async def test_events_stream_role_text_finish_usage_and_done() -> None:
     lines = data_lines(chunks)
     assert lines[-1] == "[DONE]"
     objs = [json.loads(x) for x in lines[:-1]]
-    assert objs[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert objs[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert [o["choices"][0]["delta"].get("content") for o in objs[1:3]] == ["a", "b"]
     assert objs[3]["choices"][0]["finish_reason"] == "stop"
     assert objs[4]["choices"] == [] and objs[4]["usage"]["total_tokens"] == 5

@@ -239,7 +239,7 @@ def test_chat_chunk_first_has_role() -> None:
     assert first["id"] == c.id
     assert type(first["created"]) is int
     choice = first["choices"][0]
-    assert choice["delta"] == {"role": "assistant", "content": ""}
+    assert choice["delta"] == {"role": "assistant", "content": None}
     assert choice["logprobs"] is None and "logprobs" in choice
     assert choice["finish_reason"] is None and "finish_reason" in choice
 
