@@ -67,6 +67,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # ({"error": {"code", "message", "type"}}, a context overflow as
     # exceed_context_size_error with n_prompt_tokens and n_ctx).
     v1_error_shape: Literal["openai", "llama-server"] = "openai"
+    # Every chat answer (not streamed) carries `__verbose` with the prompt as rendered, as
+    # llama-server's with --verbose; a request's own `verbose` wins. For debugging templates.
+    verbose_responses: bool = False
     # A folder whose *.gguf files are served under their file stems, with no table each
     # (supervisor/config/models_dir.py); a [models.NAME] table of the same name overrides one.
     # Rescanned at every reload; relative to the config file.

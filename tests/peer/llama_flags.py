@@ -52,6 +52,8 @@ class ServerFlags:
     sleep_idle_seconds: float | None = None
     kv_unified: bool = False
     reasoning: str | None = None
+    verbose: bool = False
+    server_tools: str | None = None
     ignored: tuple[str, ...] = field(default=())
 
 
@@ -61,11 +63,11 @@ _IGNORED_WITH_VALUE = (
     "--model-url", "--model-draft", "--ubatch-size", "--n-gpu-layers", "-ctk", "-ctv", "-fa",
     "--slot-save-path", "--grp-attn-n", "--grp-attn-w", "--lora", "--spec-type",
     "--spec-draft-n-max", "--spec-draft-n-min", "--spec-synth-len", "--spec-synth-rates",
-    "--mmproj-url", "--media-path", "--cache-ram", "--tools", "--tools-runtime",
+    "--mmproj-url", "--media-path", "--cache-ram", "--tools-runtime",
     "--mcp-servers-config", "--mcp-servers-json", "--log-file",
 )
 _IGNORED_SWITCHES = (
-    "--offline", "--cont-batching", "--swa-full", "--verbose",
+    "--offline", "--cont-batching", "--swa-full",
     "--context-shift", "--no-ui", "--no-mmproj", "--no-cache-idle-slots", "--ui-mcp-proxy",
     "--backend_sampling",
 )
@@ -107,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sleep-idle-seconds", type=float)
     p.add_argument("--kv-unified", "-kvu", action="store_true")
     p.add_argument("--reasoning", "-rea")
+    p.add_argument("--verbose", "-v", action="store_true")
+    p.add_argument("--tools")
     for flag in _IGNORED_WITH_VALUE:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), action="append")
     for flag in _IGNORED_SWITCHES:
@@ -133,7 +137,7 @@ def read_flags(argv: list[str], local_model: str) -> ServerFlags:
         chat_template_file=a.chat_template_file, reasoning_format=a.reasoning_format,
         models_dir=a.models_dir, models_max=a.models_max, models_preset=a.models_preset,
         models_autoload=not a.no_models_autoload, sleep_idle_seconds=a.sleep_idle_seconds,
-        kv_unified=a.kv_unified, reasoning=a.reasoning,
+        kv_unified=a.kv_unified, reasoning=a.reasoning, verbose=a.verbose, server_tools=a.tools,
         ignored=ignored,
     )
 
@@ -174,13 +178,15 @@ def corral_config(f: ServerFlags, model_has_template: bool = False, router_folde
     server: dict[str, Any] = {"host": hosts[0] if len(hosts) == 1 else hosts, "port": f.port}
     if f.api_key:
         server["api_keys"] = [f.api_key]
-    # llama-server allows every origin unless told otherwise; Corral none.
-    origins = f.cors_origins if f.cors_origins is not None else "*"
+    # llama-server allows every origin unless told otherwise (or unless it runs tools, then
+    # loopback pages only: common/arg.cpp); Corral none.
+    origins = f.cors_origins if f.cors_origins is not None else "localhost" if f.server_tools else "*"
     server["cors_origins"] = [o.strip() for o in origins.split(",") if o.strip()]
     if f.models_dir:
         server["models_dir"] = f.models_dir
     server["slots_endpoint"] = f.slots
     server["v1_error_shape"] = "llama-server"
+    server["verbose_responses"] = f.verbose
     config: dict[str, Any] = {
         "server": server,
         # llama-server's models stay loaded; tests time nothing around a lazy load.

@@ -181,3 +181,29 @@ async def test_v1_errors_in_llama_servers_shape_when_the_config_asks(tmp_path: P
             assert err["code"] == 400 and err["n_ctx"] == 64 and err["n_prompt_tokens"] > 64
             r = await client.post("/admin/models/zz/load")
             assert (await r.get_json())["error"]["code"] == "model_not_found"  # Corral's own route
+
+
+async def test_verbose_answers_carry_the_rendered_prompt(tmp_path: Path) -> None:
+    """test_chat_completion.py test_verbose_debug (a request's `verbose`) and the
+    __verbose of a server started with --verbose (test_chat_template_assistant_prefill),
+    which is `verbose_responses = true` here; also test_chat_completions_multiple_choices:
+    n = 2 with llama-server's `id_slot`, accepted."""
+    body = {"model": "a", "max_tokens": 2, "messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "q"}]}
+    sup = _sup(tmp_path, {"a": {}})
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            out = await (await client.post("/v1/chat/completions", json={**body, "verbose": True})).get_json()
+            assert "Book" in out["__verbose"]["prompt"] and out["choices"][0]["message"]["role"] == "assistant"
+            out = await (await client.post("/v1/chat/completions", json=body)).get_json()
+            assert "__verbose" not in out
+            r = await client.post("/chat/completions", json={**body, "n": 2, "id_slot": 0})
+            assert r.status_code == 200 and len((await r.get_json())["choices"]) == 2
+    sup = _sup(tmp_path, {"a": {}}, verbose_responses=True)
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(20):
+        async with running(sup):
+            out = await (await client.post("/v1/chat/completions", json=body)).get_json()
+            assert "Book" in out["__verbose"]["prompt"]
+            out = await (await client.post("/v1/chat/completions", json={**body, "verbose": False})).get_json()
+            assert "__verbose" not in out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import struct
 from functools import partial
+from typing import Any, AsyncIterator
 
 import msgspec
 from quart import Blueprint, Response
@@ -23,6 +24,7 @@ from router.api.openai import schemas
 from router.api.openai.render import chunks, whole
 from router.api.openai.shapes import Completion
 from router.api.openai.translate import chat_job, completion_job
+from router.generation.events import Event
 from router.generation.job import GenerationJob
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
@@ -31,6 +33,7 @@ from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 
 _json = msgspec.json.Encoder()
+_json_decode = msgspec.json.Decoder(dict[str, Any]).decode
 
 
 def json_response(obj: object, status: int = 200) -> Response:
@@ -96,7 +99,14 @@ def register(app: Blueprint, server: Server) -> None:
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
         handle = generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
-        return await _answer(handle, chat_job(r, r.model or handle.name, handle.spec.defaults))
+        job = chat_job(r, r.model or handle.name, handle.spec.defaults)
+        verbose = r.verbose if r.verbose is not None else server.supervisor.config.server.verbose_responses
+        if verbose and not job.stream:
+            async with handle.lease() as conn:
+                offered = list(job.tools.offered) if job.tools.offered else None
+                prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs, job.add_generation_prompt)
+            return await _answer(handle, job, {"__verbose": {"prompt": prompt}})
+        return await _answer(handle, job)
 
     @app.post("/v1/chat/completions/input_tokens")
     @app.post("/chat/completions/input_tokens")
@@ -150,9 +160,15 @@ def register(app: Blueprint, server: Server) -> None:
         return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
 
 
-async def _answer(handle: ModelHandle, job: GenerationJob) -> Response:
+async def _answer(handle: ModelHandle, job: GenerationJob, extra: dict[str, object] | None = None) -> Response:
+    """The answer; `extra`: fields added to a whole answer (llama-server's `__verbose`)."""
     fmt = Completion(model=job.model, chat=job.chat)
-    return await answer(handle, job, partial(whole, fmt=fmt, job=job), partial(chunks, fmt=fmt, job=job))
+
+    async def whole_with_extra(evs: AsyncIterator[Event]) -> bytes:
+        body = await whole(evs, fmt=fmt, job=job)
+        return _json.encode({**_json_decode(body), **extra}) if extra else body
+
+    return await answer(handle, job, whole_with_extra, partial(chunks, fmt=fmt, job=job))
 
 
 def _encode_vector(v: list[float], fmt: str) -> list[float] | str:

@@ -43,8 +43,10 @@ class ResponseFormatJsonObject(msgspec.Struct, tag="json_object", tag_field="typ
 
 
 class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
-    # OpenAI's rule for the name: letters, digits, '_' and '-', at most 64.
-    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    # OpenAI's rule for the name: letters, digits, '_' and '-', at most 64. OpenAI requires
+    # it; llama-server and vLLM do not (llama.cpp's test_completion_with_response_format
+    # sends none), and it changes nothing of the output.
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")] | None = None
     # The field is `schema` on the wire; msgspec's own Struct has no such attribute to clash.
     schema: dict[str, Any] | None = None
     strict: bool | None = None
@@ -94,6 +96,7 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     # timings_per_token, chunks and the answer carry llama-server's `timings`.
     n_predict: Int32 | None = None
     cache_prompt: bool = True
+    id_slot: Int32 = -1  # llama-server's; accepted, ignored: the slot with the longest cached prefix is taken
     timings_per_token: bool = False
     # llama-server's structured output: a JSON schema, or a GBNF grammar (router/generation/structured.py).
     json_schema: dict[str, Any] | None = None
@@ -107,6 +110,9 @@ class ChatRequest(SamplingFields, forbid_unknown_fields=True):
     # whether the last (assistant) message is continued instead of answered.
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
+    # llama-server's: the answer carries `__verbose` with the rendered prompt (None: the
+    # server's [server] verbose_responses).
+    verbose: bool | None = None
     logprobs: bool | None = None
     top_logprobs: Int32 | None = None
     response_format: ResponseFormat | None = None

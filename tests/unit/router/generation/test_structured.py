@@ -62,13 +62,20 @@ def test_response_format_json_schema_decodes_every_field() -> None:
     assert (js.name, js.schema, js.strict, js.description) == ("my-schema_1", SCHEMA, True, "d")
 
 
+def test_a_json_schema_without_a_name_is_taken_as_llama_server_takes_it() -> None:
+    """llama.cpp's test_chat_completion.py test_completion_with_response_format sends
+    {"type": "json_schema", "json_schema": {"schema": {"const": "foooooo"}}}: no name."""
+    r = chat(response_format={"type": "json_schema", "json_schema": {"schema": {"const": "foooooo"}}})
+    assert isinstance(r.response_format, s.ResponseFormatJsonSchema)
+    assert r.response_format.json_schema.name is None and r.response_format.json_schema.schema == {"const": "foooooo"}
+
+
 @pytest.mark.parametrize(
     "fmt, param",
     [
         ({"type": "xml"}, "response_format.type"),
         ({}, "response_format.type"),
         ({"type": "json_schema"}, "response_format.json_schema"),
-        ({"type": "json_schema", "json_schema": {}}, "response_format.json_schema.name"),
         ({"type": "json_schema", "json_schema": {"name": "has space"}}, "response_format.json_schema.name"),
         ({"type": "json_schema", "json_schema": {"name": ""}}, "response_format.json_schema.name"),
         ({"type": "json_schema", "json_schema": {"name": "x" * 65}}, "response_format.json_schema.name"),
