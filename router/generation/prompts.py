@@ -84,11 +84,10 @@ def _one(x: object, param: str) -> Prompt:
 
 
 def _content_text(parts: object, param: str) -> str:
-    """OpenAI content parts as one text, the parts joined as they are."""
-    if isinstance(parts, str):
-        return parts
+    """OpenAI content parts as one text, the parts joined as they are. A bare string is
+    refused, as llama-server refuses it (test_embedding.py test_embedding_invalid_input)."""
     if not isinstance(parts, list):
-        raise InvalidRequest(f"Invalid value for '{param}': expected a string or an array of content parts.", param)
+        raise InvalidRequest(f"Invalid value for '{param}': expected an array of content parts.", param)
     texts = []
     for i, part in enumerate(parts):
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
