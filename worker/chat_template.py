@@ -177,6 +177,9 @@ class JinjaTemplate:
         context.update(bos_token=self._bos, eos_token=self._eos, add_generation_prompt=add_generation_prompt)
         if offered:
             context["tools"] = list(offered)
+        # Firefunction v2's template reads the tools as `functions`, JSON text, as
+        # llama.cpp's handler for it gives them (common/chat.cpp); "" without tools.
+        context.setdefault("functions", json.dumps(list(offered), indent=2) if offered else "")
         text = self._render_any_shape(messages, context)
         if prefill is not None:
             text += prefill.content

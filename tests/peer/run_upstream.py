@@ -5,8 +5,7 @@
     python -m tests.peer.run_upstream --compare llama.json corral.json
 
 The suite is the one in the llama-cpp-python sdist that pyproject pins (the llama.cpp that
-Corral's worker runs), fetched from PyPI with `pip download` unless --suite names a tests
-folder. It runs unchanged: only the binary it starts is replaced, through its own
+Corral's worker runs), fetched from PyPI with `pip download` into .peer/. It runs unchanged: only the binary it starts is replaced, through its own
 LLAMA_SERVER_BIN_PATH, by a launcher (tests/peer/launch_*.py) that serves every model the
 test names by Hugging Face repository from one local GGUF (--model, default the demo
 model), so that both servers answer with the same model. The suite's Python packages go
@@ -108,36 +107,57 @@ def outcomes(junit: Path) -> dict[str, str]:
     return result
 
 
-def run(args: argparse.Namespace) -> int:
-    tests = Path(args.suite) if args.suite else suite_dir()
+def run_tests(
+    server: str,
+    targets: list[str],
+    port: int | None = None,
+    model: str | Path = DEMO_MODEL,
+    llama_server: str | None = None,
+    slow: bool = False,
+    k: str | None = None,
+    workers: int = 1,
+) -> tuple[dict[str, str], Path]:
+    """Run `targets` (files or node ids under the suite's unit/) against `server`; each
+    test's outcome, and the pytest log."""
+    tests = suite_dir()
     python = suite_python(tests)
-    work = CACHE / f"work-{args.server}-{args.port or 8080}"
+    work = CACHE / f"work-{server}-{port or 8080}"
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
-        "LLAMA_SERVER_BIN_PATH": str(launcher(args.server, work)),
-        "PEER_MODEL": str(Path(args.model).resolve()),
+        "LLAMA_SERVER_BIN_PATH": str(launcher(server, work)),
+        "PEER_MODEL": str(Path(model).resolve()),
         "PEER_WORK": str(work),
     }
-    if args.port:
-        env["PORT"] = str(args.port)  # the suite's own knob (utils.py); xdist workers add 10 each
-    if args.server == "llama-server":
-        env["PEER_LLAMA_SERVER"] = str(Path(args.llama_server).resolve())
-    files = [f"unit/{f}" for f in (args.files or COUNTED)]
+    if port:
+        env["PORT"] = str(port)  # the suite's own knob (utils.py); xdist workers add 10 each
+    if server == "llama-server":
+        assert llama_server is not None
+        env["PEER_LLAMA_SERVER"] = str(Path(llama_server).resolve())
     junit = work / "junit.xml"
-    command = [str(python), "-m", "pytest", *files, "-p", "no:cacheprovider", f"--junitxml={junit}", "-q"]
-    if not args.slow:  # as the suite's own tests.sh runs it unless SLOW_TESTS=1
+    junit.unlink(missing_ok=True)
+    command = [str(python), "-m", "pytest", *[f"unit/{t}" for t in targets], "-p", "no:cacheprovider",
+               f"--junitxml={junit}", "-q"]
+    if not slow:  # as the suite's own tests.sh runs it unless SLOW_TESTS=1
         command += ["-m", "not slow"]
-    if args.workers > 1:
-        command += ["-n", str(args.workers)]
-    if args.k:
-        command += ["-k", args.k]
-    with open(work / "pytest.log", "w") as log:
-        subprocess.run(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
-    result = outcomes(junit)
+    if workers > 1:
+        command += ["-n", str(workers)]
+    if k:
+        command += ["-k", k]
+    log = work / "pytest.log"
+    with open(log, "w") as out:
+        subprocess.run(command, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return (outcomes(junit) if junit.exists() else {}), log
+
+
+def run(args: argparse.Namespace) -> int:
+    result, log = run_tests(
+        args.server, list(args.files or COUNTED), args.port, args.model, args.llama_server, args.slow, args.k,
+        args.workers,
+    )
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     counts = {o: sum(1 for v in result.values() if v == o) for o in ("passed", "failed", "error", "skipped")}
-    print(f"{args.server}: {counts} (log: {work / 'pytest.log'})")
+    print(f"{args.server}: {counts} (log: {log})")
     return 0
 
 
@@ -174,7 +194,6 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", choices=("corral", "llama-server"), default="corral")
     p.add_argument("--llama-server", help="the llama-server binary (for --server llama-server)")
-    p.add_argument("--suite", help="llama.cpp's tools/server/tests folder (default: from the sdist)")
     p.add_argument("--model", default=str(DEMO_MODEL), help="the GGUF both servers serve")
     p.add_argument("--out", default="peer-results.json")
     p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers")

@@ -19,6 +19,7 @@ from router.generation.events import (
     Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
 )
 from router.generation.job import GenerationJob
+from worker.protocol import Timings
 
 
 async def whole(events: AsyncIterator[Event], fmt: Completion, job: GenerationJob) -> bytes:
@@ -30,6 +31,7 @@ async def whole(events: AsyncIterator[Event], fmt: Completion, job: GenerationJo
 async def chunks(events: AsyncIterator[Event], fmt: Completion, job: GenerationJob) -> AsyncIterator[bytes]:
     """The SSE events of a streamed response."""
     offsets: dict[int, int] = {}  # completions: each choice's characters so far
+    timings: Timings | None = None  # the last choice's, for the usage chunk
     async for ev in events:
         if isinstance(ev, Begin):
             if fmt.chat:
@@ -59,10 +61,11 @@ async def chunks(events: AsyncIterator[Event], fmt: Completion, job: GenerationJ
             if delta or lp is not None:
                 yield fmt.delta_chunk(delta, index=ev.choice, logprobs=lp, timings=ev.timings)
         elif isinstance(ev, Finish):
+            timings = ev.timings or timings
             yield fmt.chunk(None, ev.reason, index=ev.choice, timings=ev.timings if job.timings else None)
         elif isinstance(ev, Done):
             if job.include_usage:
-                yield fmt.usage_chunk(ev.usage)
+                yield fmt.usage_chunk(ev.usage, timings)
             yield DONE
         elif isinstance(ev, Failed):
             yield error_event(ev.error)

@@ -161,19 +161,21 @@ class Completion:
             out["timings"] = timings_json(timings)
         return self._event(out)
 
-    def usage_chunk(self, usage: Usage | None) -> bytes:
-        """The extra final chunk that `stream_options.include_usage` asks for."""
-        return self._event(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "system_fingerprint": None,
-                "choices": [],
-                "usage": usage_json(usage),
-            }
-        )
+    def usage_chunk(self, usage: Usage | None, timings: Timings | None = None) -> bytes:
+        """The extra final chunk that `stream_options.include_usage` asks for; with the
+        generation's `timings`, as llama-server's last chunk carries them."""
+        obj: dict[str, object] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [],
+            "usage": usage_json(usage),
+        }
+        if timings is not None:
+            obj["timings"] = timings_json(timings)
+        return self._event(obj)
 
     @staticmethod
     def _event(obj: dict[str, object]) -> bytes:

@@ -213,7 +213,8 @@ def test_templates_get_todays_date_as_llama_server_gives_it() -> None:
     Firefunction's `datetime` are today's (common_chat_extra_context), and `strftime_now`."""
     import datetime
 
-    source = "{{ date_string }}|{{ datetime }}|{{ strftime_now('%Y') }}"
+    source = "{{ date_string }}|{{ datetime }}|{{ strftime_now('%Y') }}|{{ functions }}"
     today = datetime.date.today()
     text = JinjaTemplate(source, "", "").render([ChatMessage(role="user", content="q")])
-    assert text == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|{today.year}"
+    # Firefunction's `functions` (the tools as JSON text) is "" without tools.
+    assert text == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|{today.year}|"

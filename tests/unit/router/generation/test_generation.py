@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator
 
+import msgspec
 import pytest
 
 from router.api.openai.render import chunks as openai_chunks
@@ -22,7 +23,7 @@ from router.server import sse
 from supervisor.errors import ContextOverflow, CorralError, WorkerCrashed
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.lease import Lease
-from worker.protocol import SamplingParams, TokenEvent, Usage
+from worker.protocol import SamplingParams, Timings, TokenEvent, Usage
 
 USAGE = Usage(prompt_tokens=3, completion_tokens=2)
 
@@ -136,6 +137,17 @@ async def test_events_stream_role_text_finish_usage_and_done() -> None:
     assert [o["choices"][0]["delta"].get("content") for o in objs[1:3]] == ["a", "b"]
     assert objs[3]["choices"][0]["finish_reason"] == "stop"
     assert objs[4]["choices"] == [] and objs[4]["usage"]["total_tokens"] == 5
+    # llama-server's last chunk carries the timings (llama.cpp's utils.py reads them there,
+    # and test_chat_completion_with_timings_per_token).
+    assert "timings" not in objs[4]  # none came: none is made up
+    timed = tokens("a", "b")
+    last = timed[-1]
+    assert isinstance(last, TokenEvent)
+    timed[-1] = msgspec.structs.replace(last, timings=Timings(prompt_n=3, prompt_ms=1.0, predicted_n=2, predicted_ms=2.0))
+    gen, _ = await started(timed)
+    chunks = [c async for c in openai_chunks(events(gen, job(stream=True, include_usage=True)), Completion("m", chat=True), job(stream=True, include_usage=True))]
+    usage = [json.loads(x) for x in data_lines(chunks)[:-1]][-1]
+    assert usage["choices"] == [] and usage["timings"]["predicted_n"] == 2
 
 
 async def test_a_failure_mid_stream_is_a_final_error_event_without_done() -> None:

@@ -1,0 +1,54 @@
+"""The peer launcher's reading of llama-server's command line (tests/peer/llama_flags.py):
+each flag the suite passes (its utils.py, ServerProcess.start) becomes the Corral config
+that serves the same, and the config it writes is one Corral accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomlkit
+
+from supervisor.config import parse
+from tests.harness import write_gguf
+from tests.peer.llama_flags import corral_config, hf_to_local, read_flags
+
+# What the suite's tinyllama2 preset starts, with --slots and an API key.
+ARGV = [
+    "--port", "8123", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1,::1", "--offline",
+    "--hf-repo", "ggml-org/test-model-stories260K", "--batch-size", "32", "--slots", "--alias", "tinyllama-2,fim,code",
+    "--tags", "chat,small", "--ctx-size", "512", "--parallel", "2", "--n-predict", "64", "--no-jinja",
+    "--api-key", "sk-test-key-1", "--reasoning", "off", "-fa", "on",
+]
+
+
+def test_flags_become_the_config_that_serves_the_same(tmp_path: Path) -> None:
+    model = write_gguf(tmp_path / "m.gguf")
+    f = read_flags(ARGV, str(model))
+    config = corral_config(f, model_has_template=False, router_folder=str(tmp_path))
+    server, (name, m), = config["server"], *config["models"].items()
+    assert server["host"] == ["127.0.0.1", "::1"] and server["port"] == 8123 and server["api_keys"] == ["sk-test-key-1"]
+    assert server["cors_origins"] == ["*"] and server["slots_endpoint"] is True
+    assert server["unknown_model"] == "default" and server["v1_error_shape"] == "llama-server"
+    assert name == "code" and m["aliases"] == ["fim", "tinyllama-2"] and m["tags"] == ["chat", "small"]
+    assert (m["slots"], m["n_ctx"], m["n_ctx_slot"], m["n_batch"]) == (2, 512, 256, 32)
+    assert (m["temperature"], m["seed"], m["n_predict"]) == (0.8, 42, 64)
+    assert m["chat_template"] == "chatml"  # llama-server's fallback for a GGUF without one
+    assert m["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "fa" in f.ignored and m["path"] == str(model)
+    # The written config is one Corral takes (the host list needs the key it has).
+    cfg = parse(tomlkit.dumps(config), tmp_path)
+    assert cfg.models["code"].defaults.seed == 42
+
+
+def test_router_mode_and_the_baseline_rewrite(tmp_path: Path) -> None:
+    f = read_flags(["--port", "8080", "--models-max", "2", "--tools", "all"], "/m.gguf")
+    config = corral_config(f, router_folder=str(tmp_path))
+    assert config["models"] == {} and config["server"]["models_dir"] == str(tmp_path)
+    assert config["supervisor"]["max_loaded_models"] == 2
+    assert config["server"]["cors_origins"] == ["localhost"]  # llama-server's default with tools
+    assert hf_to_local(["--hf-repo", "a/b", "--hf-file", "c.gguf", "--offline", "--port", "1"], "/m.gguf") == [
+        "--model", "/m.gguf", "--port", "1",
+    ]
+    embed = corral_config(read_flags(["--model", "/m.gguf", "--reranking"], "/x"))
+    (m,) = embed["models"].values()
+    assert m["embeddings"] is True and m["pooling"] == "rank"
