@@ -41,6 +41,15 @@ SELECTION = [
 ]
 
 
+# Cases of the selection where Corral differs on purpose (docs/upstream.md lists why): an
+# empty embedding input is a 400, as OpenAI's; a preflight's Allow-Headers echoes what the
+# page asked for instead of "*".
+DELIBERATE = {
+    "test_embedding.py::test_embedding_mixed_input[-False]",
+    "test_security.py::test_cors_options[web.mydomain.fr-Access-Control-Allow-Headers-*]",
+}
+
+
 @pytest.fixture(scope="module")
 def suite() -> None:
     if not DEMO_MODEL.exists():
@@ -54,6 +63,7 @@ def suite() -> None:
 def test_a_selection_of_llama_servers_own_tests_passes_against_corral(suite: None) -> None:
     outcomes, log = run_tests("corral", SELECTION, port=8470)
     assert outcomes, f"no test ran: see {log}"
-    failing = sorted(t for t, o in outcomes.items() if o != "passed")
+    failing = sorted(t for t, o in outcomes.items() if o != "passed" and t not in DELIBERATE)
     assert not failing, f"llama.cpp's tests that fail against Corral: {failing} (log: {log})"
     assert len(outcomes) >= len(SELECTION)  # parametrized ones count once per case
+    assert DELIBERATE <= outcomes.keys()  # still run: a renamed case would hide here
