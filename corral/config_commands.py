@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from corral import reload_client
 from corral.admin_target import reload_lines
 from corral.args import add_config_option, config_path, print_problems
-from supervisor.config import edit as config_edit, show as config_show
+from supervisor.config import edit as config_edit, presets, show as config_show
 from supervisor.config import ConfigError, from_bytes, load
 from supervisor.config.key_paths import SECRET_FIELDS, EditError
 from supervisor.config.rewrite import Rewritten, rewrite
@@ -93,6 +93,15 @@ def add(sub: Subparsers) -> None:
     )
     _edit_options(a)
     a.set_defaults(run=add_model_command)
+
+    ip = csub.add_parser(
+        "import-preset", help="translate llama-server's models preset INI into Corral's TOML",
+        description="Print the Corral config that serves what llama-server's --models-preset FILE "
+        "describes: [*] as [model_defaults], each section as a [models.NAME] table, every key "
+        "with a comment naming its source line; keys Corral has no meaning for stay as comments.",
+    )
+    ip.add_argument("file", help="the preset INI file")
+    ip.set_defaults(run=import_preset_command)
 
     r = csub.add_parser("remove-model", help="remove a [models.NAME] table")
     r.add_argument("name")
@@ -300,3 +309,14 @@ def _reload(args: argparse.Namespace, done: Rewritten) -> int:
 def _print_diff(answer: dict[str, Any]) -> None:
     for line in reload_lines(answer):  # as `corral reload` prints them
         print(f"reload: {line}")
+
+
+def import_preset_command(args: argparse.Namespace) -> int:
+    """Print the TOML for a llama-server preset file; 1 when it cannot be read."""
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+        print(presets.import_preset(text, Path(args.file).name), end="")
+    except (OSError, UnicodeDecodeError, presets.PresetError) as exc:
+        print(f"corral config import-preset: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    return 0

@@ -1,0 +1,185 @@
+"""llama-server's models preset INI (`--models-preset`, its README's "Model presets"),
+translated into Corral's TOML: `corral config import-preset FILE`.
+
+Each section is a model (`[*]` holds what every model gets: Corral's `[model_defaults]`);
+its keys are llama-server's command-line arguments without their dashes, in long or short
+form or as LLAMA_ARG_* variables. Every translated key keeps a comment naming the line it
+came from; a key Corral has no meaning for is kept as a comment saying so, never dropped in
+silence. A preset that names a Hugging Face repository instead of a file gets a
+commented-out `path`: Corral downloads nothing. Pure: text in, text out.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import tomlkit
+from tomlkit.items import Table
+
+
+@dataclass(frozen=True)
+class _Key:
+    corral: str
+    convert: Callable[[str], Any]
+
+
+def _bool(v: str) -> bool:
+    if v.strip().lower() in ("1", "true", "on", "yes", "enabled"):
+        return True
+    if v.strip().lower() in ("0", "false", "off", "no", "disabled"):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+def _float(v: str) -> float:
+    return float(v)
+
+
+def _int(v: str) -> int:
+    return int(v)
+
+
+def _str(v: str) -> str:
+    return v.strip()
+
+
+def _words(v: str) -> list[str]:
+    return [w.strip() for w in v.split(",") if w.strip()]
+
+
+# llama-server's argument (long form without dashes) -> Corral's model key.
+_KEYS: dict[str, _Key] = {
+    "model": _Key("path", _str),
+    "ctx-size": _Key("n_ctx", _int),
+    "parallel": _Key("slots", _int),
+    "batch-size": _Key("n_batch", _int),
+    "threads": _Key("threads", _int),
+    "n-gpu-layers": _Key("n_gpu_layers", _int),
+    "chat-template": _Key("chat_template", _str),
+    "chat-template-file": _Key("chat_template", _str),
+    "temp": _Key("temperature", _float),
+    "top-k": _Key("top_k", _int),
+    "top-p": _Key("top_p", _float),
+    "min-p": _Key("min_p", _float),
+    "repeat-penalty": _Key("repeat_penalty", _float),
+    "repeat-last-n": _Key("repeat_last_n", _int),
+    "presence-penalty": _Key("presence_penalty", _float),
+    "frequency-penalty": _Key("frequency_penalty", _float),
+    "seed": _Key("seed", _int),
+    "n-predict": _Key("n_predict", _int),
+    "reverse-prompt": _Key("stop", lambda v: [v]),
+    "embedding": _Key("embeddings", _bool),
+    "pooling": _Key("pooling", _str),
+    "alias": _Key("aliases", _words),
+    "tags": _Key("tags", _words),
+    "swa-full": _Key("swa_full", _bool),
+    "load-on-startup": _Key("preload", _bool),
+    "chat-template-kwargs": _Key("chat_template_kwargs", json.loads),
+}
+# Other names llama-server takes for them: short forms, older names, LLAMA_ARG_* variables.
+_ALIASES = {
+    "m": "model", "c": "ctx-size", "np": "parallel", "b": "batch-size", "t": "threads",
+    "ngl": "n-gpu-layers", "gpu-layers": "n-gpu-layers", "s": "seed", "n": "n-predict",
+    "predict": "n-predict", "r": "reverse-prompt", "embeddings": "embedding", "a": "alias",
+    "LLAMA_ARG_MODEL": "model", "LLAMA_ARG_CTX_SIZE": "ctx-size", "LLAMA_ARG_N_PARALLEL": "parallel",
+    "LLAMA_ARG_BATCH": "batch-size", "LLAMA_ARG_THREADS": "threads", "LLAMA_ARG_N_GPU_LAYERS": "n-gpu-layers",
+    "LLAMA_ARG_CHAT_TEMPLATE": "chat-template", "LLAMA_ARG_CHAT_TEMPLATE_FILE": "chat-template-file",
+    "LLAMA_ARG_N_PREDICT": "n-predict", "LLAMA_ARG_EMBEDDINGS": "embedding", "LLAMA_ARG_POOLING": "pooling",
+    "LLAMA_ARG_ALIAS": "alias", "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "chat-template-kwargs",
+}
+# Keys a table may not take in [model_defaults] (Corral's rule: set per model).
+_PER_MODEL = ("path", "aliases")
+
+
+class PresetError(ValueError):
+    """The file is not an INI file llama-server would read."""
+
+
+def import_preset(text: str, source: str) -> str:
+    """Corral TOML for llama-server's preset `text` (read from `source`, named in the
+    comments). Raises PresetError."""
+    parser = configparser.ConfigParser(
+        interpolation=None, strict=False, comment_prefixes=(";", "#"), inline_comment_prefixes=None,
+        default_section="\0none",  # [*] is an ordinary section here, translated on its own
+    )
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
+    try:
+        parser.read_string("[\0top]\n" + text, source)
+    except configparser.Error as exc:
+        raise PresetError(f"{source}: {exc}") from None
+    lines = _line_numbers(text)
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(f"Translated from llama-server's models preset {source} by corral config import-preset."))
+    models = tomlkit.table(is_super_table=True)
+    for section in parser.sections():
+        if section == "\0top":
+            continue  # `version = 1`: nothing to translate
+        table = tomlkit.table()
+        for key, value in parser.items(section):
+            _translate(table, key, value, f"{source}:{lines.get((section, key), '?')}", section == "*")
+        if section == "*":
+            doc.add("model_defaults", table)
+        else:
+            models.add(section, table)
+    doc.add("models", models)
+    return tomlkit.dumps(doc)
+
+
+def _translate(table: Table, key: str, value: str, where: str, defaults: bool) -> None:
+    name = _ALIASES.get(key, key.removeprefix("no-") if key.startswith("no-") and key[3:] in _KEYS else key)
+    if name in ("reasoning", "LLAMA_ARG_REASONING") and value.strip() in ("on", "off"):
+        _put(table, "chat_template_kwargs", {"enable_thinking": value.strip() == "on"}, f"{key} = {value} ({where})")
+        return
+    if name in ("reranking", "rerank") and _bool(value):
+        _put(table, "embeddings", True, f"{key} = {value} ({where})")
+        _put(table, "pooling", "rank", f"{key} = {value} ({where})")
+        return
+    spec = _KEYS.get(name)
+    if spec is None:
+        if name in ("jinja", "LLAMA_ARG_JINJA"):
+            table.add(tomlkit.comment(f"{key} = {value} ({where}): Corral renders the model's Jinja template by default"))
+        elif name in ("hf-repo", "hf", "LLAMA_ARG_HF_REPO"):
+            table.add(tomlkit.comment(f'path = ""  # {key} = {value} ({where}): Corral downloads nothing; name the GGUF here'))
+        else:
+            table.add(tomlkit.comment(f"not translated: {key} = {value} ({where}): no Corral meaning"))
+        return
+    if defaults and spec.corral in _PER_MODEL:
+        table.add(tomlkit.comment(f"not translated: {key} = {value} ({where}): set per model"))
+        return
+    try:
+        converted = spec.convert(value)
+    except ValueError as exc:
+        raise PresetError(f"{where}: {key} = {value}: {exc}") from None
+    if key.startswith("no-") and isinstance(converted, bool):
+        converted = not converted
+    _put(table, spec.corral, converted, f"{key} = {value} ({where})")
+
+
+def _put(table: Table, key: str, value: Any, comment: str) -> None:
+    """`key = value  # comment`; a later line wins, as llama-server reads the file."""
+    if key in table:
+        del table[key]
+    if isinstance(value, dict):  # on its line, with its comment, not a table of its own
+        inline = tomlkit.inline_table()
+        inline.update(value)
+        item: Any = inline
+    else:
+        item = tomlkit.item(value)
+    item.comment(comment)
+    table.add(key, item)
+
+
+def _line_numbers(text: str) -> dict[tuple[str, str], int]:
+    """Each (section, key)'s line in `text`, for the comments."""
+    out: dict[tuple[str, str], int] = {}
+    section = "\0top"
+    for i, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif "=" in line and not line.startswith((";", "#")):
+            out[(section, line.split("=", 1)[0].strip())] = i
+    return out

@@ -1,0 +1,81 @@
+"""llama-server's models preset INI, as `corral config import-preset` translates it
+(issue 22, item 7): the example of llama-server's README ("Model presets"), then the edges."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import parse
+from supervisor.config.presets import PresetError, import_preset
+from tests.harness import write_gguf
+
+# llama-server's README's example, with a model file of ours in the custom section.
+PRESET = """version = 1
+
+; (Optional) This section provides global settings shared across all presets.
+[*]
+c = 8192
+n-gpu-layers = 8
+
+[ggml-org/MY-MODEL-GGUF:Q8_0]
+chat-template = chatml
+n-gpu-layers = 123
+jinja = true
+c = 4096
+LLAMA_ARG_CACHE_RAM = 0
+hf-repo = ggml-org/MY-MODEL-GGUF
+
+[custom_model]
+model = {MODEL}
+alias = cm,custom
+temp = 0.5
+reasoning = off
+load-on-startup = true
+reranking = false
+"""
+
+
+def test_the_readmes_example_becomes_a_config_corral_takes(tmp_path: Path) -> None:
+    model = write_gguf(tmp_path / "m.gguf")
+    text = import_preset(PRESET.replace("{MODEL}", str(model)), "my-models.ini")
+    data = tomllib.loads(text)
+    assert data["model_defaults"] == {"n_ctx": 8192, "n_gpu_layers": 8}
+    hf = data["models"]["ggml-org/MY-MODEL-GGUF:Q8_0"]
+    assert hf == {"chat_template": "chatml", "n_gpu_layers": 123, "n_ctx": 4096}
+    custom = data["models"]["custom_model"]
+    assert custom["path"] == str(model) and custom["aliases"] == ["cm", "custom"]
+    assert (custom["temperature"], custom["preload"]) == (0.5, True)
+    assert custom["chat_template_kwargs"] == {"enable_thinking": False}
+    # Every key says where it came from; what Corral cannot use is said, not dropped.
+    assert "n_ctx = 4096 # c = 4096 (my-models.ini:12)" in text
+    assert "not translated: LLAMA_ARG_CACHE_RAM = 0 (my-models.ini:13)" in text
+    assert "hf-repo = ggml-org/MY-MODEL-GGUF (my-models.ini:14): Corral downloads nothing" in text
+    # The model that names a file is served as written; the one that names a repository
+    # needs its path (the config check says so).
+    del data["models"]["ggml-org/MY-MODEL-GGUF:Q8_0"]
+    only_file = text.split('[models."ggml-org/MY-MODEL-GGUF:Q8_0"]')[0] + "[models.custom_model]" + text.split("[models.custom_model]")[1]
+    cfg = parse(only_file, tmp_path)
+    assert cfg.models["custom_model"].defaults.temperature == 0.5 and cfg.models["custom_model"].n_ctx == 8192
+
+
+@pytest.mark.parametrize(
+    ("ini", "problem"),
+    [
+        ("[a]\nc = lots\n", "c = lots"),
+        ("[a]\nembedding = maybe\n", "embedding = maybe"),
+        ("[a\nc = 1\n", "p.ini"),
+    ],
+)
+def test_a_preset_corral_cannot_read_says_where(ini: str, problem: str) -> None:
+    with pytest.raises(PresetError) as info:
+        import_preset(ini, "p.ini")
+    assert problem in str(info.value)
+
+
+def test_per_model_keys_in_the_global_section_stay_comments() -> None:
+    text = import_preset("[*]\nmodel = /x.gguf\nc = 2048\n", "p.ini")
+    assert tomllib.loads(text)["model_defaults"] == {"n_ctx": 2048}
+    assert "not translated: model = /x.gguf (p.ini:2): set per model" in text
