@@ -26,9 +26,9 @@ def main(argv: list[str]) -> None:
     flags = read_flags(argv, os.environ["PEER_MODEL"])
     # llama-server reads relative paths from its working directory; Corral from the
     # config file's folder, which is elsewhere.
-    absolute = {k: os.path.abspath(v) for k in ("model", "chat_template_file", "models_dir", "models_preset")
-                if isinstance(v := getattr(flags, k), str)}
-    flags = dataclasses.replace(flags, **absolute)
+    for key in ("model", "chat_template_file", "models_dir", "models_preset"):
+        if isinstance(value := getattr(flags, key), str):
+            flags = dataclasses.replace(flags, **{key: os.path.abspath(value)})  # type: ignore[arg-type]
     has_template = flags.model is not None and "tokenizer.chat_template" in read_metadata(Path(flags.model))
     work = Path(os.environ.get("PEER_WORK", tempfile.gettempdir()))
     work.mkdir(parents=True, exist_ok=True)

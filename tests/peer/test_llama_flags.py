@@ -25,7 +25,8 @@ def test_flags_become_the_config_that_serves_the_same(tmp_path: Path) -> None:
     model = write_gguf(tmp_path / "m.gguf")
     f = read_flags(ARGV, str(model))
     config = corral_config(f, model_has_template=False, router_folder=str(tmp_path))
-    server, (name, m), = config["server"], *config["models"].items()
+    server = config["server"]
+    ((name, m),) = config["models"].items()
     assert server["host"] == ["127.0.0.1", "::1"] and server["port"] == 8123 and server["api_keys"] == ["sk-test-key-1"]
     assert server["cors_origins"] == ["*"] and server["slots_endpoint"] is True
     assert server["unknown_model"] == "default" and server["v1_error_shape"] == "llama-server"

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from worker.protocol import MAX_STOP_STRINGS, SamplingParams
+from worker.protocol import SamplingParams
 MAX_N = 128  # choices per prompt, as OpenAI
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs and completions' logprobs, as OpenAI's chat
 LOGIT_BIAS_RANGE = 100.0

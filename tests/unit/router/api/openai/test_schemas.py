@@ -12,7 +12,7 @@ from router.server.json_body import decode
 from router.api.openai import schemas as s
 from router.api.openai import translate
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams
+from worker.protocol import MAX_STOP_STRINGS, ChatMessage, SamplingParams
 
 
 def body(**fields: Any) -> bytes:
@@ -272,7 +272,7 @@ def test_logit_bias_in_every_form_llama_server_takes() -> None:
         ({"logit_bias": {"99999999999": 1}}, "logit_bias"),
         ({"stop": ""}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
-        ({"stop": [str(i) for i in range(s.MAX_STOP_STRINGS + 1)]}, "stop"),
+        ({"stop": [str(i) for i in range(MAX_STOP_STRINGS + 1)]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": False, "stream_options": {}}, "stream_options"),
     ],
@@ -302,7 +302,7 @@ def test_max_tokens_below_one(value: int) -> None:
         {"top_p": 0},
         {"top_p": 1},
         {"presence_penalty": -2, "frequency_penalty": 2},
-        {"stop": [str(i) for i in range(s.MAX_STOP_STRINGS)]},
+        {"stop": [str(i) for i in range(MAX_STOP_STRINGS)]},
         {"stream": True, "stream_options": {"include_usage": True}},
         {"max_tokens": 1},
         {"n": 1},
