@@ -138,8 +138,12 @@ embeddings = true
 slots = 4
 n_ctx = 1024
 
-# The demo model as a reranker: llama.cpp scores with its last token's state (it has no
-# classifier head), enough to test the route's shapes, not its ranking.
+"""
+
+# The session server's models: the three, and the demo model as a reranker (llama.cpp
+# scores with its last token's state, as it has no classifier head: enough to test the
+# rerank route's shapes, not its ranking).
+SESSION_MODELS = THREE_MODELS + """
 [models.rank]
 path = "{MODEL}"
 embeddings = true
@@ -151,6 +155,6 @@ n_ctx = 1024
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("corral"), THREE_MODELS)
+    srv = start_server(tmp_path_factory.mktemp("corral"), SESSION_MODELS)
     yield srv
     stop_server(srv)

@@ -50,12 +50,14 @@ CASES: list[tuple[str, bytes, int, str | None]] = [
     # A lone UTF-16 surrogate cannot become UTF-8 text: the JSON parser refuses it.
     (COMP, b'{"model": "chat-a", "prompt": "\\ud800 lone"}', 400, None),
     (COMP, b'{"model": "chat-a", "prompt": [1, 2, 262144]}', 400, "prompt"),
-    (COMP, b'{"model": "chat-a", "prompt": ["a", 5]}', 400, "prompt[1]"),
+    # ["a", 5] is one mixed prompt to llama-server, and so to Corral (issue 22).
+    (COMP, b'{"model": "chat-a", "prompt": ["a", 5.5]}', 400, "prompt[1]"),
+    (COMP, b'{"model": "chat-a", "prompt": ["a", {"x": 1}]}', 400, "prompt[1]"),
     (COMP, b'{"model": "chat-a", "prompt": {"text": "x"}}', 400, "prompt"),
     (EMB, b'{"model": "embed", "input": []}', 400, "input"),
     (EMB, b'{"model": "embed", "input": [""]}', 400, "input"),
     (EMB, b'{"model": "embed", "input": [[1, 262144]]}', 400, "input"),
-    (EMB, b'{"model": "embed", "input": ["a", [1]]}', 400, "input"),
+    (EMB, b'{"model": "embed", "input": ["a", [1.5]]}', 400, "input[1]"),  # ["a", [1]] is two inputs now
     (EMB, b'{"model": "embed", "input": "x", "encoding_format": "hex"}', 400, "encoding_format"),
     (EMB, b'{"model": "chat-a", "input": "x"}', 400, "model"),
 ]

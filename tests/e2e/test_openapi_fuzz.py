@@ -85,6 +85,11 @@ def fuzz_document() -> dict[str, Any]:
             # invalid count, so that a run's length stays bounded.
             props["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 3}, {"type": "integer", "maximum": 0},
                                     {"type": "integer", "minimum": 129}]}
+        if name == "ModelActionRequest":
+            # /models/load and /models/unload: unloading the one worker between draws
+            # would count as a restart. Draw names it does not serve (404s); loading and
+            # unloading themselves have process tests (tests/process/test_llama_server_peer.py).
+            props["model"] = {"type": "string", "pattern": "^zz"}
         if "keep_alive" in props:
             # Ollama's: a short one would unload the one worker between draws, which the
             # fixture counts as a restart. Its parsing has unit tests of its own.

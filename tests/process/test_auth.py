@@ -35,7 +35,7 @@ SECRETS = (API, SCOPED, ADMIN, LATE)
 
 REMOTE = {"client": ("10.1.2.3", 40000)}
 # Routes that need no key: health checks, and the dashboard's static page (router/server/dashboard.py).
-OPEN_PATHS = ("/health", "/")
+OPEN_PATHS = ("/health", "/v1/health", "/")  # /v1/health: llama-server's second name for it
 LOOPBACK_2 = {"client": ("127.0.0.2", 40000)}
 
 
