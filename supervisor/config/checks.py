@@ -16,7 +16,7 @@ from supervisor.capacity import parse_size
 from supervisor.config.key_paths import quote
 from supervisor.config.schema import ConfigFile, ModelConfig, listen_hosts
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
-from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES
+from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES, TEMPLATE_OWN_VARIABLES
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
@@ -136,7 +136,7 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
         yield from _generation_problems(at, m)
-        for key in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
+        for key in TEMPLATE_OWN_VARIABLES:
             if key in m.chat_template_kwargs:
                 yield f"{at}.chat_template_kwargs.{key}: Corral sets this template variable from each request"
         if m.max_queue is not None and m.max_queue < 0:

@@ -80,6 +80,9 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
     "repeat_penalty": (0.0, 10.0),
 }
 MAX_STOP_STRINGS = 16
+# The chat template variables Corral sets from each request itself: neither a request's
+# chat_template_kwargs nor a model's may set them.
+TEMPLATE_OWN_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 # llama-server's `false` in logit_bias: the token is never chosen while any other may be.
 # Finite, unlike llama-server's -INFINITY, so that a request that bans every token samples
 # from equals instead of from NaN.

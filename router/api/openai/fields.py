@@ -15,7 +15,7 @@ from router.generation import sampling, tool_schemas
 from router.generation.prompts import Prompt, prompt_list
 from router.generation.structured import ANY_OBJECT
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import LOGIT_BAN, ChatMessage, SamplingParams
+from worker.protocol import LOGIT_BAN, TEMPLATE_OWN_VARIABLES, ChatMessage, SamplingParams
 from router.api.openai.schemas import (
     LOGIT_BIAS_RANGE, MAX_N, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, EmbeddingRequest,
     ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, SamplingFields,
@@ -228,7 +228,6 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
 # Template variables the worker sets from the request itself; chat_template_kwargs may not
 # set them too (a second `messages` broke rendering, and `tools` passed the template a
 # value the request never offered).
-TEMPLATE_OWN_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 
 
 def chat_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
