@@ -178,12 +178,17 @@ class WorkerConnection:
         truncate: bool = False,
         parts: list[list[int | str]] | None = None,
         rank_query: str | None = None,
+        normalize: int = 2,
+        native: bool = False,
     ) -> EmbedResult:
         """Embed texts, or token arrays (`tokens`, with `inputs` empty), or mixed prompts
         (`parts`); `truncate`: cut an input too long for the model at its end instead of
-        refusing it."""
+        refusing it; `normalize` and `native` as Embed has them."""
         reply = await self._call(
-            lambda rid: Embed(id=rid, inputs=inputs, tokens=tokens, truncate=truncate, parts=parts, rank_query=rank_query)
+            lambda rid: Embed(
+                id=rid, inputs=inputs, tokens=tokens, truncate=truncate, parts=parts, rank_query=rank_query,
+                normalize=normalize, native=native,
+            )
         )
         assert isinstance(reply, EmbedResult)
         return reply

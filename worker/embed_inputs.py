@@ -36,7 +36,7 @@ def embed_texts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
         for i, toks in enumerate(tokens):
             if not toks:
                 raise RequestRejected("invalid_request", f"input[{i}] makes no tokens", "input")
-        return EmbedJob(id=e.id, inputs=tokens)
+        return EmbedJob(id=e.id, inputs=tokens, normalize=e.normalize)
 
     return Texts(texts, build)
 
@@ -74,7 +74,7 @@ def _embed_parts(e: Embed, m: VocabModel, n_batch: int) -> Texts:
             elif len(toks) > n_batch:
                 raise _embed_limit(i, n_batch).refuse(len(toks))
             out.append(toks)
-        return EmbedJob(id=e.id, inputs=out)
+        return EmbedJob(id=e.id, inputs=out, normalize=e.normalize)
 
     return Texts(texts, build, add_special=adds)
 
@@ -130,6 +130,6 @@ def _embed_tokens(e: Embed, m: VocabModel, n_batch: int) -> Texts:
         check_ids(toks, m.n_vocab, "input")
 
     def build(_: list[list[int]]) -> EmbedJob:
-        return EmbedJob(id=e.id, inputs=inputs)
+        return EmbedJob(id=e.id, inputs=inputs, normalize=e.normalize)
 
     return Texts([], build)

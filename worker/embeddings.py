@@ -45,6 +45,9 @@ class EmbedRun:
     def __init__(self, m: LoadedModel, batch: BatchBuffer, n_seq: int, job: EmbedJob) -> None:
         self.m, self.batch, self.n_seq, self.job = m, batch, n_seq, job
         self.out: list[list[float]] = [[] for _ in job.inputs]
+        # pooling = "none": llama.cpp pools nothing, and each input's vectors are its
+        # tokens' (llama-server's native /embedding answers them so).
+        self.per_token: list[list[list[float]]] | None = [[] for _ in job.inputs] if m.pooling == "none" else None
         self.done = 0  # inputs embedded so far
         self.busy = 0  # sequences in the last decode (for occupancy)
         # Set by the link's thread when the client has gone; read by the abort callback on
@@ -64,8 +67,10 @@ class EmbedRun:
             return None
         batch.clear()
         group: list[int] = []
+        starts: list[int] = []  # where each input's tokens begin in the batch
         i = self.done
         while i < len(tokenized) and len(group) < self.n_seq and len(tokenized[i]) <= batch.free:
+            starts.append(batch.n)
             batch.add(tokenized[i], 0, len(group), "all")
             group.append(i)
             i += 1
@@ -80,6 +85,11 @@ class EmbedRun:
         if rc != 0:
             return Error(id=self.job.id, code="internal", message=f"llama_decode failed with {rc}")
         for seq, idx in enumerate(group):
+            if self.per_token is not None:
+                error = self._read_tokens(idx, starts[seq])
+                if error is not None:
+                    return error
+                continue
             ptr = llama_cpp.llama_get_embeddings_seq(m.ctx, seq)
             if not ptr:
                 return Error(id=self.job.id, code="internal", message="no pooled embedding")
@@ -87,18 +97,46 @@ class EmbedRun:
                 self.out[idx] = np.ctypeslib.as_array(ptr, shape=(m.n_cls_out,)).astype(np.float64).tolist()
                 continue
             vec = np.ctypeslib.as_array(ptr, shape=(m.n_embd,)).astype(np.float64)
-            norm = float(np.linalg.norm(vec))
-            # A zero vector has no direction to keep; it goes out as it came.
-            self.out[idx] = (vec / norm if norm > 0 else vec).tolist()
+            self.out[idx] = normalized(vec, self.job.normalize).tolist()
         self.done = i
         if self.done < len(tokenized):
             return None
         llama_cpp.llama_memory_clear(m.memory, True)
-        return EmbedResult(id=self.job.id, data=self.out, prompt_tokens=sum(map(len, tokenized)))
+        n = sum(map(len, tokenized))
+        if self.per_token is not None:
+            return EmbedResult(id=self.job.id, data=[], prompt_tokens=n, per_token=self.per_token)
+        return EmbedResult(id=self.job.id, data=self.out, prompt_tokens=n)
+
+    def _read_tokens(self, idx: int, start: int) -> Error | None:
+        """Input `idx`'s per-token vectors, from batch positions `start` on."""
+        assert self.per_token is not None
+        vectors = self.per_token[idx]
+        for pos in range(start, start + len(self.job.inputs[idx])):
+            ptr = llama_cpp.llama_get_embeddings_ith(self.m.ctx, pos)
+            if not ptr:
+                return Error(id=self.job.id, code="internal", message="no token embedding")
+            vectors.append(np.ctypeslib.as_array(ptr, shape=(self.m.n_embd,)).astype(np.float64).tolist())
+        return None
 
     def abandon(self) -> None:
         """Cancelled: what it decoded is of no use to anyone."""
         llama_cpp.llama_memory_clear(self.m.memory, True)
+
+
+def normalized(vec: np.ndarray, p: int) -> np.ndarray:
+    """`vec` scaled as llama.cpp's common_embd_normalize does (llama-server's
+    embd_normalize): -1 as it is, 0 its largest magnitude to 32760 (int16's range), 2 to
+    Euclidean length 1, another p to p-norm 1. A zero vector has no direction to keep, and
+    goes out as it came (llama.cpp's too)."""
+    if p < 0:
+        return vec
+    if p == 0:
+        norm = float(np.max(np.abs(vec))) / 32760.0 if vec.size else 0.0
+    elif p == 2:
+        norm = float(np.linalg.norm(vec))
+    else:
+        norm = float(np.sum(np.abs(vec) ** p) ** (1.0 / p))
+    return vec / norm if norm > 0 else vec
 
 
 class EmbedLine:

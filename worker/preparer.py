@@ -169,7 +169,7 @@ class Preparer:
                     raise RequestRejected(
                         "unsupported", 'this model is not a reranker: /rerank needs pooling = "rank" in its config', "model"
                     )
-            elif (problem := pooling_problem(self.m.pooling or "")) is not None:
+            elif (problem := pooling_problem(self.m.pooling or "", frame.native)) is not None:
                 raise RequestRejected("unsupported", problem, "model")
         if isinstance(frame, Generate) and frame.params.constraint is not None:
             # GBNF converts in Python, holding the GIL: here, at full priority (as_lark).

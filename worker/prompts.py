@@ -213,14 +213,17 @@ def render_texts(r: Render, m: TextModel) -> Texts:
     return Texts([], lambda _: Rendered(id=r.id, prompt=prompt))
 
 
-def pooling_problem(pooling: str) -> str | None:
-    """Why a model with this pooling cannot answer /v1/embeddings, or None if it can."""
-    if pooling in EMBEDDING_POOLINGS:
+def pooling_problem(pooling: str, native: bool = False) -> str | None:
+    """Why a model with this pooling cannot answer an embedding request, or None if it can
+    (`native`: llama-server's /embedding, which answers pooling = "none" with a vector per
+    token; /v1/embeddings cannot)."""
+    if pooling in EMBEDDING_POOLINGS or (native and pooling == "none"):
         return None
     if pooling == "rank":
         why = "'rank' pooling makes a reranker's relevance score (served on /rerank), not an embedding"
     else:
-        why = f"{pooling!r} pooling gives one vector per token, not one per input"
+        # llama-server's words (server-context.cpp, handle_embeddings_impl)
+        why = "Pooling type 'none' is not OAI compatible: it gives one vector per token (served on /embedding)"
     return f"{why}; /v1/embeddings needs pooling = mean, cls or last in this model's config"
 
 

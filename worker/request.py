@@ -110,3 +110,4 @@ class EmbedJob:
     id: int
     inputs: list[list[int]]
     scores: bool = False  # a reranker's: read the scores, not a normalised vector
+    normalize: int = 2  # Embed.normalize

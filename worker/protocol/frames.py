@@ -70,6 +70,12 @@ class Embed(Frame):
     # Rerank instead (a model with pooling = "rank"): each of `inputs` is a document, scored
     # against this query; EmbedResult.data holds each one's scores (one for most rerankers).
     rank_query: str | None = None
+    # llama-server's embd_normalize: -1 none, 0 max-abs to int16's range, 2 Euclidean (the
+    # default), p > 2 the p-norm. Pooled vectors only: per-token ones go out as they are.
+    normalize: int = 2
+    # llama-server's native /embedding: a model with pooling = "none" may answer, with a
+    # vector per token (EmbedResult.per_token); OpenAI's shape has no place for them.
+    native: bool = False
 
 
 class Tokenize(Frame):
@@ -255,8 +261,10 @@ class Step(Frame):
 
 class EmbedResult(Frame):
     id: int
-    data: list[list[float]]
+    data: list[list[float]]  # a vector per input; empty when per_token is set
     prompt_tokens: int
+    # pooling = "none" (Embed.native): each input's vectors, one per token, as they are.
+    per_token: list[list[list[float]]] | None = None
 
 
 class TokenizeResult(Frame):

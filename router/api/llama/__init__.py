@@ -1,5 +1,6 @@
 """llama-server's own API: /completion, /tokenize, /detokenize, /apply-template, /props,
-/slots, with its request names and its error shape."""
+/slots, /embedding, /rerank and router mode's /models/load and /models/unload, with its
+request names and its error shape."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ OPERATIONS = (
         "post", "/apply-template", "Render a chat with the model's template (llama-server's route)",
         schemas.ApplyTemplateRequest, _E,
     ),
+    Operation("post", "/embedding", "Embeddings in llama-server's native shape (also /embeddings)", schemas.NativeEmbeddingRequest, _E),
     Operation("post", "/rerank", "Rerank documents (llama-server's route; also /v1/rerank)", schemas.RerankRequest, _E),
     Operation("post", "/models/load", "Load a model (llama-server's router mode)", schemas.ModelActionRequest, _E),
     Operation("post", "/models/unload", "Unload a model (llama-server's router mode)", schemas.ModelActionRequest, _E),

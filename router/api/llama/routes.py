@@ -15,7 +15,7 @@ from quart import Blueprint, Response, request
 
 
 from router.api.answering import embed, started
-from router.api.llama import rerank
+from router.api.llama import embedding, rerank
 from router.api.dialect import Server
 from router.api.llama.errors import error_event
 from router.api.llama.render import NativeCompletion, encode, props_json, slots_json
@@ -23,6 +23,7 @@ from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
     ModelActionRequest,
+    NativeEmbeddingRequest,
     RerankRequest,
     NativeCompletionRequest,
     TokenizeRequest,
@@ -35,7 +36,7 @@ from router.generation.answer import gather
 from router.generation.events import Event, Failed, Finish, TextDelta
 from router.generation.prompt_bound import refuse_if_too_long
 from router.generation.prompts import Prompt
-from router.server import bodies, sse
+from router.server import access_log, bodies, sse
 from router.server.json_body import decode
 from supervisor.connection import WorkerConnection
 from supervisor.errors import InternalError, InvalidRequest, NotServed, Unsupported, WorkerUnavailable
@@ -46,6 +47,7 @@ from supervisor.lifecycle import State
 PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
     "/models/load", "/models/unload", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
+    "/embedding", "/embeddings",
 })
 
 
@@ -153,6 +155,26 @@ def register(app: Blueprint, server: Server) -> None:
         rr = rerank.read(r)
         result = await embed(handle, rr.documents, rank_query=rr.query)
         return _json(rerank.answer(rr, result.data, result.prompt_tokens, r.model or handle.name))
+
+    @app.post("/embedding")
+    @app.post("/embeddings")
+    async def native_embeddings() -> Response:
+        """llama-server's native embeddings (router/api/llama/embedding.py); a model with
+        pooling = "none" answers a vector per token here, and only here."""
+        r: NativeEmbeddingRequest = decode(await bodies.read_body(), NativeEmbeddingRequest)
+        handle = resolve(r.model)
+        if not handle.spec.embeddings:
+            raise NotServed(
+                "This server does not support embeddings. Start it with `--embeddings`"
+                f" (for Corral: embeddings = true in the config of `{handle.name}`).",
+                "model",
+            )
+        prompts, _ = embedding.inputs(r)
+        result = await embed(handle, prompts, normalize=r.embd_normalize, native=True)
+        record = access_log.current()
+        if record is not None:
+            record.prompt_tokens, record.generated_tokens = result.prompt_tokens, 0
+        return _json(embedding.answer(result))
 
     @app.post("/models/load")
     async def models_load() -> Response:

@@ -8,7 +8,7 @@ OpenAI routes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -127,3 +127,16 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_n: Int32 | None = None
     return_documents: bool = False
     return_text: bool = False  # TEI's
+
+
+class NativeEmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /embedding and /embeddings (llama-server's native embeddings): `input` or
+    `content`, each taking every prompt shape /completion takes."""
+
+    input: str | list[Any] | dict[str, Any] | None = None
+    content: str | list[Any] | dict[str, Any] | None = None
+    model: str | None = None
+    embd_normalize: Annotated[int, msgspec.Meta(ge=-1, le=64)] = 2
+    # Checked as llama-server checks it, with no effect: the native answer is floats.
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None

@@ -136,8 +136,7 @@ def register(app: Blueprint, server: Server) -> None:
             )
         return handle
 
-    @app.post("/v1/embeddings")
-    @app.post("/embeddings")
+    @app.post("/v1/embeddings")  # /embeddings, without /v1, is llama-server's native one
     async def embeddings() -> Response:
         r: schemas.EmbeddingRequest = decode(await bodies.read_body(), schemas.EmbeddingRequest)
         handle = resolve(r.model)

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import llama_cpp
+import numpy as np
 import pytest
 
 from worker.batch import BatchBuffer
-from worker.embeddings import EmbedLine, EmbedRun
+from worker.embeddings import EmbedLine, EmbedRun, normalized
 from worker.protocol import EmbedResult, Error
 from worker.request import EmbedJob
 
@@ -55,6 +56,13 @@ class FakeLlama:
         self._keep.append(arr)
         return ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
 
+    def llama_get_embeddings_ith(self, ctx: object, i: int) -> Any:
+        """Batch position `i`'s own vector (pooling none): its token, position and sequence."""
+        tok, pos, seq = int(self.batch.token[i]), int(self.batch.pos[i]), int(self.batch.seq[i])
+        arr = (ctypes.c_float * N_EMBD)(float(tok), float(pos), float(seq))
+        self._keep.append(arr)
+        return ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+
 
 def vector(tokens: list[int]) -> list[float]:
     # Token 0 stands for a zero vector; otherwise a 3-4-0 triangle scaled by the first token.
@@ -64,14 +72,15 @@ def vector(tokens: list[int]) -> list[float]:
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch) -> Any:
     def go(
-        inputs: list[list[int]], n_batch: int = 8, n_seq: int = 4, **fake: Any
+        inputs: list[list[int]], n_batch: int = 8, n_seq: int = 4, pooling: str = "mean", normalize: int = 2,
+        **fake: Any,
     ) -> tuple[EmbedResult | Error, FakeLlama]:
         batch = BatchBuffer(n_batch)
         llama = FakeLlama(batch, **fake)
-        for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
+        for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq", "llama_get_embeddings_ith"):
             monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
-        model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
-        job = EmbedRun(model, batch, n_seq, EmbedJob(id=7, inputs=inputs))
+        model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD, pooling=pooling)
+        job = EmbedRun(model, batch, n_seq, EmbedJob(id=7, inputs=inputs, normalize=normalize))
         while (answer := job.step()) is None:
             assert llama.calls[-1][0] == "decode"  # a step is one decode, then the inbox
         return answer, llama
@@ -81,12 +90,14 @@ def run(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> Any:
-    def go(inputs: list[list[int]], n_batch: int = 8, n_seq: int = 4) -> tuple[EmbedRun, FakeLlama]:
+    def go(
+        inputs: list[list[int]], n_batch: int = 8, n_seq: int = 4, pooling: str = "mean"
+    ) -> tuple[EmbedRun, FakeLlama]:
         batch = BatchBuffer(n_batch)
         llama = FakeLlama(batch)
         for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
             monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
-        model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+        model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD, pooling=pooling)
         return EmbedRun(model, batch, n_seq, EmbedJob(id=7, inputs=inputs)), llama
 
     return go
@@ -115,6 +126,42 @@ def test_vectors_are_unit_length_in_input_order_and_zero_stays_zero(run: Any) ->
     assert isinstance(answer, EmbedResult)
     unit = pytest.approx([0.6, 0.8, 0.0])
     assert answer.data == [unit, [0.0, 0.0, 0.0], unit]
+
+
+@pytest.mark.parametrize(
+    ("p", "expected"),
+    [
+        (-1, [3.0, -4.0, 0.0]),  # as it is
+        (0, [3.0 * 32760 / 4, -32760.0, 0.0]),  # the largest magnitude to int16's range
+        (1, [3 / 7, -4 / 7, 0.0]),  # taxicab
+        (2, [0.6, -0.8, 0.0]),  # Euclidean, the default
+        (3, [3 / 91 ** (1 / 3), -4 / 91 ** (1 / 3), 0.0]),  # p-norm
+    ],
+)
+def test_normalisation_is_llama_cpps_embd_normalize(p: int, expected: list[float]) -> None:
+    """Issue 22: llama-server's embd_normalize (common/common.cpp common_embd_normalize)."""
+    assert normalized(np.array([3.0, -4.0, 0.0]), p).tolist() == pytest.approx(expected)
+    assert normalized(np.zeros(3), p).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_pooled_vectors_take_the_jobs_normalisation(run: Any) -> None:
+    answer, _ = run([[1]], normalize=-1)
+    assert isinstance(answer, EmbedResult) and answer.data == [[3.0, 4.0, 0.0]]
+
+
+def test_pooling_none_gives_each_inputs_tokens_their_own_vectors_unnormalised(run: Any) -> None:
+    """Issue 22, item 5: llama-server's native /embedding with pooling "none" answers a vector
+    per token, in token order, not normalised (test_embedding.py test_embedding_pooling_none).
+    The second group's inputs restart at sequence 0: each vector is read from its own
+    batch position, not from the first group's."""
+    answer, llama = run([[5, 6], [7], [8, 9]], n_batch=3, pooling="none", normalize=2)
+    assert isinstance(answer, EmbedResult) and answer.data == [] and answer.prompt_tokens == 5
+    assert answer.per_token == [
+        [[5.0, 0.0, 0.0], [6.0, 1.0, 0.0]],
+        [[7.0, 0.0, 1.0]],
+        [[8.0, 0.0, 0.0], [9.0, 1.0, 0.0]],
+    ]
+    assert [c for c in llama.calls if c != "clear"] == [("decode", [[5, 6], [7]]), ("decode", [[8, 9]])]
 
 
 def test_a_failed_decode_is_an_internal_error_and_stops_the_job(run: Any) -> None:
@@ -158,7 +205,8 @@ def test_a_cancel_from_the_link_aborts_the_decode_under_way_and_nothing_is_sent(
     for name in ("llama_memory_clear", "llama_get_embeddings_seq"):
         monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
     sent: list[Any] = []
-    model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+    pooling = "mean"
+    model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD, pooling=pooling)
     line = EmbedLine(model, batch, 4, sent.append)
     (abort,) = installed
 
@@ -185,7 +233,8 @@ def test_a_job_waiting_behind_another_is_dropped_without_a_decode(monkeypatch: p
     for name in ("llama_memory_clear", "llama_decode", "llama_get_embeddings_seq"):
         monkeypatch.setattr(llama_cpp, name, getattr(llama, name))
     sent: list[Any] = []
-    model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD)
+    pooling = "mean"
+    model: Any = SimpleNamespace(memory=object(), ctx=object(), n_embd=N_EMBD, pooling=pooling)
     line = EmbedLine(model, batch, 4, sent.append)
     line.add(EmbedJob(id=1, inputs=[[1]]))
     line.add(EmbedJob(id=2, inputs=[[2]]))

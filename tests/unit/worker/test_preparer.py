@@ -148,6 +148,15 @@ def test_embeddings_with_unusable_pooling_are_refused_before_tokenizing(pooling:
     assert h.model.tokenized == []
 
 
+def test_per_token_embeddings_pass_on_the_native_route_with_their_normalisation() -> None:
+    """Issue 22, item 5: llama-server's /embedding serves pooling "none"; embd_normalize
+    reaches the job."""
+    h = Harness(GatedModel(pooling="none"), embeddings=True)
+    h.prep.submit(Embed(id=7, inputs=["ab"], native=True, normalize=-1))
+    job = h.delivered.get(timeout=WAIT)
+    assert isinstance(job, EmbedJob) and job.inputs == [[2, 97, 98]] and job.normalize == -1
+
+
 def test_embeddings_are_tokenized_and_delivered() -> None:
     h = Harness(GatedModel(pooling="mean"), embeddings=True)
     h.prep.submit(Embed(id=6, inputs=["a", "bc"]))

@@ -253,6 +253,14 @@ def test_unpooled_or_rank_embeddings_say_why_they_are_refused(pooling: str, word
     assert problem is not None and words in problem and "mean, cls or last" in problem
 
 
+def test_per_token_embeddings_are_servable_on_the_native_route_only() -> None:
+    """Issue 22, item 5: llama-server answers pooling "none" on /embedding with a vector
+    per token, and refuses it on /v1/embeddings (test_embedding.py
+    test_embedding_pooling_none, test_embedding_pooling_none_oai)."""
+    assert pooling_problem("none", native=True) is None
+    assert "not OAI compatible" in (pooling_problem("none") or "")
+    assert pooling_problem("rank", native=True) is not None
+
 class ThinkingTemplate(Template):
     """A template that opens a reasoning block in its generation prompt, as Qwen 3's and
     DeepSeek-R1's do, unless asked not to think."""
