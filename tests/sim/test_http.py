@@ -189,9 +189,12 @@ async def test_the_openai_routes_answer_without_their_v1_prefix(tmp_path: Path, 
         assert r.status_code == 200 and "content" in (await r.get_json())
         r = await client.post("/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and (await r.get_json())["object"] == "text_completion"
+        # /embeddings without /v1 is llama-server's native one: its 501 for a model that
+        # serves no embeddings (server-context.cpp handle_embeddings_impl).
         r = await client.post("/embeddings", json={"model": "a", "input": "x"})
-        assert r.status_code == 400  # reaches the route: "a" is not an embedding model
-        assert (await r.get_json())["error"]["param"] == "model"
+        assert r.status_code == 501  # reaches the route: "a" is not an embedding model
+        error = (await r.get_json())["error"]
+        assert error["param"] == "model" and error["type"] == "not_supported_error"
 
 
 async def test_a_request_without_a_model_goes_to_default_model(
