@@ -240,6 +240,25 @@ def test_native_embeddings_refuse_bad_input_naming_it(http: httpx.Client, body: 
     assert r.json()["error"]["type"] == "invalid_request_error" and param in r.json()["error"]["message"]
 
 
+def test_features_corral_lacks_answer_as_llama_server_with_them_off(http: httpx.Client) -> None:
+    """tools/server/server.cpp: /cors-proxy and /tools are 403 feature_disabled without
+    --webui-mcp-proxy and --tools; POST /props is 501 without --props
+    (server-context.cpp post_props); /lora-adapters lists the adapters, none here."""
+    for method, path in [("GET", "/cors-proxy"), ("POST", "/cors-proxy"), ("GET", "/tools"), ("POST", "/tools")]:
+        r = http.request(method, path, json={})
+        assert r.status_code == 403 and r.json() == {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+    r = http.post("/props", json={"n_ctx": 5})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert "--props" in r.json()["error"]["message"]
+    assert http.get("/lora-adapters", params={"model": "chat-a"}).json() == []
+    ok = http.post("/lora-adapters", params={"model": "chat-a"}, json=[])
+    assert ok.status_code == 200 and ok.json() == {"success": True}
+    bad = http.post("/lora-adapters", params={"model": "chat-a"}, json=[{"id": 0, "scale": 1.0}])
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "id"
+    assert http.post("/lora-adapters", json={"id": 0}).status_code == 400  # not an array
+    assert http.get("/lora-adapters", params={"model": "nope"}).status_code == 404
+
+
 def test_n_predict_zero_generates_nothing(http: httpx.Client) -> None:
     out = complete(http, prompt="Just fill the cache", n_predict=0)
     assert out["content"] == "" and out["tokens_predicted"] == 0 and out["stop_type"] == "limit"

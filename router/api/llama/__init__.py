@@ -4,8 +4,10 @@ request names and its error shape."""
 
 from __future__ import annotations
 
-from router.api.dialect import Dialect
-from router.api.llama import errors, routes, schemas
+from quart import Blueprint
+
+from router.api.dialect import Dialect, Server
+from router.api.llama import errors, features_off, routes, schemas
 from router.server.openapi import Operation
 
 _E = schemas.NativeErrorBody
@@ -25,11 +27,22 @@ OPERATIONS = (
     Operation("post", "/models/unload", "Unload a model (llama-server's router mode)", schemas.ModelActionRequest, _E),
 )
 
+
+
+def _owns(path: str) -> bool:
+    return routes.owns(path) or path in features_off.PATHS
+
+
+def _register(app: Blueprint, server: Server) -> None:
+    routes.register(app, server)
+    features_off.register(app, server)
+
+
 DIALECT = Dialect(
     name="llama",
-    owns=routes.owns,
+    owns=_owns,
     render_error=errors.render,
     render_http=errors.render_http,
-    register=routes.register,
+    register=_register,
     operations=OPERATIONS,
 )
