@@ -18,11 +18,13 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router.api import llama, ollama, openai
+from router.api import autoload, llama, ollama, openai
 from router.api.dialect import Dialect, Server
 from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
-from router.server import access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, site_guard
+from router.server import (
+    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, site_guard,
+)
 from router.server.errors import Rendered, http_problem
 from supervisor.config import Config, ConfigError
 from supervisor.errors import CorralError, InternalError
@@ -112,7 +114,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def openapi_json() -> Response:
         return Response(spec, content_type="application/json")
 
-    server = Server(supervisor, auth.scoped_resolve(supervisor), started=int(time.time()))
+    find = auth.scoped_resolve(supervisor)
+    server = Server(supervisor, autoload.gated(find, supervisor), started=int(time.time()), find=find)
     for d in DIALECTS:
         blueprint = Blueprint(d.name, __name__)
         d.register(blueprint, server)

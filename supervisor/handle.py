@@ -33,6 +33,7 @@ from supervisor.replan import Immediate, Planner
 from supervisor.request_rate import RequestRate
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.stats import LoadedFacts, ModelStats
+from worker.protocol import Ready
 
 # The states in which a model holds memory and CPU: from spawn until its process is gone.
 HOLDING = (State.STARTING, State.READY, State.DRAINING, State.STOPPING)
@@ -71,6 +72,11 @@ class ModelHandle:
         # before any worker starts, until a reset or a reload finds the file mended.
         self.unloadable = False
         self.load_seconds: float | None = None
+        # Stopped for idleness, and not loaded or unloaded since: llama-server's "sleeping"
+        # (its --sleep-idle-seconds frees the model the same way), which a request wakes
+        # even where the server loads nothing by itself ([server] models_autoload = false).
+        self.sleeping = False
+        self.last_ready: Ready | None = None  # the last worker's Ready: GET /props while asleep
         self.footprint = Footprint()
         self.threads: int | None = None  # the share of the cores given by the supervisor
         self.worker_threads: int | None = None  # what the running worker was told to use
@@ -200,6 +206,7 @@ class ModelHandle:
         if self.state in (State.STARTING, State.READY, State.DRAINING):
             self._unload = "force" if force or self._unload == "force" else "drain"
             self._unload_reason = reason
+            self.sleeping = False
             self.events.publish("unloading", model=self.name, reason=reason, force=force)
             self._poke()
 

@@ -166,6 +166,7 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
         h.load_seconds = trio.current_time() - started
         h.last_used = ready_at = trio.current_time()
         _measure(h)
+        h.last_ready = conn.ready
         _set(h, State.READY, f"loaded in {h.load_seconds:.1f}s, pid {h.pid}")
         h._attempt = None
         attempt.finish()
@@ -240,6 +241,7 @@ async def _serve(h: ModelHandle, conn: WorkerConnection) -> str:
         elif h.in_flight == 0 and idle is not None:
             deadline = h.last_used + idle
             if trio.current_time() >= deadline:
+                h.sleeping = True  # until it starts again, or an unload makes it unloaded
                 return f"idle for {idle:g}s" if h.keep_alive is None else f"idle for {idle:g}s (keep_alive)"
             with trio.move_on_at(deadline):
                 await _sleep_until_poked(h)
@@ -369,6 +371,8 @@ def _progress(h: ModelHandle, progress: float) -> None:
 
 def _set(h: ModelHandle, new: State, reason: str) -> None:
     check(h.state, new)
+    if new in (State.STARTING, State.FAILED):
+        h.sleeping = False
     log.info("%s: %s -> %s (%s)", h.name, h.state.value, new.value, reason)
     h.events.publish("state", model=h.name, state=new.value, previous=h.state.value, reason=reason, pid=h.pid)
     h.state = new

@@ -281,6 +281,11 @@ class Supervisor:
                 return h
         return None
 
+    def has_default_model(self) -> bool:
+        """Whether a request that names no model has one to go to: `default_model`, or
+        the only model of a config of one (resolve's rule)."""
+        return self.config.server.default_model is not None or len(self.config.models) == 1
+
     def resolve(self, model: str | None) -> ModelHandle:
         """The handle for a model name or alias, or for `[server] default_model` when a
         request names none (or, with `unknown_model = "default"`, one it does not serve);
@@ -289,7 +294,7 @@ class Supervisor:
         InvalidRequest for a missing name without a default (both name the parameter
         "model")."""
         default = self.config.server.default_model
-        if default is None and len(self.config.models) == 1:
+        if default is None and self.has_default_model():
             default = next(iter(self.config.models))
         if model is None:
             if default is None:

@@ -31,8 +31,11 @@ class Server:
     """What a dialect's routes use of the server."""
 
     supervisor: Supervisor
-    resolve: Resolve
+    resolve: Resolve  # for a request that uses the model: loads it (router/api/autoload.py)
     started: int  # the server's start, as a Unix time (OpenAI's model `created`)
+    # The same names, for routes that load nothing by themselves or load on purpose
+    # (/models/load, GET /props of an asleep model): never refused for autoload.
+    find: Resolve
 
 
 @dataclass(frozen=True)

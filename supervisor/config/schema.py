@@ -62,6 +62,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # GET /slots, what each slot of a model is doing (llama-server's --slots / --no-slots).
     # Off, it answers 501.
     slots_endpoint: bool = True
+    # A request for a model that is not loaded loads it (llama-server's --models-autoload).
+    # Off (its --no-models-autoload): such a request is a 400 "model is not loaded" unless
+    # it asks `?autoload=true`; models load by POST /models/load or the admin API, and one
+    # asleep (unloaded by its idle_timeout) still wakes for a request.
+    models_autoload: bool = True
     # The shape of errors on the OpenAI routes: OpenAI's ({"error": {"message", "type",
     # "param", "code"}}), or llama-server's, which answers them in its own shape
     # ({"error": {"code", "message", "type"}}, a context overflow as

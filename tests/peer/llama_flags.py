@@ -187,10 +187,13 @@ def corral_config(f: ServerFlags, model_has_template: bool = False, router_folde
     server["slots_endpoint"] = f.slots
     server["v1_error_shape"] = "llama-server"
     server["verbose_responses"] = f.verbose
+    server["models_autoload"] = f.models_autoload
+    # llama-server's models stay loaded unless --sleep-idle-seconds; tests time nothing
+    # around a lazy load.
+    idle = f.sleep_idle_seconds if f.sleep_idle_seconds and f.sleep_idle_seconds > 0 else 0
     config: dict[str, Any] = {
         "server": server,
-        # llama-server's models stay loaded; tests time nothing around a lazy load.
-        "supervisor": {"idle_timeout": 0, "start_timeout": 120},
+        "supervisor": {"idle_timeout": idle, "start_timeout": 120},
         "models": {},
     }
     if f.models_max:

@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import trio
+
 from router.app import create_app
+from router.api.autoload import may_load
+from supervisor.lifecycle import State
 from tests.harness import running
-from tests.sim.support import sim_supervisor
+from tests.sim.support import sim_supervisor, until_state
 
 
 def events_of(text: str) -> list[dict[str, Any]]:
@@ -106,3 +112,68 @@ async def test_native_errors_are_in_llama_servers_shape(tmp_path: Path, autojump
         r = await client.post("/v1/completions", json={"prompt": "hi"})
         err = (await r.get_json())["error"]
         assert err["code"] is None and err["param"] == "model" and err["type"] == "invalid_request_error"
+
+
+async def test_router_modes_autoload_sleep_and_props(tmp_path: Path, autojump_clock: object) -> None:
+    """Issue 22, item 7: llama-server's router mode (server-models.cpp; test_router.py
+    test_router_no_models_autoload, test_router_props, test_router_unload_model; test_sleep.py
+    test_server_sleep). With models_autoload off, a request for a model that is not loaded
+    is a 400 "model is not loaded" until POST /models/load (or `?autoload=true`); a model
+    its idle_timeout stopped is "sleeping": GET /props answers from its last load with
+    is_sleeping and loads nothing, and a request wakes it even with autoload off; an
+    unload makes it "unloaded". Without `model` and without a default, /props is the
+    router's own."""
+    sup, launcher = sim_supervisor(tmp_path, {"a": {"idle_timeout": 30}, "b": {}}, max_loaded_models=2)
+    sup.config = dataclasses.replace(
+        sup.config, server=msgspec.structs.replace(sup.config.server, models_autoload=False)
+    )
+    client = create_app(sup, sup.config).test_client()
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    async def status(name: str) -> str:
+        data = (await (await client.get("/models")).get_json())["data"]
+        return str(next(m for m in data if m["id"] == name)["status"]["value"])
+
+    async with running(sup):
+        props = await (await client.get("/props")).get_json()
+        assert props["role"] == "router" and props["max_instances"] == 2 and props["models_autoload"] is False
+        r = await client.post("/v1/chat/completions", json={**chat, "model": "a"})
+        assert r.status_code == 400
+        error = (await r.get_json())["error"]
+        assert "model is not loaded" in error["message"] and error["param"] == "model"
+        r = await client.post("/completion", json={"model": "a", "prompt": "x", "n_predict": 1})
+        assert r.status_code == 400 and "model is not loaded" in (await r.get_json())["error"]["message"]
+        assert sup.resolve("a").state is State.STOPPED and await status("a") == "unloaded"
+
+        r = await client.post("/models/load", json={"model": "a"})
+        assert r.status_code == 200 and await status("a") == "loaded"
+        r = await client.post("/v1/chat/completions", json={**chat, "model": "a"})
+        assert r.status_code == 200
+
+        # ?autoload=true loads for that one request (server-models.cpp router_validate_model)
+        r = await client.post("/v1/chat/completions?autoload=true", json={**chat, "model": "b"})
+        assert r.status_code == 200 and sup.resolve("b").state is State.READY
+
+        await trio.sleep(31)  # a's idle_timeout: asleep
+        await until_state(sup.resolve("a"), State.STOPPED)
+        assert await status("a") == "sleeping"
+        starts = sup.resolve("a").starts
+        props = await (await client.get("/props?model=a")).get_json()
+        assert props["is_sleeping"] is True and props["model_alias"] == "a"
+        assert sup.resolve("a").starts == starts and sup.resolve("a").state is State.STOPPED  # loaded nothing
+        r = await client.post("/v1/chat/completions", json={**chat, "model": "a"})
+        assert r.status_code == 200 and sup.resolve("a").starts == starts + 1  # woken
+        assert (await (await client.get("/props?model=a")).get_json())["is_sleeping"] is False
+
+        r = await client.post("/models/unload", json={"model": "a"})
+        assert r.status_code == 200
+        await until_state(sup.resolve("a"), State.STOPPED)
+        assert await status("a") == "unloaded"
+        r = await client.post("/v1/chat/completions", json={**chat, "model": "a"})
+        assert r.status_code == 400  # unloaded on purpose: not asleep
+
+
+def test_autoload_reads_the_request_over_the_config() -> None:
+    assert may_load(True, None) and not may_load(False, None)
+    assert may_load(False, "true") and may_load(False, "1") and may_load(False, "TRUE")
+    assert not may_load(True, "false") and not may_load(True, "0") and not may_load(True, "yes")

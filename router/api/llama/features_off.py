@@ -32,7 +32,7 @@ def _json(obj: object) -> Response:
 
 
 def register(app: Blueprint, server: Server) -> None:
-    resolve = server.resolve
+    resolve = server.find  # nothing here loads a model
 
     @app.post("/props")
     async def change_props() -> Response:

@@ -9,6 +9,7 @@ build.
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,6 +18,7 @@ import msgspec
 from router.api.timings import timings_json
 from router.generation.events import Finish, TextDelta
 from router.server import sse
+from supervisor.config import Config
 from worker.protocol import Ready, SamplingParams, SlotState, StopType, TokenLogprob
 
 _json = msgspec.json.Encoder()
@@ -172,6 +174,28 @@ def props_json(file: str, alias: str, ready: Ready, slots: int, defaults: Sampli
         "modalities": {"vision": False, "audio": False},
         "build_info": ready.build_info or "corral",
         "is_sleeping": False,
+    }
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def router_props_json(config: Config) -> dict[str, Any]:
+    """GET /props without a model where none is the default: llama-server's router mode
+    answers for itself (server-models.cpp), its model fields empty."""
+    return {
+        "role": "router",
+        "max_instances": config.supervisor.max_loaded_models,
+        "models_autoload": config.server.models_autoload,
+        "model_alias": "corral",
+        "model_path": "none",
+        "default_generation_settings": {"params": {}, "n_ctx": 0},
+        "build_info": f"corral (llama-cpp-python {_package_version('llama-cpp-python')})",
+        "cors_proxy_enabled": False,
     }
 
 

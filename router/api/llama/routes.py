@@ -18,7 +18,7 @@ from router.api.answering import embed, started
 from router.api.llama import embedding, rerank
 from router.api.dialect import Server
 from router.api.llama.errors import error_event
-from router.api.llama.render import NativeCompletion, encode, props_json, slots_json
+from router.api.llama.render import NativeCompletion, encode, props_json, router_props_json, slots_json
 from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
@@ -42,6 +42,7 @@ from supervisor.connection import WorkerConnection
 from supervisor.errors import InternalError, InvalidRequest, NotServed, Unsupported, WorkerUnavailable
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
+from worker.protocol import Ready
 
 # The paths whose errors are in llama-server's shape.
 PATHS = frozenset({
@@ -182,7 +183,7 @@ def register(app: Blueprint, server: Server) -> None:
         answers at once and its client polls GET /models for `loaded`: a client that polls
         finds it so). Already running: 400, as llama-server answers."""
         r: ModelActionRequest = decode(await bodies.read_body(), ModelActionRequest)
-        handle = resolve(r.model)
+        handle = server.find(r.model)
         if handle.state in (State.STARTING, State.READY):
             raise InvalidRequest("model is already running", "model")
         await handle.ensure_ready()
@@ -193,7 +194,7 @@ def register(app: Blueprint, server: Server) -> None:
         """llama-server's router mode: unload a model once what it has in flight is done.
         Not running: 400, as llama-server answers."""
         r: ModelActionRequest = decode(await bodies.read_body(), ModelActionRequest)
-        handle = resolve(r.model)
+        handle = server.find(r.model)
         if handle.state not in (State.STARTING, State.READY, State.DRAINING):
             raise InvalidRequest("model is not running", "model")
         handle.request_unload(reason="unloaded by POST /models/unload")
@@ -202,14 +203,25 @@ def register(app: Blueprint, server: Server) -> None:
     @app.get("/props")
     async def props() -> Response:
         """One model's properties. Loads the model if it is not loaded: they are what its
-        worker found in the GGUF."""
+        worker found in the GGUF. An asleep model (stopped by its idle_timeout) answers from
+        its last load with `is_sleeping`, and stays asleep, as llama-server's does. Without
+        `model` where no model is the default, the router's own, as llama-server's router
+        mode answers."""
         model = request.args.get("model")
-        handle = resolve(model)
-        async with handle.lease() as conn:
-            ready = conn.ready
+        if model is None and not server.supervisor.has_default_model():
+            return _json(router_props_json(server.supervisor.config))
+        handle = server.find(model)
+        ready: Ready | None = handle.last_ready
+        if handle.sleeping and ready is not None and handle.state is State.STOPPED:
+            sleeping = True
+        else:
+            handle = resolve(model)  # the autoload rule, now that it would load
+            async with handle.lease() as conn:
+                ready, sleeping = conn.ready, False
         if ready is None:
             raise InternalError("the worker is ready but sent no Ready frame")
-        return _json(props_json(handle.spec.path.name, model or handle.name, ready, ready.slots, handle.spec.defaults))
+        out = props_json(handle.spec.path.name, model or handle.name, ready, ready.slots, handle.spec.defaults)
+        return _json({**out, "is_sleeping": sleeping})
 
     @app.get("/slots")
     async def slots() -> Response:

@@ -52,10 +52,13 @@ _LLAMA_STATUS = {
 }
 
 
-def llama_status(state: State) -> dict[str, object]:
+def llama_status(state: State, sleeping: bool = False) -> dict[str, object]:
     """`status` as llama-server's GET /models gives it: the value, the arguments it was
-    started with (none: a config, not a command line), and whether it failed."""
-    status: dict[str, object] = {"value": _LLAMA_STATUS[state], "args": []}
+    started with (none: a config, not a command line), and whether it failed. A model
+    stopped by its idle_timeout is "sleeping" until it loads again or is unloaded, as
+    llama-server's children with --sleep-idle-seconds are."""
+    value = "sleeping" if sleeping and state in (State.STOPPING, State.STOPPED) else _LLAMA_STATUS[state]
+    status: dict[str, object] = {"value": value, "args": []}
     if state in (State.FAILED, State.BACKOFF):
         status["failed"] = True
     return status
@@ -75,7 +78,7 @@ def register(app: Blueprint, server: Server) -> None:
             "aliases": [h.name, *h.spec.aliases],
             "tags": list(h.spec.tags),
             "state": h.state.value,
-            "status": llama_status(h.state),
+            "status": llama_status(h.state, h.sleeping),
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first
@@ -92,7 +95,7 @@ def register(app: Blueprint, server: Server) -> None:
     async def retrieve_model(model: str) -> Response:
         """The openai client's `models.retrieve`: a name or an alias, answered with the
         model it names. Loads nothing."""
-        return json_response(model_entry(resolve(model)))
+        return json_response(model_entry(server.find(model)))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
