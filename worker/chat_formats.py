@@ -8,6 +8,12 @@ The formats are llama.cpp's (common/chat.cpp) for the families that matter most:
 - llama3: Llama 3.1-3.3 write a bare JSON object `{"name": ..., "parameters": {...}}`,
   optionally after `<|python_tag|>`.
 - mistral: Mistral Nemo and later write `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
+- block formats (BLOCKS): calls in a section between an opening and a closing marker,
+  each in the family's own layout inside (router/generation/tool_blocks.py reads them):
+  DeepSeek R1 and V3.1, Command R7B, Kimi K2, Nemotron v2, Seed-OSS, MiniMax M2,
+  FireFunction v2, Functionary v3.1 (Llama 3.1), Apriel. The hermes family's
+  `<tool_call>` takes Qwen3-Coder's and GLM 4.5's tagged bodies too, and mistral's
+  `[TOOL_CALLS]` Mistral Small 3.2's `name[ARGS]{...}`.
 - generic: any other template. The template never sees the tools: a system message
   describes them and asks for a JSON reply, `{"tool_calls": [{"name", "arguments"}]}` to
   call tools or `{"response": "..."}` to answer, and the tool turns of the history are
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from worker.protocol import ChatMessage, ToolFormat
+from worker.protocol.parameters import TOOL_FORMATS
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -31,9 +38,35 @@ HERMES_CLOSE = "</tool_call>"
 LLAMA3_PYTHON_TAG = "<|python_tag|>"
 MISTRAL_PREFIX = "[TOOL_CALLS]"
 
+# The block formats: the section's opening marker, and its closing one (None: the JSON
+# value after the opening marker is the whole section). As llama.cpp's common/chat.cpp and
+# its auto-parser find them in each family's template (models/templates/*.jinja).
+BLOCKS: dict[str, tuple[str, str | None]] = {
+    "deepseek_r1": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    "deepseek_v3_1": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+    "command_r7b": ("<|START_ACTION|>", "<|END_ACTION|>"),
+    "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    "nemotron": ("<TOOLCALL>", "</TOOLCALL>"),
+    "seed_oss": ("<seed:tool_call>", "</seed:tool_call>"),
+    "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>"),
+    "firefunction": (" functools", None),
+    "functionary_v3_1": ("<function=", "</function>"),
+    "apriel": ("<tool_calls>", "</tool_calls>"),
+}
+# Markers inside a block, which must render as text too.
+INNER_MARKERS = (
+    "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "[ARGS]", "[CALL_ID]", "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+)
+
 # Text the worker must render even where it is a special token, because the router parses
 # by it (llama-server's "preserved tokens").
-PRESERVED_MARKERS = (THINK_OPEN, THINK_CLOSE, HERMES_OPEN, HERMES_CLOSE, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX)
+PRESERVED_MARKERS = (
+    THINK_OPEN, THINK_CLOSE, HERMES_OPEN, HERMES_CLOSE, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX,
+    *(m for pair in BLOCKS.values() for m in pair if m is not None and m.strip() == m),
+    *INNER_MARKERS,
+)
 
 
 @dataclass(frozen=True)
@@ -46,16 +79,36 @@ class ChatFormat:
 
 def detect_tool_format(source: str) -> ToolFormat:
     """The tool-call format a Jinja chat template was written for; generic when it
-    shows none (llama.cpp checks the same markers, in the same order of specificity)."""
+    shows none (llama.cpp checks the same markers, in the same order of specificity:
+    the rarest first, so a template that names `<tool_call>` among others is read by
+    its own section markers)."""
     if MISTRAL_PREFIX in source:
         return "mistral"
+    if BLOCKS["deepseek_r1"][0] in source:
+        # R1 writes `function<｜tool▁sep｜>name` and a fenced JSON; V3.1 `name<｜tool▁sep｜>`
+        return "deepseek_r1" if "```json" in source else "deepseek_v3_1"
+    sectioned: tuple[ToolFormat, ...] = ("command_r7b", "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "apriel")
+    for fmt in sectioned:
+        if BLOCKS[fmt][0] in source:
+            return fmt
+    if "functools[" in source:
+        return "firefunction"
     if HERMES_OPEN in source:
         return "hermes"
+    if "<function=" in source and "<|start_header_id|>" in source:
+        return "functionary_v3_1"
     # Llama 3.x templates write calls as {"name": ..., "parameters": ...} under their
     # header tokens; 3.1 also names <|python_tag|> for its built-in tools.
     if "<|start_header_id|>" in source and (LLAMA3_PYTHON_TAG in source or '"parameters"' in source):
         return "llama3"
     return "generic"
+
+
+def call_opening(fmt: str | None) -> str | None:
+    """The text a call of format `fmt` starts with, where it has a marker of its own."""
+    if fmt in BLOCKS:
+        return BLOCKS[fmt][0].strip()
+    return {"hermes": HERMES_OPEN, "mistral": MISTRAL_PREFIX, "llama3": LLAMA3_PYTHON_TAG}.get(fmt or "")
 
 
 def detect_reasoning(source: str) -> bool:
@@ -75,7 +128,7 @@ def resolve(option: str, source: str | None, reasoning: bool) -> ChatFormat:
     if option == "auto":
         tools = detect_tool_format(source)
     else:
-        assert option in ("hermes", "llama3", "mistral", "generic"), option
+        assert option in TOOL_FORMATS, option
         tools = option  # type: ignore[assignment]
     return ChatFormat(tools=tools, reasoning=reasoning and detect_reasoning(source))
 
@@ -153,12 +206,56 @@ def generic_messages(
         else:
             out.append(ChatMessage(role=m.role, content=m.content))
     if tools:
-        instructions = generic_instructions(tools)
-        if out and out[0].role == "system":
-            out[0] = ChatMessage(role="system", content=out[0].content + "\n\n" + instructions)
-        else:
-            out.insert(0, ChatMessage(role="system", content=instructions))
+        return with_system_text(out, generic_instructions(tools), system_role)
     if not system_role and out and out[0].role == "system":
+        system = out.pop(0).content
+        if out and out[0].role == "user":
+            out[0] = ChatMessage(role="user", content=system + "\n\n" + out[0].content)
+        else:
+            out.insert(0, ChatMessage(role="user", content=system))
+    return out
+
+
+# How a call is written in each format, for the tool instructions of a template that
+# renders calls but not the tools on offer (DeepSeek's: its model cards describe the tools
+# in the system message). NAME and ARGUMENTS stand for the function and its JSON arguments.
+CALL_LAYOUTS: dict[str, str] = {
+    "hermes": '<tool_call>\n{"name": NAME, "arguments": ARGUMENTS}\n</tool_call>',
+    "llama3": '{"name": NAME, "parameters": ARGUMENTS}',
+    "mistral": '[TOOL_CALLS][{"name": NAME, "arguments": ARGUMENTS}]',
+    "deepseek_r1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "deepseek_v3_1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "command_r7b": '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME, "parameters": ARGUMENTS}]<|END_ACTION|>',
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|><|tool_calls_section_end|>",
+    "nemotron": '<TOOLCALL>[{"name": NAME, "arguments": ARGUMENTS}]</TOOLCALL>',
+    "seed_oss": "<seed:tool_call>\n<function=NAME>\n<parameter=KEY>VALUE</parameter>\n</function>\n</seed:tool_call>",
+    "minimax_m2": '<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n</invoke>\n</minimax:tool_call>',
+    "firefunction": ' functools[{"name": NAME, "arguments": ARGUMENTS}]',
+    "functionary_v3_1": "<function=NAME>ARGUMENTS</function>",
+    "apriel": '<tool_calls>[{"name": NAME, "arguments": ARGUMENTS}]</tool_calls>',
+}
+
+
+def tools_instructions(fmt: str, tools: Sequence[dict[str, Any]]) -> str:
+    """The system text that offers `tools` to a model whose template renders calls in
+    format `fmt` but never the tools themselves."""
+    listed = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    return (
+        "You can call these tools (JSON descriptions, one per line):\n"
+        f"{listed}\n\n"
+        f"To call a tool, write exactly:\n{CALL_LAYOUTS[fmt]}"
+    )
+
+
+def with_system_text(messages: Sequence[ChatMessage], text: str, system_role: bool) -> list[ChatMessage]:
+    """`text` added to the system message (made where there is none; put at the start of
+    the first user message where the template refuses a system role)."""
+    out = list(messages)
+    if out and out[0].role == "system":
+        out[0] = ChatMessage(role="system", content=out[0].content + "\n\n" + text)
+    else:
+        out.insert(0, ChatMessage(role="system", content=text))
+    if not system_role:
         system = out.pop(0).content
         if out and out[0].role == "user":
             out[0] = ChatMessage(role="user", content=system + "\n\n" + out[0].content)

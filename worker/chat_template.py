@@ -16,10 +16,12 @@ from __future__ import annotations
 import ctypes
 import datetime
 import json
+import types
 from typing import Any, Protocol, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import llama_cpp
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -71,7 +73,17 @@ def tojson(
 ) -> str:
     """transformers' `tojson`: json.dumps without Jinja's HTML escaping, so a template
     writes `<` and `'` inside tool schemas as themselves."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys, default=_listed
+    )
+
+
+def _listed(value: Any) -> Any:
+    """What Jinja's `map` and `select` give (generators) as the list they stand for, as
+    minja (llama.cpp's Jinja) gives them: `tools | map(attribute='function') | tojson`."""
+    if isinstance(value, (types.GeneratorType, map, filter)) or hasattr(value, "__next__"):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _message_dict(m: ChatMessage, object_arguments: bool, null_content: bool) -> dict[str, Any]:
@@ -134,6 +146,10 @@ class JinjaTemplate:
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         try:
             self._tmpl = env.from_string(source)
+            # Whether it shows the model the tools on offer at all: DeepSeek's templates
+            # render calls and results but not the tools, which their model cards put in
+            # the system message; Corral does that for them (chat_formats.tools_instructions).
+            self._reads_tools = bool({"tools", "functions"} & jinja2.meta.find_undeclared_variables(env.parse(source)))
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template does not compile: {exc}") from exc
         self._bos, self._eos = bos_token, eos_token
@@ -170,6 +186,9 @@ class JinjaTemplate:
         if self._format.tools == "generic" and chat_formats.needs_generic_rewrite(messages, tools):
             messages = chat_formats.generic_messages(messages, tools, self._system_role)
             offered = None  # the instructions are in the messages; the template never sees them
+        elif tools and self._format.tools is not None and not self._reads_tools:
+            text = chat_formats.tools_instructions(self._format.tools, tools)
+            messages = chat_formats.with_system_text(messages, text, self._system_role)
         prefill = chat_formats.prefill_of(messages) if add_generation_prompt else None
         if prefill is not None:
             messages = messages[:-1]
@@ -180,7 +199,7 @@ class JinjaTemplate:
         # Firefunction v2's template reads the tools as `functions`, JSON text, as
         # llama.cpp's handler for it gives them (common/chat.cpp); "" without tools.
         context.setdefault("functions", json.dumps(list(offered), indent=2) if offered else "")
-        text = self._render_any_shape(messages, context)
+        text = self._render_any_shape(messages, context, tools)
         if prefill is not None:
             text += prefill.content
         # Templates write the BOS text themselves, and tokenizing adds BOS again; drop one so
@@ -191,11 +210,17 @@ class JinjaTemplate:
             raise TemplateTooLong(n)
         return text
 
-    def _render_any_shape(self, messages: Sequence[ChatMessage], context: dict[str, Any]) -> str:
-        """The first shape that renders every call's name; else the first that renders."""
+    def _render_any_shape(
+        self, messages: Sequence[ChatMessage], context: dict[str, Any], tools: Sequence[dict[str, Any]] | None
+    ) -> str:
+        """The first shape that renders every call's name; else the first that renders. A
+        name counts once it appears more often than the tools' descriptions name it, which
+        the template (or the instructions Corral adds) may show as well."""
         first: Exception | None = None
         fallback: str | None = None
         names = {c.name for m in messages for c in m.tool_calls or ()}
+        described = json.dumps(list(tools or ()), ensure_ascii=False)
+        need = {n: 1 + described.count(n) for n in names}
         for object_arguments, null_content in _SHAPES if names else _SHAPES[:1]:
             try:
                 text = self._tmpl.render(
@@ -204,7 +229,7 @@ class JinjaTemplate:
             except Exception as exc:  # a template is client-driven code: any failure is a 400
                 first = first or exc
                 continue
-            if all(n in text for n in names):
+            if all(text.count(n) >= k for n, k in need.items()):
                 return text
             fallback = text if fallback is None else fallback
         if fallback is not None:

@@ -24,7 +24,10 @@ from typing import Collection
 
 from router.generation.events import Delta, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from router.generation.reasoning import ReasoningSplitter
-from router.generation.tool_calls import Call, ToolCallParser
+from router.generation.calls import Call
+from router.generation.tool_blocks import ParamTypes
+from router.generation.tool_calls import ToolCallParser
+from worker.chat_formats import call_opening
 from worker.protocol import FinishReason, ToolFormat
 
 _ALNUM = string.ascii_letters + string.digits
@@ -38,14 +41,18 @@ class MadeCall:
     arguments: str
 
 
-def call_id(fmt: ToolFormat | None, own: str | None) -> str:
+def call_id(fmt: ToolFormat | None, own: str | None, name: str = "", index: int = 0) -> str:
     """An id for a call. Mistral's templates refuse any id but 9 letters and digits, which
-    is what its models write, so a Mistral-format model keeps or gets one of those;
-    everyone else gets OpenAI's "call_" ids."""
+    is what its models write, so a Mistral-format model keeps or gets one of those. Kimi
+    K2's template writes a call's id where its name goes (`functions.NAME:INDEX`, as its
+    models write it), so a Kimi call keeps or gets one of those; everyone else gets
+    OpenAI's "call_" ids."""
     if fmt == "mistral":
         if own is not None and len(own) == 9 and own.isalnum():
             return own
         return "".join(secrets.choice(_ALNUM) for _ in range(9))
+    if fmt == "kimi_k2":
+        return own if own is not None and own.startswith(f"functions.{name}:") else f"functions.{name}:{index}"
     return "call_" + secrets.token_hex(12)
 
 
@@ -60,14 +67,17 @@ class ChatOutput:
     choice: int = 0
     # The functions the request declared (None: any name is taken as a call).
     declared: Collection[str] | None = None
+    param_types: ParamTypes | None = None  # router/generation/tool_blocks.py
     content: str = ""
     reasoning_text: str = ""
     calls: list[MadeCall] = field(default_factory=list)
     ended: bool = False  # a call repeated an earlier one: nothing more is taken
 
     def __post_init__(self) -> None:
-        self._splitter = ReasoningSplitter(self.in_reasoning) if self.reasoning else None
-        self._parser = ToolCallParser(self.tools) if self.tools is not None else None
+        opening = call_opening(self.tools)
+        markers = (opening,) if opening else ()
+        self._splitter = ReasoningSplitter(self.in_reasoning, markers) if self.reasoning else None
+        self._parser = ToolCallParser(self.tools, self.param_types) if self.tools is not None else None
         self._seen: set[tuple[str, str]] = set()
 
     def feed(self, text: str) -> list[Delta]:
@@ -121,7 +131,7 @@ class ChatOutput:
                 self.ended = True
                 break
             self._seen.add(key)
-            made = MadeCall(len(self.calls), call_id(self.tools, p.id), p.name, p.arguments)
+            made = MadeCall(len(self.calls), call_id(self.tools, p.id, p.name, len(self.calls)), p.name, p.arguments)
             self.calls.append(made)
             out.append(ToolCallStart(self.choice, made.index, made.id, made.name))
             out.append(ToolCallDelta(self.choice, made.index, made.arguments))

@@ -2,7 +2,12 @@
 
 A reasoning block counts only at the start of the output (after whitespace), or when the
 prompt itself ended inside one (the worker says so with the first event); a `<think>` later
-in an answer is content. Only text that may still become a tag is held back. Pure.
+in an answer is content. Only text that may still become a tag is held back.
+
+A prompt that ended inside a block, answered at once with a tool call's opening marker,
+did not think at all: the call is the answer (a forced call's grammar writes the marker
+from the first token; MiniMax M2's template always opens the block). llama.cpp ends
+reasoning at the call's marker likewise for Qwen3-Coder's and Ling's formats. Pure.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ class ReasoningSplitter:
     `feed` never blocks and returns what is certain so far; `finish` returns the rest.
     """
 
-    def __init__(self, in_reasoning: bool = False) -> None:
+    def __init__(self, in_reasoning: bool = False, call_markers: tuple[str, ...] = ()) -> None:
         # "start": nothing but whitespace seen; "reasoning": inside a block; "content": after.
         self._state = "reasoning" if in_reasoning else "start"
         self._buf = ""
         self._trim_next = in_reasoning  # the first reasoning text drops leading newlines
+        # Markers that open a tool call: one first thing in a block the prompt opened means
+        # no reasoning at all (see the module's docstring). Cleared once reasoning shows.
+        self._call_markers = call_markers if in_reasoning else ()
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
@@ -43,6 +51,14 @@ class ReasoningSplitter:
                 return "", ""  # empty, whitespace, or a start of the tag: wait
             else:
                 self._state = "content"
+        if self._state == "reasoning" and self._call_markers:
+            stripped = self._buf.lstrip()
+            if not stripped or any(m.startswith(stripped) and m != stripped for m in self._call_markers):
+                return "", ""  # nothing yet, or a start of a marker: wait
+            if any(stripped.startswith(m) for m in self._call_markers):
+                self._state, self._buf, self._call_markers = "content", stripped, ()
+                return "", self._flush()
+            self._call_markers = ()
         if self._state == "reasoning":
             if self._trim_next:
                 self._buf = self._buf.lstrip("\n")
@@ -67,8 +83,11 @@ class ReasoningSplitter:
             if not self._buf:
                 return reasoning, ""
             self._state = "content"
+        return reasoning, self._flush()
+
+    def _flush(self) -> str:
         content, self._buf = self._buf, ""
-        return reasoning, content
+        return content
 
     def finish(self) -> tuple[str, str]:
         """What was held back, once the output has ended: an unclosed block is reasoning;

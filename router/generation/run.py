@@ -8,14 +8,16 @@ TokenEvents; router/generation/stream.py turns them into the internal event stre
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from router.generation.job import GenerationJob
 from router.generation.prompt_bound import bounded_text, refuse_if_too_long
 from router.generation.prompts import Prompt, is_tokens
+from router.generation.tool_blocks import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
 from router.server import access_log
 from supervisor.connection import RequestStream, WorkerConnection
@@ -35,6 +37,23 @@ class ChatParsing:
     tools: ToolFormat | None
     declared: Collection[str] | None
     reasoning: bool
+    # The offered functions' parameters' JSON types, for formats that write values as text.
+    param_types: ParamTypes | None = None
+
+
+def param_types(offered: Sequence[dict[str, Any]]) -> ParamTypes:
+    """Each offered function's parameters' JSON types, where its schema names one."""
+    out: dict[str, dict[str, str]] = {}
+    for t in offered:
+        schema = t["function"].get("parameters")
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        types: dict[str, str] = {}
+        if isinstance(props, dict):
+            for k, v in props.items():
+                if isinstance(v, dict) and isinstance(v.get("type"), str):
+                    types[k] = v["type"]
+        out[t["function"]["name"]] = types
+    return out
 
 
 class Generation:
@@ -119,6 +138,7 @@ class Generation:
                 tools=fmt if tools.offered else None,
                 declared=frozenset(t["function"]["name"] for t in tools.offered) if tools.offered else None,
                 reasoning=ready is not None and ready.reasoning,
+                param_types=param_types(tools.offered) if tools.offered else None,
             )
         for prompt in job.prompts:
             stream = conn.generate(

@@ -69,7 +69,8 @@ async def events(gen: Generation, job: GenerationJob) -> AsyncIterator[Event]:
                 if out is None:  # its first event says whether it starts inside reasoning
                     p = gen.parsing
                     out = outputs[i] = ChatOutput(
-                        tools=p.tools, reasoning=p.reasoning, in_reasoning=ev.in_reasoning, declared=p.declared, choice=i
+                        tools=p.tools, reasoning=p.reasoning, in_reasoning=ev.in_reasoning, declared=p.declared, choice=i,
+                        param_types=p.param_types,
                     )
                 for delta in _chat_deltas(gen, out, ev, logprobs, timings):
                     yield delta

@@ -21,21 +21,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Union
 
+from router.generation.calls import Call, call_from, json_end
+from router.generation import tool_blocks
 from router.generation.reasoning import held_suffix
-from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX
+from router.generation.tool_blocks import ParamTypes
+from worker.chat_formats import BLOCKS, HERMES_CLOSE, HERMES_OPEN, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX
 from worker.protocol import ToolFormat
-
-
-@dataclass(frozen=True)
-class Call:
-    name: str
-    arguments: str  # JSON text
-    id: str | None = None  # the model's own id, where its format has one (Mistral's)
-    # The text the call was read from: what becomes content if the call is not taken.
-    raw: str = field(default="", compare=False)
 
 
 # The head of generic's array of calls, as a grammar or a model lays it out.
@@ -44,56 +37,6 @@ _GENERIC_HEAD = '{"tool_calls": ['
 
 
 Piece = Union[str, Call]  # content text, or one whole call
-
-
-def json_end(text: str) -> int | None:
-    """Where the JSON object or array that `text` starts with ends (the index after its
-    closing bracket), or None while it is still open. Only brackets and strings are
-    followed, so this does not say it is valid JSON; json.loads does that after."""
-    depth = 0
-    in_string = escaped = False
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
-
-
-def _arguments_text(args: Any) -> str:
-    """A call's arguments as the JSON text OpenAI's `function.arguments` holds."""
-    if isinstance(args, str):
-        try:
-            json.loads(args)
-            return args  # already JSON text (some models write it that way)
-        except ValueError:
-            pass
-    return json.dumps(args, ensure_ascii=False)
-
-
-def call_from(obj: Any, raw: str = "") -> Call | None:
-    """A call from one decoded JSON object, or None if it is not one."""
-    if not isinstance(obj, dict):
-        return None
-    if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
-        obj = obj["function"]
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    call_id = obj.get("id")
-    return Call(name=name, arguments=_arguments_text(args), id=call_id if isinstance(call_id, str) else None, raw=raw)
 
 
 def _calls(values: Any, raw: str) -> list[Call] | None:
@@ -109,8 +52,15 @@ def _calls(values: Any, raw: str) -> list[Call] | None:
 class ToolCallParser:
     """Feed content text; get pieces (content strings and whole calls) back."""
 
-    def __init__(self, fmt: ToolFormat) -> None:
+    def __init__(self, fmt: ToolFormat, types: ParamTypes | None = None) -> None:
         self._fmt = fmt
+        self._types = types or {}  # the declared parameters' JSON types, for tagged values
+        self._block = BLOCKS.get(fmt)  # a section format's markers
+        # Calls of the section being written that are already out: each comes out once it
+        # is whole, before the section closes (a model that writes call after call is then
+        # seen to repeat itself, and a cut section keeps its whole calls).
+        self._section_out = 0
+        self._early: list[Piece] = []
         self._buf = ""
         # "start" (only whitespace so far), "content", "call" (a call being written),
         # "array" (inside an array of calls), or "after_call" (only whitespace since the
@@ -120,6 +70,8 @@ class ToolCallParser:
         self._array_calls = 0  # calls read from it so far
         self._array_close = "]"  # what closes it: "]", or "]" then "}" for generic
         self._marker = {"hermes": HERMES_OPEN, "mistral": MISTRAL_PREFIX, "llama3": LLAMA3_PYTHON_TAG}.get(fmt)
+        if self._block is not None:
+            self._marker = self._block[0]
 
     def feed(self, text: str) -> list[Piece]:
         self._buf += text
@@ -148,7 +100,7 @@ class ToolCallParser:
                     self._buf = ""
         if self._buf and self._state != "after_call":
             out.append(self._buf)
-        self._buf = ""
+        self._buf, self._section_out = "", 0
         return out
 
     # ---- one step of the state machine: True if it made progress ----------------------------
@@ -195,6 +147,8 @@ class ToolCallParser:
             return False
         calls = self._complete_calls(self._buf, final=False)
         if calls is None:
+            out.extend(self._early)  # whole calls of a section still open
+            self._early.clear()
             return False
         out.extend(calls)
         return True
@@ -269,6 +223,8 @@ class ToolCallParser:
         or None while it is still being written. A whole block that is not a call becomes
         content. With `final`, an unclosed block is parsed as far as it goes."""
         body_start = 0
+        if self._block is not None:
+            return self._section(text, final)
         if self._fmt == "hermes":
             close = text.find(HERMES_CLOSE)
             if close < 0 and not final:
@@ -277,9 +233,12 @@ class ToolCallParser:
             consumed = close + len(HERMES_CLOSE) if close >= 0 else len(text)
             try:
                 call = call_from(json.loads(body), text[:consumed])
-            except ValueError:
-                call = None
-            return self._emit([call] if call else None, text, consumed)
+                calls = [call] if call else None
+            except ValueError:  # Qwen3-Coder's and GLM's tagged bodies
+                calls = tool_blocks.tagged_hermes(body, self._types)
+            return self._emit(calls, text, consumed)
+        if self._fmt == "mistral" and text[len(MISTRAL_PREFIX) :].lstrip()[:1] not in ("[", "{", ""):
+            return self._mistral_named(text, final)
         if self._fmt == "mistral" or (self._fmt == "llama3" and text.startswith(LLAMA3_PYTHON_TAG)):
             body_start = len(self._marker or "")
         rest = text[body_start:]
@@ -297,6 +256,61 @@ class ToolCallParser:
         if self._fmt == "generic":
             return self._generic(value, text, consumed)
         return self._emit(_calls(value, text[:consumed]), text, consumed)
+
+    def _section(self, text: str, final: bool) -> list[Piece] | None:
+        """A block format's section, once its closing marker (or, for FireFunction, its
+        JSON value) is in; with `final`, as far as it goes."""
+        assert self._block is not None
+        opening, closing = self._block
+        rest = text[len(opening) :]
+        if closing is None:
+            lead = len(rest) - len(rest.lstrip())
+            end = json_end(rest[lead:]) if rest[lead : lead + 1] in ("[", "{") else None
+            if end is None:
+                if not final and (not rest[lead:] or rest[lead : lead + 1] in ("[", "{")):
+                    return None
+                return self._emit(None, text, len(text))
+            consumed = len(opening) + lead + end
+            body = rest[lead : lead + end]
+        else:
+            close = rest.find(closing)
+            if close < 0 and not final:
+                whole = tool_blocks.calls_in(self._fmt, tool_blocks.whole_part(self._fmt, rest), self._types) or []
+                self._early.extend(whole[self._section_out :])
+                self._section_out = max(self._section_out, len(whole))
+                return None
+            body = rest if close < 0 else rest[:close]
+            consumed = len(text) if close < 0 else len(opening) + close + len(closing)
+        calls = tool_blocks.calls_in(self._fmt, body, self._types)
+        done, self._section_out = self._section_out, 0
+        if done:  # some are out already: the rest of the section is theirs, never content
+            self._buf, self._state = text[consumed:], "after_call"
+            return list((calls or [])[done:])
+        return self._emit(calls, text, consumed)
+
+    def _mistral_named(self, text: str, final: bool) -> list[Piece] | None:
+        """Mistral Small 3.2's and Devstral's calls: `[TOOL_CALLS]NAME[ARGS]{...}`, with
+        `[CALL_ID]ID` before `[ARGS]` where the model writes one. None while it is still
+        being written."""
+        rest = text[len(MISTRAL_PREFIX) :]
+        at = rest.find("[ARGS]")
+        if at < 0:
+            return None if not final else self._emit(None, text, len(text))
+        head, args = rest[:at], rest[at + len("[ARGS]") :]
+        name, _, own = head.partition("[CALL_ID]")
+        lead = len(args) - len(args.lstrip())
+        end = json_end(args[lead:]) if args[lead : lead + 1] == "{" else None
+        if end is None:
+            if not final and (not args[lead:] or args[lead] == "{"):
+                return None
+            return self._emit(None, text, len(text))
+        consumed = len(MISTRAL_PREFIX) + at + len("[ARGS]") + lead + end
+        try:
+            arguments = json.loads(args[lead : lead + end])
+        except ValueError:
+            return self._emit(None, text, consumed)
+        call = call_from({"name": name.strip(), "arguments": arguments, "id": own.strip() or None}, text[:consumed])
+        return self._emit([call] if call else None, text, consumed)
 
     def _generic(self, value: Any, text: str, consumed: int) -> list[Piece]:
         if isinstance(value, dict):

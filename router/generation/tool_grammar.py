@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from router.generation.schema_rewrite import SchemaTooDeep, narrowed, relocated
 from supervisor.errors import InvalidRequest
-from worker.chat_formats import HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
+from worker.chat_formats import BLOCKS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
 from worker.protocol import JSON_LAYOUT, Constraint, ToolFormat
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -32,23 +32,30 @@ def parameters_of(tool: dict[str, Any]) -> dict[str, Any]:
     return params if isinstance(params, dict) and params else _ANY_OBJECT
 
 
-def call_schema(tool: dict[str, Any], arguments_key: str = "arguments", at: str = "") -> dict[str, Any]:
+def arguments_schema(tool: dict[str, Any], at: str) -> dict[str, Any]:
+    """A call's arguments' schema, narrowed, its `$ref`s pointing to `at`."""
+    try:
+        return relocated(narrowed(parameters_of(tool)), at)
+    except SchemaTooDeep as exc:
+        name = tool["function"]["name"]
+        raise InvalidRequest(f"Invalid 'tools': the parameters of {name!r}: {exc}.", "tools") from None
+
+
+def call_schema(
+    tool: dict[str, Any], arguments_key: str = "arguments", at: str = "", name_key: str = "name"
+) -> dict[str, Any]:
     """The JSON schema of one call to `tool`: its name, and arguments matching its schema,
     narrowed as structured output is (router/generation/schema_rewrite.py). `at` is where this
     schema sits in the grammar's JSON document: the arguments' local `$ref`s are rewritten
     to point there."""
-    try:
-        arguments = relocated(narrowed(parameters_of(tool)), f"{at}/properties/{arguments_key}")
-    except SchemaTooDeep as exc:
-        name = tool["function"]["name"]
-        raise InvalidRequest(f"Invalid 'tools': the parameters of {name!r}: {exc}.", "tools") from None
+    arguments = arguments_schema(tool, f"{at}/properties/{arguments_key}")
     return {
         "type": "object",
         "properties": {
-            "name": {"const": tool["function"]["name"]},
+            name_key: {"const": tool["function"]["name"]},
             arguments_key: arguments,
         },
-        "required": ["name", arguments_key],
+        "required": [name_key, arguments_key],
         "additionalProperties": False,
     }
 
@@ -65,11 +72,42 @@ def _json(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps({"x-guidance": JSON_LAYOUT, **schema})
 
 
-def _alternatives(tools: Sequence[dict[str, Any]], arguments_key: str) -> list[str]:
+def _alternatives(tools: Sequence[dict[str, Any]], arguments_key: str, name_key: str = "name") -> list[str]:
     """One rule per tool, each a JSON object that calls it, and the rule that picks one."""
-    rules = [f"tool{i}: {_json(call_schema(t, arguments_key))}" for i, t in enumerate(tools)]
+    rules = [f"tool{i}: {_json(call_schema(t, arguments_key, name_key=name_key))}" for i, t in enumerate(tools)]
     rules.append("call_json: " + " | ".join(f"tool{i}" for i in range(len(tools))))
     return rules
+
+
+def _native_alternatives(tools: Sequence[dict[str, Any]], layout: str) -> list[str]:
+    """One rule per tool in a layout that writes the name as text and the arguments as
+    JSON (`layout` holds NAME and ARGUMENTS, as chat_formats.CALL_LAYOUTS does)."""
+    before, after = layout.split("ARGUMENTS")
+    rules = []
+    for i, t in enumerate(tools):
+        head = before.replace("NAME", t["function"]["name"])
+        rules.append(f"tool{i}: {_lark_string(head)} {_json(arguments_schema(t, ''))} {_lark_string(after)}")
+    rules.append("call_json: " + " | ".join(f"tool{i}" for i in range(len(tools))))
+    return rules
+
+
+# Block formats whose calls are written with the name as text (each call one rule, its
+# own markers around it), and those whose section holds a JSON array of call objects.
+_PER_CALL = {
+    "deepseek_r1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
+    "deepseek_v3_1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
+    "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>", "<|tool_calls_section_end|>"),
+    "functionary_v3_1": ("", "<function=NAME>ARGUMENTS</function>", ""),
+}
+
+
+def _sequence(opening: str, body: str, closing: str) -> str:
+    """The start rule: `body` (Lark) between two literal markers, either of them empty."""
+    parts = [_lark_string(opening)] if opening else []
+    parts.append(body)
+    if closing:
+        parts.append(_lark_string(closing))
+    return "start: " + " ".join(parts)
 
 
 def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parallel: bool) -> str:
@@ -88,6 +126,21 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
     elif fmt == "mistral":
         others = f' (", " call_json){more}' if parallel else ""
         rules = [f'start: {_lark_string(MISTRAL_PREFIX + "[")} call_json{others} "]"', *_alternatives(tools, "arguments")]
+    elif fmt in _PER_CALL:
+        opening, layout, closing = _PER_CALL[fmt]
+        repeated = f"call_json (call_json){more}" if parallel else "call_json"
+        rules = [_sequence(opening, repeated, closing), *_native_alternatives(tools, layout)]
+    elif fmt in BLOCKS:
+        marker, end_marker = BLOCKS[fmt]
+        # JSON arrays of calls for the array formats; a JSON call for the tagged ones
+        # (their readers take JSON calls too: router/generation/tool_blocks.py).
+        name_key, arguments_key = ("tool_name", "parameters") if fmt == "command_r7b" else ("name", "arguments")
+        if fmt in ("seed_oss", "minimax_m2"):
+            body = "\"\\n\" call_json \"\\n\""
+        else:
+            others = f' (", " call_json){more}' if parallel else ""
+            body = f'"[" call_json{others} "]"'
+        rules = [_sequence(marker, body, end_marker or ""), *_alternatives(tools, arguments_key, name_key)]
     else:
         at = "/properties/tool_calls/items"
         items: dict[str, Any] = (

@@ -111,7 +111,13 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 
 Pooling = Literal["mean", "cls", "last", "rank", "none"]
 # How a model writes tool calls (see worker/chat_formats.py); "auto" reads its template.
-ToolFormat = Literal["hermes", "llama3", "mistral", "generic"]
+ToolFormat = Literal[
+    "hermes", "llama3", "mistral", "generic",
+    # a section between two markers (worker/chat_formats.py, BLOCKS)
+    "deepseek_r1", "deepseek_v3_1", "command_r7b", "kimi_k2", "nemotron", "seed_oss", "minimax_m2",
+    "firefunction", "functionary_v3_1", "apriel",
+]
+TOOL_FORMATS: tuple[str, ...] = ToolFormat.__args__  # type: ignore[attr-defined]
 
 
 class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -149,7 +155,10 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     swa_full: bool = True
     # How tool calls are offered and written: "auto" decides from the chat template
     # (worker/chat_formats.py); a built-in template takes tools only as "generic".
-    tool_format: Literal["auto", "hermes", "llama3", "mistral", "generic"] = "auto"
+    tool_format: Literal[
+        "auto", "hermes", "llama3", "mistral", "generic", "deepseek_r1", "deepseek_v3_1", "command_r7b",
+        "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "firefunction", "functionary_v3_1", "apriel",
+    ] = "auto"
     # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
     reasoning: bool = True
     # Jinja template variables every request gets unless it sets them itself

@@ -39,7 +39,7 @@ FAMILIES = [
     ("Qwen-Qwen3-0.6B.jinja", "hermes", True),
     ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3", False),
     ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral", False),
-    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "generic", True),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek_r1", True),
     ("google-gemma-2-2b-it.jinja", "generic", False),
 ]
 

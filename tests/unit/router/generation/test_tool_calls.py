@@ -24,7 +24,8 @@ from router.generation.events import (
 )
 from router.generation.job import GenerationJob
 from router.generation.reasoning import ReasoningSplitter
-from router.generation.tool_calls import Call, Piece, ToolCallParser
+from router.generation.calls import Call
+from router.generation.tool_calls import Piece, ToolCallParser
 from router.generation.tool_grammar import tool_choice_grammar
 from worker.chat_template import JinjaTemplate
 from worker.protocol import ChatMessage, SamplingParams, ToolCall, ToolFormat, Usage

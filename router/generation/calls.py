@@ -1,0 +1,68 @@
+"""A tool call as read from a model's output, and reading one from decoded JSON: shared
+by the streaming parser (router/generation/tool_calls.py) and the readers of each family's
+sections (router/generation/tool_blocks.py). Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: str  # JSON text
+    id: str | None = None  # the model's own id, where its format has one (Mistral's)
+    # The text the call was read from: what becomes content if the call is not taken.
+    raw: str = field(default="", compare=False)
+
+
+def json_end(text: str) -> int | None:
+    """Where the JSON object or array that `text` starts with ends (the index after its
+    closing bracket), or None while it is still open. Only brackets and strings are
+    followed, so this does not say it is valid JSON; json.loads does that after."""
+    depth = 0
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _arguments_text(args: Any) -> str:
+    """A call's arguments as the JSON text OpenAI's `function.arguments` holds."""
+    if isinstance(args, str):
+        try:
+            json.loads(args)
+            return args  # already JSON text (some models write it that way)
+        except ValueError:
+            pass
+    return json.dumps(args, ensure_ascii=False)
+
+
+def call_from(obj: Any, raw: str = "") -> Call | None:
+    """A call from one decoded JSON object, or None if it is not one."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    call_id = obj.get("id")
+    return Call(name=name, arguments=_arguments_text(args), id=call_id if isinstance(call_id, str) else None, raw=raw)

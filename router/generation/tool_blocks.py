@@ -1,0 +1,249 @@
+"""The insides of tool-call sections, in each model family's own layout (the formats of
+worker/chat_formats.py whose calls sit between markers). Given a section's text between
+its markers, `calls_in` gives the calls it holds, or None when it holds none that parse
+(the section is then content, as llama.cpp treats text that does not parse).
+
+Layouts, as llama.cpp's common/chat.cpp and its tests (tests/test-chat.cpp) read them:
+- JSON: an object `{"name", "arguments"}`, an array of them, or objects one per line
+  (Hermes, Nemotron v2, Apriel, MiniMax M1, FireFunction v2), with Command R7B's names
+  `tool_name`/`parameters`/`tool_call_id`.
+- DeepSeek R1: `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>`
+  per call; V3.1: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
+- Kimi K2: `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`.
+- XML functions (Qwen3-Coder, Qwen 3.5, Nemotron 3, Seed-OSS):
+  `<function=NAME><parameter=KEY>VALUE</parameter>...</function>`.
+- MiniMax M2: `<invoke name="NAME"><parameter name="KEY">VALUE</parameter>...</invoke>`.
+- GLM 4.5 to 4.7: `NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...`.
+- Functionary v3.1: `<function=NAME>ARGS</function>`, the section's markers being the
+  call's own.
+
+A tagged VALUE is text; it is read as JSON where the function's schema says the parameter
+is not a string (`types`), or, with no schema to go by, where it parses as JSON: `7` is the
+number 7 for an integer parameter and stays "7" for a string one. Pure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping
+
+from router.generation.calls import Call, call_from, json_end
+
+# A function's parameters' JSON types, by function name then parameter name.
+ParamTypes = Mapping[str, Mapping[str, str]]
+
+_DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)(?:<｜tool▁call▁end｜>|$)", re.S)
+_KIMI_CALL = re.compile(
+    r"<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+)(?::(\d+))?\s*<\|tool_call_argument_begin\|>(.*?)(?:<\|tool_call_end\|>|$)",
+    re.S,
+)
+_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
+_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)(?:</invoke>|$)', re.S)
+_INVOKE_PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
+
+
+def calls_in(fmt: str, body: str, types: ParamTypes | None = None) -> list[Call] | None:
+    """The calls of one section's text (between its markers), or None."""
+    reader = _READERS.get(fmt)
+    calls = reader(body, types or {}) if reader is not None else None
+    if calls is None and fmt != "functionary_v3_1":
+        calls = json_calls(body)  # every section also takes plain JSON calls (a forced call's)
+    return calls or None
+
+
+# Where each call of a per-call layout ends: a section still open holds whole calls up to
+# the last of these.
+_CALL_ENDS = {
+    "deepseek_r1": "<｜tool▁call▁end｜>",
+    "deepseek_v3_1": "<｜tool▁call▁end｜>",
+    "kimi_k2": "<|tool_call_end|>",
+    "seed_oss": "</function>",
+    "minimax_m2": "</invoke>",
+}
+
+
+def whole_part(fmt: str, body: str) -> str:
+    """The part of a section still being written that holds only whole calls (as a
+    section of its own: an open JSON array is closed after its last whole object)."""
+    end = _CALL_ENDS.get(fmt)
+    if end is not None:
+        at = body.rfind(end)
+        return body[: at + len(end)] if at >= 0 else ""
+    text = body.lstrip()
+    if not text.startswith("["):
+        return ""
+    last, i = 0, 1
+    while True:
+        rest = text[i:].lstrip().lstrip(",").lstrip()
+        if not rest.startswith("{"):
+            break
+        start = len(text) - len(rest)
+        stop = json_end(rest)
+        if stop is None:
+            break
+        last = i = start + stop
+    return text[:last] + "]" if last else ""
+
+
+def json_calls(body: str) -> list[Call] | None:
+    """An object, an array of objects, or objects one after another, each a call."""
+    text = body.strip()
+    values: list[Any] = []
+    while text:
+        if text[0] not in "[{":
+            return None
+        end = json_end(text)
+        if end is None:
+            return None
+        try:
+            value = json.loads(text[:end])
+        except ValueError:
+            return None
+        values.extend(value if isinstance(value, list) else [value])
+        text = text[end:].lstrip().lstrip(",").lstrip()
+    calls = [_call_of(v, body if len(values) == 1 else json.dumps(v, ensure_ascii=False)) for v in values]
+    if not calls or any(c is None for c in calls):
+        return None
+    return [c for c in calls if c is not None]
+
+
+def _call_of(value: Any, raw: str) -> Call | None:
+    """A call from a JSON object, in OpenAI's names or Command R's."""
+    if isinstance(value, dict) and "tool_name" in value:
+        own = value.get("tool_call_id")
+        value = {"name": value["tool_name"], "arguments": value.get("parameters", {}), "id": None if own is None else str(own)}
+    return call_from(value, raw)
+
+
+def _arguments(pairs: list[tuple[str, str]], name: str, types: ParamTypes) -> str:
+    known = types.get(name, {})
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        out[key.strip()] = _value(_trim(value), known.get(key.strip()))
+    return json.dumps(out, ensure_ascii=False)
+
+
+def _trim(value: str) -> str:
+    """A tagged value without the one newline its template writes on each side."""
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _value(text: str, json_type: str | None) -> Any:
+    if json_type == "string":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _deepseek_r1(body: str, types: ParamTypes) -> list[Call] | None:
+    calls: list[Call] = []
+    for m in _DS_CALL.finditer(body):
+        head, sep, rest = m.group(1).partition("<｜tool▁sep｜>")
+        if not sep:
+            return None
+        name, _, args = rest.partition("\n")
+        fenced = _FENCED.match(args)
+        call = call_from({"name": name.strip(), "arguments": (fenced.group(1) if fenced else args).strip()}, m.group(0))
+        if call is None or not _is_json(call.arguments):
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def _deepseek_v3_1(body: str, types: ParamTypes) -> list[Call] | None:
+    calls: list[Call] = []
+    for m in _DS_CALL.finditer(body):
+        name, sep, args = m.group(1).partition("<｜tool▁sep｜>")
+        if not sep:
+            return None
+        fenced = _FENCED.match(args)
+        call = call_from({"name": name.strip(), "arguments": (fenced.group(1) if fenced else args).strip()}, m.group(0))
+        if call is None or not _is_json(call.arguments):
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def _kimi(body: str, types: ParamTypes) -> list[Call] | None:
+    calls: list[Call] = []
+    for m in _KIMI_CALL.finditer(body):
+        name, index, args = m.group(1), m.group(2), m.group(3).strip()
+        own = f"functions.{name}:{index}" if index is not None else None
+        call = call_from({"name": name, "arguments": args, "id": own}, m.group(0))
+        if call is None or not _is_json(call.arguments):
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def xml_functions(body: str, types: ParamTypes) -> list[Call] | None:
+    calls: list[Call] = []
+    for m in _XML_FUNCTION.finditer(body):
+        name = m.group(1)
+        pairs = [(p.group(1), p.group(2)) for p in _XML_PARAMETER.finditer(m.group(2))]
+        calls.append(Call(name=name, arguments=_arguments(pairs, name, types), raw=m.group(0)))
+    return calls or None
+
+
+def _minimax(body: str, types: ParamTypes) -> list[Call] | None:
+    calls: list[Call] = []
+    for m in _INVOKE.finditer(body):
+        name = m.group(1)
+        pairs = [(p.group(1), p.group(2)) for p in _INVOKE_PARAMETER.finditer(m.group(2))]
+        calls.append(Call(name=name, arguments=_arguments(pairs, name, types), raw=m.group(0)))
+    return calls or None
+
+
+def glm_call(body: str, types: ParamTypes) -> list[Call] | None:
+    """GLM's one call: its name up to the first tag (or the end), then key/value pairs."""
+    text = body.strip()
+    cut = text.find("<arg_key>")
+    name = (text if cut < 0 else text[:cut]).strip()
+    if not name or not re.fullmatch(r"[\w.\-:]+", name):
+        return None
+    pairs = _GLM_ARG.findall(text[cut:]) if cut >= 0 else []
+    return [Call(name=name, arguments=_arguments(pairs, name, types), raw=body)]
+
+
+def _functionary(body: str, types: ParamTypes) -> list[Call] | None:
+    """Between `<function=` and `</function>`: `NAME>ARGS`."""
+    name, sep, args = body.partition(">")
+    if not sep or not name.strip():
+        return None
+    call = call_from({"name": name.strip(), "arguments": args.strip() or "{}"}, body)
+    return [call] if call is not None and _is_json(call.arguments) else None
+
+
+def tagged_hermes(body: str, types: ParamTypes) -> list[Call] | None:
+    """A `<tool_call>` body that is not JSON: Qwen3-Coder's XML function, or GLM's."""
+    if "<function=" in body:
+        return xml_functions(body, types)
+    return glm_call(body, types)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+_READERS = {
+    "deepseek_r1": _deepseek_r1,
+    "deepseek_v3_1": _deepseek_v3_1,
+    "kimi_k2": _kimi,
+    "seed_oss": xml_functions,
+    "minimax_m2": _minimax,
+    "functionary_v3_1": _functionary,
+}

@@ -1,0 +1,278 @@
+"""Issue 22, item 3: the tool-call formats of llama.cpp's common/chat.cpp beyond hermes,
+llama3 and mistral. Each case is a model output from llama.cpp's tests/test-chat.cpp (the
+llama.cpp that llama-cpp-python 0.3.36 vendors), parsed whole and streamed in random
+pieces; each template of tests/fixtures/templates is detected as its family, and the call
+it writes in a conversation's history parses back as that call; every forced-call grammar
+compiles and its own sentence parses back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import pytest
+
+from router.generation.calls import Call
+from router.generation.chat_output import ChatOutput, call_id
+from router.generation.tool_blocks import calls_in
+from router.generation.tool_calls import Piece, ToolCallParser
+from router.generation.tool_grammar import tool_choice_grammar
+from tests.unit.router.generation.test_tool_calls import check, merged, parse, splits
+from worker.chat_formats import BLOCKS, detect_tool_format
+from worker.chat_template import JinjaTemplate
+from worker.protocol import ChatMessage, ToolCall, ToolFormat
+
+TEMPLATES = Path(__file__).resolve().parents[3] / "fixtures" / "templates"
+
+
+def call(name: str, args: dict[str, Any], own: str | None = None) -> Call:
+    return Call(name=name, arguments=json.dumps(args), id=own)
+
+
+SPECIAL = call("special_function", {"arg1": 1})
+
+# (format, output, expected pieces): test-chat.cpp's outputs for each family.
+CASES: list[tuple[ToolFormat, str, list[Piece]]] = [
+    (  # test-chat.cpp, DeepSeek R1 (llama-cpp-deepseek-r1.jinja), after its </think>
+        "deepseek_r1",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n```json\n"
+        '{"arg1": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        [SPECIAL],
+    ),
+    (  # DeepSeek V3.1: content, then two calls in one section
+        "deepseek_v3_1",
+        "CONTENT<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>"
+        "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ["CONTENT", call("get_time", {"city": "Paris"}), call("get_weather", {"city": "Paris"})],
+    ),
+    (  # Command R7B: its own names, and its id kept
+        "command_r7b",
+        '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "special_function", "parameters": {"arg1": 1}}\n]<|END_ACTION|>',
+        [call("special_function", {"arg1": 1}, "0")],
+    ),
+    (  # Kimi K2: the id is functions.NAME:INDEX
+        "kimi_k2",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0<|tool_call_argument_begin|>"
+        '{"arg1": 1}<|tool_call_end|><|tool_calls_section_end|>',
+        [call("special_function", {"arg1": 1}, "functions.special_function:0")],
+    ),
+    ("nemotron", '<TOOLCALL>[{"name": "special_function", "arguments": {"arg1": 1}}]</TOOLCALL>', [SPECIAL]),
+    (
+        "seed_oss",
+        "Let me check.\n<seed:tool_call>\n<function=special_function>\n<parameter=arg1>1</parameter>\n</function>\n</seed:tool_call>",
+        ["Let me check.\n", SPECIAL],
+    ),
+    (
+        "minimax_m2",
+        '<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">1</parameter>\n</invoke>\n</minimax:tool_call>',
+        [SPECIAL],
+    ),
+    ("firefunction", ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]', [SPECIAL]),
+    (  # Functionary v3.1 (Llama 3.1): calls one after another
+        "functionary_v3_1",
+        'Hi<function=a>{"x": 1}</function><function=b>{}</function>',
+        ["Hi", call("a", {"x": 1}), Call(name="b", arguments="{}")],
+    ),
+    ("apriel", '<tool_calls>[{"name": "special_function", "arguments": {"arg1": 1}}]</tool_calls>', [SPECIAL]),
+    (  # MiniMax M1 writes the same section with one JSON object per line
+        "apriel",
+        '<tool_calls>\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {"y": 2}}\n</tool_calls>',
+        [Call(name="a", arguments="{}"), call("b", {"y": 2})],
+    ),
+    (  # Qwen3-Coder, Qwen 3.5, Nemotron 3: XML inside <tool_call>
+        "hermes",
+        "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n</function>\n</tool_call>",
+        [SPECIAL],
+    ),
+    (  # GLM 4.7: key/value tags; a call without arguments
+        "hermes",
+        "<tool_call>special_function<arg_key>arg1</arg_key><arg_value>1</arg_value></tool_call>"
+        "<tool_call>read_file_diff_md</tool_call>",
+        [SPECIAL, Call(name="read_file_diff_md", arguments="{}")],
+    ),
+    (  # Mistral Small 3.2, Devstral, Magistral: NAME[CALL_ID]ID[ARGS]{...}, one marker a call
+        "mistral",
+        '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
+        '[TOOL_CALLS]special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}',
+        [call("special_function", {"arg1": 1}, "000000001"), call("special_function_with_opt", {"arg1": 1, "arg2": 2}, "000000002")],
+    ),
+    ("mistral", '[TOOL_CALLS]special_function[ARGS]{"arg1":1}', [SPECIAL]),
+    # Sections that hold no call are content, as llama.cpp leaves them
+    ("nemotron", "<TOOLCALL>not json</TOOLCALL> after", ["<TOOLCALL>not json</TOOLCALL> after"]),
+    ("deepseek_v3_1", "no calls here", ["no calls here"]),
+]
+
+
+@pytest.mark.parametrize(("fmt", "text", "expected"), CASES)
+def test_each_familys_calls_parse_whole_and_streamed(fmt: ToolFormat, text: str, expected: list[Piece]) -> None:
+    check(fmt, text, expected)
+
+
+def test_tagged_values_follow_the_declared_types() -> None:
+    """A tagged value is text: "7" stays a string for a string parameter (a zip code), and
+    is the number 7 for an integer one (llama.cpp reads them by the schema likewise)."""
+    body = "<function=f>\n<parameter=zip>\n07\n</parameter>\n<parameter=n>\n7\n</parameter>\n</function>"
+    (c,) = calls_in("seed_oss", body, {"f": {"zip": "string", "n": "integer"}}) or []
+    assert json.loads(c.arguments) == {"zip": "07", "n": 7}
+    (guess,) = calls_in("seed_oss", body) or []
+    assert json.loads(guess.arguments)["n"] == 7
+
+
+# (template, its family)
+FAMILIES = [
+    ("llama-cpp-deepseek-r1.jinja", "deepseek_r1"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek_r1"),
+    ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek_v3_1"),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command_r7b"),
+    ("moonshotai-Kimi-K2.jinja", "kimi_k2"),
+    ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron"),
+    ("ByteDance-Seed-OSS.jinja", "seed_oss"),
+    ("MiniMax-M2.jinja", "minimax_m2"),
+    ("fireworks-ai-llama-3-firefunction-v2.jinja", "firefunction"),
+    ("meetkai-functionary-medium-v3.1.jinja", "functionary_v3_1"),
+    ("unsloth-Apriel-1.5.jinja", "apriel"),
+    ("Qwen3-Coder.jinja", "hermes"),
+    ("GLM-4.6.jinja", "hermes"),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
+]
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.parametrize(("name", "fmt"), FAMILIES)
+def test_each_template_is_read_as_its_family(name: str, fmt: str) -> None:
+    assert detect_tool_format((TEMPLATES / name).read_text(encoding="utf-8")) == fmt
+
+
+@pytest.mark.parametrize(("name", "fmt"), FAMILIES)
+def test_a_call_as_the_template_writes_it_parses_back(name: str, fmt: ToolFormat) -> None:
+    """The round trip: the template renders an earlier call in the history; from the
+    format's first marker after the question, the parser reads that call (what follows it
+    is the template's own text, content to the parser)."""
+    t = JinjaTemplate((TEMPLATES / name).read_text(encoding="utf-8"), "<s>", "</s>")
+    own = "functions.get_weather:0" if fmt == "kimi_k2" else "abc123XYZ"
+    msgs = [
+        ChatMessage(role="user", content="Weather in Paris?"),
+        ChatMessage(role="assistant", content="", tool_calls=[ToolCall(id=own, name="get_weather", arguments='{"city": "Paris"}')]),
+        ChatMessage(role="tool", content="21", tool_call_id=own, name="get_weather"),
+    ]
+    text = t.render(msgs, tools=[WEATHER])
+    after = text[text.index("Weather in Paris?") + len("Weather in Paris?") :]
+    marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}.get(fmt) or BLOCKS[fmt][0]
+    start = after.find(marker)
+    assert start >= 0, (marker, after)
+    calls = [p for p in parse(fmt, [after[start:]]) if isinstance(p, Call)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls][:1] == [("get_weather", {"city": "Paris"})]
+    for seed in range(10):
+        streamed = [p for p in parse(fmt, splits(after[start:], seed)) if isinstance(p, Call)]
+        assert streamed == calls
+
+
+def test_a_template_that_never_shows_the_tools_gets_them_in_the_system_message() -> None:
+    """DeepSeek's templates render calls but not the tools on offer: the tools and how to
+    call them go into the system message, in the format's own layout."""
+    t = JinjaTemplate((TEMPLATES / "deepseek-ai-DeepSeek-V3.1.jinja").read_text(encoding="utf-8"), "<s>", "</s>")
+    text = t.render([ChatMessage(role="user", content="Weather?")], tools=[WEATHER])
+    assert '"name": "get_weather"' in text and "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS" in text
+    assert text.index("get_weather") < text.index("Weather?")
+    plain = t.render([ChatMessage(role="user", content="Weather?")])
+    assert "get_weather" not in plain
+
+
+SENTENCES: dict[str, str] = {
+    # A sentence each forced grammar must accept, and the calls it parses to.
+    "deepseek_r1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseek_v3_1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "command_r7b": '<|START_ACTION|>[{"tool_name": "get_weather", "parameters": {"city": "Paris"}}]<|END_ACTION|>',
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    "nemotron": '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>',
+    "seed_oss": '<seed:tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</seed:tool_call>',
+    "minimax_m2": '<minimax:tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</minimax:tool_call>',
+    "firefunction": ' functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    "functionary_v3_1": '<function=get_weather>{"city": "Paris"}</function>',
+    "apriel": '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls>',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(SENTENCES))
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_grammars_compile_and_what_they_force_parses_as_the_call(fmt: ToolFormat, parallel: bool) -> None:
+    grammar = tool_choice_grammar(fmt, [WEATHER, {"type": "function", "function": {"name": "now"}}], parallel)
+    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", grammar)) == ""
+    for name in ("get_weather",):
+        assert f'"{name}"' in grammar or name in grammar
+    calls = [p for p in parse(fmt, [SENTENCES[fmt]]) if isinstance(p, Call)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_kimi_calls_keep_or_get_ids_its_template_can_name() -> None:
+    """Kimi K2's template writes a call's id where the name goes (`functions.NAME:INDEX`)."""
+    assert call_id("kimi_k2", "functions.f:0", "f", 3) == "functions.f:0"
+    assert call_id("kimi_k2", None, "f", 3) == "functions.f:3"
+    assert call_id("kimi_k2", "functions.g:0", "f", 1) == "functions.f:1"  # an id naming another function
+    assert call_id("hermes", "functions.f:0", "f").startswith("call_")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "first", "second", "closing"),
+    [
+        ("apriel", '<tool_calls>[{"name": "a", "arguments": {}}', ', {"name": "b", "arguments": {}}', "]</tool_calls>"),
+        (
+            "deepseek_v3_1",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+            "<｜tool▁call▁begin｜>b<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+            "<｜tool▁calls▁end｜>",
+        ),
+        (
+            "minimax_m2",
+            '<minimax:tool_call>\n<invoke name="a">\n</invoke>',
+            '\n<invoke name="b">\n</invoke>',
+            "\n</minimax:tool_call>",
+        ),
+    ],
+)
+def test_a_sections_calls_come_out_one_by_one_and_a_cut_keeps_the_whole_ones(
+    fmt: ToolFormat, first: str, second: str, closing: str
+) -> None:
+    """A forced answer whose model writes call after call (the demo model does) is seen to
+    repeat itself only if each call comes out once whole; and max_tokens cutting the section
+    must not lose the calls already written (issue 20's rule for arrays)."""
+    a, b = Call(name="a", arguments="{}"), Call(name="b", arguments="{}")
+    p = ToolCallParser(fmt)
+    assert p.feed(first) == [a]
+    assert p.feed(second) == [b]
+    assert p.feed(closing) == [] and p.finish() == []
+    cut = ToolCallParser(fmt)
+    assert cut.feed(first + second[:-3]) == [a]
+    assert cut.finish(cut=True) == []
+    whole = ToolCallParser(fmt)
+    assert merged(whole.feed(first + second + closing + " then text") + whole.finish()) == [a, b, "then text"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_call_first_in_a_block_the_prompt_opened_is_the_answer_not_reasoning(seed: int) -> None:
+    """MiniMax M2's template always opens <think>; a forced call's grammar writes the call
+    from the first token. That call is the answer: on the first try it all went to
+    reasoning_content and the forced call came back as nothing."""
+    text = '\n<minimax:tool_call>\n{"name": "a", "arguments": {}}\n</minimax:tool_call>'
+    out = ChatOutput(tools="minimax_m2", reasoning=True, in_reasoning=True)
+    for chunk in splits(text, seed):
+        out.feed(chunk)
+    out.finish()
+    assert [(c.name, c.arguments) for c in out.calls] == [("a", "{}")] and out.reasoning_text == ""
+    # Reasoning first: a marker later in it is reasoning, as before.
+    thought = ChatOutput(tools="minimax_m2", reasoning=True, in_reasoning=True)
+    for chunk in splits("Let me see <minimax:tool_call> later</think>Fine.", seed):
+        thought.feed(chunk)
+    thought.finish()
+    assert thought.calls == [] and thought.reasoning_text == "Let me see <minimax:tool_call> later"
+    assert thought.content == "Fine."
