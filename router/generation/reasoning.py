@@ -41,7 +41,7 @@ class ReasoningSplitter:
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
-        reasoning, content = "", ""
+        reasoning = ""
         if self._state == "start":
             stripped = self._buf.lstrip()
             if stripped.startswith(THINK_OPEN):
