@@ -53,6 +53,9 @@ BLOCKS: dict[str, tuple[str, str | None]] = {
     "functionary_v3_1": ("<function=", "</function>"),
     "apriel": ("<tool_calls>", "</tool_calls>"),
 }
+# GPT-OSS's harmony format: messages of a header and a body (router/generation/harmony.py).
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
+
 # Markers inside a block, which must render as text too.
 INNER_MARKERS = (
     "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
@@ -66,6 +69,7 @@ PRESERVED_MARKERS = (
     THINK_OPEN, THINK_CLOSE, HERMES_OPEN, HERMES_CLOSE, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX,
     *(m for pair in BLOCKS.values() for m in pair if m is not None and m.strip() == m),
     *INNER_MARKERS,
+    *HARMONY_MARKERS,
 )
 
 
@@ -82,6 +86,8 @@ def detect_tool_format(source: str) -> ToolFormat:
     shows none (llama.cpp checks the same markers, in the same order of specificity:
     the rarest first, so a template that names `<tool_call>` among others is read by
     its own section markers)."""
+    if "<|channel|>" in source and "<|start|>assistant" in source:
+        return "gpt_oss"
     if MISTRAL_PREFIX in source:
         return "mistral"
     if BLOCKS["deepseek_r1"][0] in source:
@@ -130,7 +136,8 @@ def resolve(option: str, source: str | None, reasoning: bool) -> ChatFormat:
     else:
         assert option in TOOL_FORMATS, option
         tools = option  # type: ignore[assignment]
-    return ChatFormat(tools=tools, reasoning=reasoning and detect_reasoning(source))
+    # GPT-OSS reasons in its analysis channel, not in <think> blocks.
+    return ChatFormat(tools=tools, reasoning=reasoning and (detect_reasoning(source) or tools == "gpt_oss"))
 
 
 def ends_in_reasoning(prompt: str, tail: int) -> bool:
@@ -233,6 +240,7 @@ CALL_LAYOUTS: dict[str, str] = {
     "firefunction": ' functools[{"name": NAME, "arguments": ARGUMENTS}]',
     "functionary_v3_1": "<function=NAME>ARGUMENTS</function>",
     "apriel": '<tool_calls>[{"name": NAME, "arguments": ARGUMENTS}]</tool_calls>',
+    "gpt_oss": "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGUMENTS<|call|>",
 }
 
 

@@ -86,7 +86,7 @@ def _listed(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _message_dict(m: ChatMessage, object_arguments: bool, null_content: bool) -> dict[str, Any]:
+def _message_dict(m: ChatMessage, object_arguments: bool, null_content: bool, thinking: bool = False) -> dict[str, Any]:
     """One message as a template reads it: only the keys the client sent, because
     templates test for them (`'tool_calls' in message`, `message.name is defined`)."""
     d: dict[str, Any] = {"role": m.role, "content": m.content}
@@ -110,6 +110,8 @@ def _message_dict(m: ChatMessage, object_arguments: bool, null_content: bool) ->
         d["tool_call_id"] = m.tool_call_id
     if m.reasoning_content is not None:
         d["reasoning_content"] = m.reasoning_content
+        if thinking:  # GPT-OSS's template reads it as `thinking` (llama.cpp copies it so)
+            d["thinking"] = m.reasoning_content
     return d
 
 
@@ -158,6 +160,7 @@ class JinjaTemplate:
         # template written `if not enable_thinking` opens its <think> block by default;
         # then the model's config (chat_template_kwargs).
         self._defaults: dict[str, Any] = {"enable_thinking": True, **(defaults or {})}
+        self._thinking_field = "message.thinking" in source
         self._format = chat_formats.resolve(tool_format, source, reasoning)
         # Whether the template takes a system message (gemma's refuse one): the generic
         # format's tool instructions go into the first user message where it does not.
@@ -224,7 +227,8 @@ class JinjaTemplate:
         for object_arguments, null_content in _SHAPES if names else _SHAPES[:1]:
             try:
                 text = self._tmpl.render(
-                    messages=[_message_dict(m, object_arguments, null_content) for m in messages], **context
+                    messages=[_message_dict(m, object_arguments, null_content, self._thinking_field) for m in messages],
+                    **context,
                 )
             except Exception as exc:  # a template is client-driven code: any failure is a 400
                 first = first or exc

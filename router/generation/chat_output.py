@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Collection
 
 from router.generation.events import Delta, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from router.generation.harmony import HarmonyParser
 from router.generation.reasoning import ReasoningSplitter
 from router.generation.calls import Call
 from router.generation.tool_blocks import ParamTypes
@@ -72,8 +73,11 @@ class ChatOutput:
     reasoning_text: str = ""
     calls: list[MadeCall] = field(default_factory=list)
     ended: bool = False  # a call repeated an earlier one: nothing more is taken
+    # GPT-OSS: the output is harmony messages (router/generation/harmony.py), tools or not.
+    harmony: bool = False
 
     def __post_init__(self) -> None:
+        self._harmony = HarmonyParser() if self.harmony else None
         opening = call_opening(self.tools)
         markers = (opening,) if opening else ()
         self._splitter = ReasoningSplitter(self.in_reasoning, markers) if self.reasoning else None
@@ -83,6 +87,8 @@ class ChatOutput:
     def feed(self, text: str) -> list[Delta]:
         if self.ended:
             return []
+        if self._harmony is not None:
+            return self._messages(*self._harmony.feed(text))
         if self._splitter is None:
             return self._content(text, final=False)
         reasoning, content = self._splitter.feed(text)
@@ -93,6 +99,8 @@ class ChatOutput:
         was stopped), so a call still being written is dropped."""
         if self.ended:
             return []
+        if self._harmony is not None:
+            return self._messages(*self._harmony.finish(cut))
         out: list[Delta] = []
         if self._splitter is not None:
             reasoning, content = self._splitter.finish()
@@ -110,6 +118,15 @@ class ChatOutput:
         self.reasoning_text += text
         return [ReasoningDelta(self.choice, text)]
 
+    def _messages(self, reasoning: str, pieces: list[str | Call]) -> list[Delta]:
+        """Harmony's reasoning and pieces; its analysis is content where reasoning is off,
+        and a call is text where no tools were offered."""
+        if not self.reasoning:
+            return self._pieces([reasoning, *pieces] if reasoning else pieces)
+        if self.tools is None:
+            pieces = [p if isinstance(p, str) else p.raw for p in pieces]
+        return self._reasoning(reasoning) + self._pieces(pieces)
+
     def _content(self, text: str, final: bool, cut: bool = False) -> list[Delta]:
         if self._parser is None:
             pieces: list[str | Call] = [text] if text else []
@@ -117,6 +134,9 @@ class ChatOutput:
             pieces = self._parser.feed(text) if text else []
             if final:
                 pieces += self._parser.finish(cut)
+        return self._pieces(pieces)
+
+    def _pieces(self, pieces: list[str | Call]) -> list[Delta]:
         out: list[Delta] = []
         for p in pieces:
             if not isinstance(p, str) and self.declared is not None and p.name not in self.declared:

@@ -39,6 +39,7 @@ class ChatParsing:
     reasoning: bool
     # The offered functions' parameters' JSON types, for formats that write values as text.
     param_types: ParamTypes | None = None
+    harmony: bool = False  # GPT-OSS's messages, tools or not (router/generation/harmony.py)
 
 
 def param_types(offered: Sequence[dict[str, Any]]) -> ParamTypes:
@@ -139,6 +140,7 @@ class Generation:
                 declared=frozenset(t["function"]["name"] for t in tools.offered) if tools.offered else None,
                 reasoning=ready is not None and ready.reasoning,
                 param_types=param_types(tools.offered) if tools.offered else None,
+                harmony=ready is not None and ready.tool_format == "gpt_oss",
             )
         for prompt in job.prompts:
             stream = conn.generate(

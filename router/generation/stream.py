@@ -70,7 +70,7 @@ async def events(gen: Generation, job: GenerationJob) -> AsyncIterator[Event]:
                     p = gen.parsing
                     out = outputs[i] = ChatOutput(
                         tools=p.tools, reasoning=p.reasoning, in_reasoning=ev.in_reasoning, declared=p.declared, choice=i,
-                        param_types=p.param_types,
+                        param_types=p.param_types, harmony=p.harmony,
                     )
                 for delta in _chat_deltas(gen, out, ev, logprobs, timings):
                     yield delta

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from router.generation.schema_rewrite import SchemaTooDeep, narrowed, relocated
 from supervisor.errors import InvalidRequest
-from worker.chat_formats import BLOCKS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
+from worker.chat_formats import BLOCKS, CALL_LAYOUTS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_PREFIX
 from worker.protocol import JSON_LAYOUT, Constraint, ToolFormat
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -86,7 +86,8 @@ def _native_alternatives(tools: Sequence[dict[str, Any]], layout: str) -> list[s
     rules = []
     for i, t in enumerate(tools):
         head = before.replace("NAME", t["function"]["name"])
-        rules.append(f"tool{i}: {_lark_string(head)} {_json(arguments_schema(t, ''))} {_lark_string(after)}")
+        tail = f" {_lark_string(after)}" if after else ""
+        rules.append(f"tool{i}: {_lark_string(head)} {_json(arguments_schema(t, ''))}{tail}")
     rules.append("call_json: " + " | ".join(f"tool{i}" for i in range(len(tools))))
     return rules
 
@@ -126,6 +127,9 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
     elif fmt == "mistral":
         others = f' (", " call_json){more}' if parallel else ""
         rules = [f'start: {_lark_string(MISTRAL_PREFIX + "[")} call_json{others} "]"', *_alternatives(tools, "arguments")]
+    elif fmt == "gpt_oss":
+        # One call per turn, as GPT-OSS writes them (<|call|> then ends the generation).
+        rules = ["start: call_json", *_native_alternatives(tools, CALL_LAYOUTS["gpt_oss"].replace("<|call|>", ""))]
     elif fmt in _PER_CALL:
         opening, layout, closing = _PER_CALL[fmt]
         repeated = f"call_json (call_json){more}" if parallel else "call_json"

@@ -30,6 +30,7 @@ FAMILIES = {
     "apriel": "unsloth-Apriel-1.5.jinja",
     "qwen3-coder": "Qwen3-Coder.jinja",
     "mistral-small": "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    "gpt-oss": "openai-gpt-oss-120b.jinja",
 }
 
 TIME: dict[str, Any] = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}

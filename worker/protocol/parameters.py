@@ -116,6 +116,7 @@ ToolFormat = Literal[
     # a section between two markers (worker/chat_formats.py, BLOCKS)
     "deepseek_r1", "deepseek_v3_1", "command_r7b", "kimi_k2", "nemotron", "seed_oss", "minimax_m2",
     "firefunction", "functionary_v3_1", "apriel",
+    "gpt_oss",  # OpenAI's harmony messages (router/generation/harmony.py)
 ]
 TOOL_FORMATS: tuple[str, ...] = ToolFormat.__args__  # type: ignore[attr-defined]
 
@@ -157,7 +158,7 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # (worker/chat_formats.py); a built-in template takes tools only as "generic".
     tool_format: Literal[
         "auto", "hermes", "llama3", "mistral", "generic", "deepseek_r1", "deepseek_v3_1", "command_r7b",
-        "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "firefunction", "functionary_v3_1", "apriel",
+        "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "firefunction", "functionary_v3_1", "apriel", "gpt_oss",
     ] = "auto"
     # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
     reasoning: bool = True
