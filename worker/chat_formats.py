@@ -32,6 +32,16 @@ from worker.protocol.parameters import TOOL_FORMATS
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+# Each family's reasoning block, the most specific first (`<think>` is the default): Command
+# R7B's, Magistral's and Ministral's, Seed-OSS's, MiniMax M3's (llama.cpp's auto-parser
+# finds these markers in each template; its tests/test-chat.cpp has their outputs).
+REASONING_TAGS: tuple[tuple[str, str], ...] = (
+    ("<|START_THINKING|>", "<|END_THINKING|>"),
+    ("[THINK]", "[/THINK]"),
+    ("<seed:think>", "</seed:think>"),
+    ("<mm:think>", "</mm:think>"),
+    (THINK_OPEN, THINK_CLOSE),
+)
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
@@ -56,6 +66,10 @@ BLOCKS: dict[str, tuple[str, str | None]] = {
 # GPT-OSS's harmony format: messages of a header and a body (router/generation/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 
+# Markers a family writes around its answer's content, which are no part of it (Command
+# R7B's <|START_RESPONSE|>...<|END_RESPONSE|>; llama.cpp's auto-parser strips them too).
+CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {"command_r7b": ("<|START_RESPONSE|>", "<|END_RESPONSE|>")}
+
 # Markers inside a block, which must render as text too.
 INNER_MARKERS = (
     "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
@@ -66,7 +80,7 @@ INNER_MARKERS = (
 # Text the worker must render even where it is a special token, because the router parses
 # by it (llama-server's "preserved tokens").
 PRESERVED_MARKERS = (
-    THINK_OPEN, THINK_CLOSE, HERMES_OPEN, HERMES_CLOSE, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX,
+    *(tag for pair in REASONING_TAGS for tag in pair), HERMES_OPEN, HERMES_CLOSE, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX,
     *(m for pair in BLOCKS.values() for m in pair if m is not None and m.strip() == m),
     *INNER_MARKERS,
     *HARMONY_MARKERS,
@@ -78,7 +92,8 @@ class ChatFormat:
     """What a model's output may hold besides content."""
 
     tools: ToolFormat | None  # None: this model cannot take tools
-    reasoning: bool  # <think>...</think> blocks go to reasoning_content
+    reasoning: bool  # reasoning blocks go to reasoning_content
+    reasoning_tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # what opens and closes one
 
 
 def detect_tool_format(source: str) -> ToolFormat:
@@ -118,8 +133,17 @@ def call_opening(fmt: str | None) -> str | None:
 
 
 def detect_reasoning(source: str) -> bool:
-    """Whether a template's model thinks in <think> blocks (Qwen 3, DeepSeek-R1, QwQ)."""
-    return THINK_OPEN in source or THINK_CLOSE in source
+    """Whether a template's model thinks in reasoning blocks (Qwen 3's and DeepSeek-R1's
+    <think>, or another family's tags: REASONING_TAGS)."""
+    return reasoning_tags(source) is not None
+
+
+def reasoning_tags(source: str) -> tuple[str, str] | None:
+    """The reasoning block a template writes or reads, or None."""
+    for opening, closing in REASONING_TAGS:
+        if opening in source or closing in source:
+            return opening, closing
+    return None
 
 
 def resolve(option: str, source: str | None, reasoning: bool) -> ChatFormat:
@@ -136,16 +160,22 @@ def resolve(option: str, source: str | None, reasoning: bool) -> ChatFormat:
     else:
         assert option in TOOL_FORMATS, option
         tools = option  # type: ignore[assignment]
-    # GPT-OSS reasons in its analysis channel, not in <think> blocks.
-    return ChatFormat(tools=tools, reasoning=reasoning and (detect_reasoning(source) or tools == "gpt_oss"))
+    # GPT-OSS reasons in its analysis channel, not in tagged blocks.
+    tags = reasoning_tags(source)
+    return ChatFormat(
+        tools=tools,
+        reasoning=reasoning and (tags is not None or tools == "gpt_oss"),
+        reasoning_tags=tags or (THINK_OPEN, THINK_CLOSE),
+    )
 
 
-def ends_in_reasoning(prompt: str, tail: int) -> bool:
+def ends_in_reasoning(prompt: str, tail: int, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> bool:
     """Whether `prompt` ends inside an open <think> block that its last `tail` characters
     opened (the generation prompt and any assistant prefill): an opening tag earlier than
     that belongs to the history, not to the turn being generated."""
-    i = prompt.rfind(THINK_OPEN)
-    return i >= 0 and i >= len(prompt) - tail and THINK_CLOSE not in prompt[i:]
+    opening, closing = tags
+    i = prompt.rfind(opening)
+    return i >= 0 and i >= len(prompt) - tail and closing not in prompt[i:]
 
 
 def prefill_of(messages: Sequence[ChatMessage]) -> ChatMessage | None:

@@ -85,7 +85,9 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
             # The opening tag must come from the generation prompt or the prefill, the
             # text after the last message the model answers: a generous bound on those.
             prefill = chat_formats.prefill_of(g.messages)
-            in_reasoning = chat_formats.ends_in_reasoning(text, 64 + (len(prefill.content) if prefill else 0))
+            in_reasoning = chat_formats.ends_in_reasoning(
+                text, 64 + (len(prefill.content) if prefill else 0), fmt.reasoning_tags
+            )
 
     def build(tokens: list[list[int]]) -> Request:
         return _request(g, tokens[0], n_ctx_slot, param, text if g.echo else None, in_reasoning)

@@ -24,11 +24,11 @@ from typing import Collection
 
 from router.generation.events import Delta, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from router.generation.harmony import HarmonyParser
-from router.generation.reasoning import ReasoningSplitter
+from router.generation.reasoning import MarkerStripper, ReasoningSplitter
 from router.generation.calls import Call
 from router.generation.tool_blocks import ParamTypes
 from router.generation.tool_calls import ToolCallParser
-from worker.chat_formats import call_opening
+from worker.chat_formats import CONTENT_WRAPPERS, call_opening
 from worker.protocol import FinishReason, ToolFormat
 
 _ALNUM = string.ascii_letters + string.digits
@@ -75,14 +75,19 @@ class ChatOutput:
     ended: bool = False  # a call repeated an earlier one: nothing more is taken
     # GPT-OSS: the output is harmony messages (router/generation/harmony.py), tools or not.
     harmony: bool = False
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")  # the family's block
+    # The model's format, tools or not: what wraps its content (worker/chat_formats.py).
+    model_format: ToolFormat | None = None
 
     def __post_init__(self) -> None:
         self._harmony = HarmonyParser() if self.harmony else None
         opening = call_opening(self.tools)
         markers = (opening,) if opening else ()
-        self._splitter = ReasoningSplitter(self.in_reasoning, markers) if self.reasoning else None
+        self._splitter = ReasoningSplitter(self.in_reasoning, markers, self.reasoning_tags) if self.reasoning else None
         self._parser = ToolCallParser(self.tools, self.param_types) if self.tools is not None else None
         self._seen: set[tuple[str, str]] = set()
+        wrappers = CONTENT_WRAPPERS.get(self.model_format or self.tools or "")
+        self._unwrap = MarkerStripper(wrappers) if wrappers else None
 
     def feed(self, text: str) -> list[Delta]:
         if self.ended:
@@ -134,9 +139,12 @@ class ChatOutput:
             pieces = self._parser.feed(text) if text else []
             if final:
                 pieces += self._parser.finish(cut)
-        return self._pieces(pieces)
+        return self._pieces(pieces, final)
 
-    def _pieces(self, pieces: list[str | Call]) -> list[Delta]:
+    def _pieces(self, pieces: list[str | Call], final: bool = False) -> list[Delta]:
+        if self._unwrap is not None:
+            unwrapped: list[str | Call] = [self._unwrap.feed(p) if isinstance(p, str) else p for p in pieces]
+            pieces = [*unwrapped, self._unwrap.finish()] if final else unwrapped
         out: list[Delta] = []
         for p in pieces:
             if not isinstance(p, str) and self.declared is not None and p.name not in self.declared:

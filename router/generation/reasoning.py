@@ -1,4 +1,5 @@
-"""Splitting a model's <think>...</think> reasoning from its answer, as the text streams.
+"""Splitting a model's <think>...</think> reasoning from its answer, as the text streams
+(or its family's own tags: Command R7B's <|START_THINKING|>, Magistral's [THINK], ...).
 
 A reasoning block counts only at the start of the output (after whitespace), or when the
 prompt itself ended inside one (the worker says so with the first event); a `<think>` later
@@ -30,7 +31,13 @@ class ReasoningSplitter:
     `feed` never blocks and returns what is certain so far; `finish` returns the rest.
     """
 
-    def __init__(self, in_reasoning: bool = False, call_markers: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        in_reasoning: bool = False,
+        call_markers: tuple[str, ...] = (),
+        tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+    ) -> None:
+        self._open, self._close = tags  # the family's block (worker/chat_formats.py)
         # "start": nothing but whitespace seen; "reasoning": inside a block; "content": after.
         self._state = "reasoning" if in_reasoning else "start"
         self._buf = ""
@@ -44,10 +51,10 @@ class ReasoningSplitter:
         reasoning = ""
         if self._state == "start":
             stripped = self._buf.lstrip()
-            if stripped.startswith(THINK_OPEN):
-                self._state, self._buf = "reasoning", stripped[len(THINK_OPEN) :]
+            if stripped.startswith(self._open):
+                self._state, self._buf = "reasoning", stripped[len(self._open) :]
                 self._trim_next = True
-            elif THINK_OPEN.startswith(stripped):
+            elif self._open.startswith(stripped):
                 return "", ""  # empty, whitespace, or a start of the tag: wait
             else:
                 self._state = "content"
@@ -63,16 +70,16 @@ class ReasoningSplitter:
             if self._trim_next:
                 self._buf = self._buf.lstrip("\n")
                 self._trim_next = not self._buf
-            i = self._buf.find(THINK_CLOSE)
+            i = self._buf.find(self._close)
             if i < 0:
                 # Hold back a possible start of the tag, and newlines that may turn out to
                 # be the ones before it (which reasoning_content leaves out).
-                cut = len(self._buf) - held_suffix(self._buf, THINK_CLOSE)
+                cut = len(self._buf) - held_suffix(self._buf, self._close)
                 cut = len(self._buf[:cut].rstrip("\n"))
                 reasoning, self._buf = self._buf[:cut], self._buf[cut:]
                 return reasoning, ""
             reasoning = self._buf[:i].rstrip("\n")
-            self._buf = self._buf[i + len(THINK_CLOSE) :].lstrip()
+            self._buf = self._buf[i + len(self._close) :].lstrip()
             self._state = "content"
             if not self._buf:
                 self._state = "after"
@@ -98,3 +105,23 @@ class ReasoningSplitter:
         if self._state == "after":
             return "", ""
         return "", rest
+
+
+class MarkerStripper:
+    """Drops `markers` from streamed text, holding back only what may still become one."""
+
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self._markers = markers
+        self._buf = ""
+
+    def feed(self, text: str) -> str:
+        self._buf += text
+        for m in self._markers:
+            self._buf = self._buf.replace(m, "")
+        keep = max((held_suffix(self._buf, m) for m in self._markers), default=0)
+        out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+        return out
+
+    def finish(self) -> str:
+        rest, self._buf = self._buf, ""
+        return rest

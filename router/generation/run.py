@@ -40,6 +40,8 @@ class ChatParsing:
     # The offered functions' parameters' JSON types, for formats that write values as text.
     param_types: ParamTypes | None = None
     harmony: bool = False  # GPT-OSS's messages, tools or not (router/generation/harmony.py)
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
+    model_format: ToolFormat | None = None  # the model's, tools offered or not
 
 
 def param_types(offered: Sequence[dict[str, Any]]) -> ParamTypes:
@@ -141,6 +143,8 @@ class Generation:
                 reasoning=ready is not None and ready.reasoning,
                 param_types=param_types(tools.offered) if tools.offered else None,
                 harmony=ready is not None and ready.tool_format == "gpt_oss",
+                reasoning_tags=ready.reasoning_tags if ready is not None else ("<think>", "</think>"),
+                model_format=ready.tool_format if ready is not None else None,
             )
         for prompt in job.prompts:
             stream = conn.generate(

@@ -70,7 +70,8 @@ async def events(gen: Generation, job: GenerationJob) -> AsyncIterator[Event]:
                     p = gen.parsing
                     out = outputs[i] = ChatOutput(
                         tools=p.tools, reasoning=p.reasoning, in_reasoning=ev.in_reasoning, declared=p.declared, choice=i,
-                        param_types=p.param_types, harmony=p.harmony,
+                        param_types=p.param_types, harmony=p.harmony, reasoning_tags=p.reasoning_tags,
+                        model_format=p.model_format,
                     )
                 for delta in _chat_deltas(gen, out, ev, logprobs, timings):
                     yield delta

@@ -167,8 +167,10 @@ class Ready(Frame):
     # How this model writes tool calls, so the router can parse them; None: the model
     # cannot take tools (a built-in template not set to "generic").
     tool_format: ToolFormat | None = None
-    # Whether output may hold <think>...</think> reasoning for the router to split off.
+    # Whether output may hold reasoning blocks for the router to split off, and the tags
+    # that open and close one (<think> and </think> unless the template's family differs).
     reasoning: bool = False
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
 
 
 def fewest_tokens(n_bytes: int, max_token_bytes: int | None) -> int:

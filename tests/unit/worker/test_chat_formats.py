@@ -218,3 +218,12 @@ def test_templates_get_todays_date_as_llama_server_gives_it() -> None:
     text = JinjaTemplate(source, "", "").render([ChatMessage(role="user", content="q")])
     # Firefunction's `functions` (the tools as JSON text) is "" without tools.
     assert text == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|{today.year}|"
+
+
+def test_a_prompt_ends_in_reasoning_by_its_familys_own_tags() -> None:
+    """Issue 22: Command R7B's generation prompt may open <|START_THINKING|>, Magistral's
+    [THINK]; the worker tells the router so by the family's tags, not only <think>."""
+    tags = ("<|START_THINKING|>", "<|END_THINKING|>")
+    assert chat_formats.ends_in_reasoning("<|CHATBOT_TOKEN|><|START_THINKING|>", 64, tags)
+    assert not chat_formats.ends_in_reasoning("<|START_THINKING|>x<|END_THINKING|>", 64, tags)
+    assert not chat_formats.ends_in_reasoning("<|CHATBOT_TOKEN|><think>", 64, tags)

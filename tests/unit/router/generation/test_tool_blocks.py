@@ -20,7 +20,7 @@ from router.generation.tool_blocks import calls_in
 from router.generation.tool_calls import Piece, ToolCallParser
 from router.generation.tool_grammar import tool_choice_grammar
 from tests.unit.router.generation.test_tool_calls import check, merged, parse, splits
-from worker.chat_formats import BLOCKS, detect_tool_format
+from worker.chat_formats import BLOCKS, detect_tool_format, reasoning_tags
 from worker.chat_template import JinjaTemplate
 from worker.protocol import ChatMessage, ToolCall, ToolFormat
 
@@ -276,3 +276,56 @@ def test_a_call_first_in_a_block_the_prompt_opened_is_the_answer_not_reasoning(s
     thought.finish()
     assert thought.calls == [] and thought.reasoning_text == "Let me see <minimax:tool_call> later"
     assert thought.content == "Fine."
+
+
+@pytest.mark.parametrize(
+    ("fmt", "tags", "text", "reasoning", "content", "calls"),
+    [
+        (  # test-chat.cpp, Command R7B: its thinking tags, its answer's wrapper dropped
+            "command_r7b", ("<|START_THINKING|>", "<|END_THINKING|>"),
+            "<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_RESPONSE|>Hello, world!\nWhat's up?<|END_RESPONSE|>",
+            "I'm\nthinking", "Hello, world!\nWhat's up?", [],
+        ),
+        (
+            "command_r7b", ("<|START_THINKING|>", "<|END_THINKING|>"),
+            '<|START_THINKING|>I\'m\nthinking<|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", '
+            '"tool_name": "special_function", "parameters": {"arg1": 1}}\n]<|END_ACTION|>',
+            "I'm\nthinking", "", [("special_function", {"arg1": 1})],
+        ),
+        (  # test-chat.cpp, Ministral 3 / Magistral
+            "mistral", ("[THINK]", "[/THINK]"),
+            '[THINK]I\'m\nthinking[/THINK][TOOL_CALLS]special_function[ARGS]{"arg1":1}',
+            "I'm\nthinking", "", [("special_function", {"arg1": 1})],
+        ),
+        (  # test-chat.cpp, Seed-OSS
+            "seed_oss", ("<seed:think>", "</seed:think>"),
+            "<seed:think>I'm thinking about the answer</seed:think>\nHello, world!",
+            "I'm thinking about the answer", "Hello, world!", [],
+        ),
+    ],
+)
+@pytest.mark.parametrize("seed", [None, *range(10)])
+def test_each_familys_reasoning_tags_and_content_wrappers(
+    fmt: ToolFormat, tags: tuple[str, str], text: str, reasoning: str, content: str,
+    calls: list[tuple[str, object]], seed: int | None,
+) -> None:
+    out = ChatOutput(tools=fmt, reasoning=True, reasoning_tags=tags, model_format=fmt)
+    for chunk in [text] if seed is None else splits(text, seed):
+        out.feed(chunk)
+    out.finish()
+    assert (out.reasoning_text, out.content) == (reasoning, content)
+    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == calls
+
+
+@pytest.mark.parametrize(
+    ("name", "tags"),
+    [
+        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ("<|START_THINKING|>", "<|END_THINKING|>")),
+        ("ByteDance-Seed-OSS.jinja", ("<seed:think>", "</seed:think>")),
+        ("Qwen-Qwen3-0.6B.jinja", ("<think>", "</think>")),
+        ("Mistral-Small-3.2-24B-Instruct-2506.jinja", None),
+    ],
+)
+def test_each_template_names_its_reasoning_tags(name: str, tags: tuple[str, str] | None) -> None:
+    assert reasoning_tags((TEMPLATES / name).read_text(encoding="utf-8")) == tags
+    assert reasoning_tags("{{ '[THINK]' + thinking + '[/THINK]' }}") == ("[THINK]", "[/THINK]")
