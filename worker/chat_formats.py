@@ -103,6 +103,8 @@ def detect_tool_format(source: str) -> ToolFormat:
     its own section markers)."""
     if "<|channel|>" in source and "<|start|>assistant" in source:
         return "gpt_oss"
+    if ">>>all" in source:
+        return "functionary_v3_2"
     if MISTRAL_PREFIX in source:
         return "mistral"
     if BLOCKS["deepseek_r1"][0] in source:
@@ -271,6 +273,7 @@ CALL_LAYOUTS: dict[str, str] = {
     "functionary_v3_1": "<function=NAME>ARGUMENTS</function>",
     "apriel": '<tool_calls>[{"name": NAME, "arguments": ARGUMENTS}]</tool_calls>',
     "gpt_oss": "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGUMENTS<|call|>",
+    "functionary_v3_2": ">>>NAME\nARGUMENTS",
 }
 
 

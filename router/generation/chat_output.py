@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Collection
 
 from router.generation.events import Delta, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from router.generation.functionary import FunctionaryParser
 from router.generation.harmony import HarmonyParser
 from router.generation.reasoning import MarkerStripper, ReasoningSplitter
 from router.generation.calls import Call
@@ -80,7 +81,12 @@ class ChatOutput:
     model_format: ToolFormat | None = None
 
     def __post_init__(self) -> None:
-        self._harmony = HarmonyParser() if self.harmony else None
+        # Formats whose whole output is messages, tools or not.
+        self._harmony: HarmonyParser | FunctionaryParser | None = (
+            HarmonyParser() if self.harmony
+            else FunctionaryParser() if self.model_format == "functionary_v3_2" or self.tools == "functionary_v3_2"
+            else None
+        )
         opening = call_opening(self.tools)
         markers = (opening,) if opening else ()
         self._splitter = ReasoningSplitter(self.in_reasoning, markers, self.reasoning_tags) if self.reasoning else None
@@ -124,12 +130,12 @@ class ChatOutput:
         return [ReasoningDelta(self.choice, text)]
 
     def _messages(self, reasoning: str, pieces: list[str | Call]) -> list[Delta]:
-        """Harmony's reasoning and pieces; its analysis is content where reasoning is off,
-        and a call is text where no tools were offered."""
-        if not self.reasoning:
-            return self._pieces([reasoning, *pieces] if reasoning else pieces)
+        """A messages format's reasoning and pieces (harmony's, Functionary's); reasoning is
+        content where it is off, and a call is text where no tools were offered."""
         if self.tools is None:
             pieces = [p if isinstance(p, str) else p.raw for p in pieces]
+        if not self.reasoning:
+            return self._pieces([reasoning, *pieces] if reasoning else pieces)
         return self._reasoning(reasoning) + self._pieces(pieces)
 
     def _content(self, text: str, final: bool, cut: bool = False) -> list[Delta]:

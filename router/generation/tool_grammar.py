@@ -130,6 +130,10 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
     elif fmt == "gpt_oss":
         # One call per turn, as GPT-OSS writes them (<|call|> then ends the generation).
         rules = ["start: call_json", *_native_alternatives(tools, CALL_LAYOUTS["gpt_oss"].replace("<|call|>", ""))]
+    elif fmt == "functionary_v3_2":
+        # The prompt ends with ">>>": the first call's name comes first, later ones after ">>>".
+        more_calls = f' (">>>" call_json){more}' if parallel else ""
+        rules = [f"start: call_json{more_calls}", *_native_alternatives(tools, "NAME\nARGUMENTS")]
     elif fmt in _PER_CALL:
         opening, layout, closing = _PER_CALL[fmt]
         repeated = f"call_json (call_json){more}" if parallel else "call_json"

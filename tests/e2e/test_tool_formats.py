@@ -31,6 +31,7 @@ FAMILIES = {
     "qwen3-coder": "Qwen3-Coder.jinja",
     "mistral-small": "Mistral-Small-3.2-24B-Instruct-2506.jinja",
     "gpt-oss": "openai-gpt-oss-120b.jinja",
+    "functionary-v3-2": "meetkai-functionary-medium-v3.2.jinja",
 }
 
 TIME: dict[str, Any] = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}

@@ -117,6 +117,7 @@ ToolFormat = Literal[
     "deepseek_r1", "deepseek_v3_1", "command_r7b", "kimi_k2", "nemotron", "seed_oss", "minimax_m2",
     "firefunction", "functionary_v3_1", "apriel",
     "gpt_oss",  # OpenAI's harmony messages (router/generation/harmony.py)
+    "functionary_v3_2",  # >>>recipient messages (router/generation/functionary.py)
 ]
 TOOL_FORMATS: tuple[str, ...] = ToolFormat.__args__  # type: ignore[attr-defined]
 
@@ -159,6 +160,7 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     tool_format: Literal[
         "auto", "hermes", "llama3", "mistral", "generic", "deepseek_r1", "deepseek_v3_1", "command_r7b",
         "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "firefunction", "functionary_v3_1", "apriel", "gpt_oss",
+        "functionary_v3_2",
     ] = "auto"
     # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
     reasoning: bool = True
