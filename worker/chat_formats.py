@@ -37,6 +37,7 @@ THINK_CLOSE = "</think>"
 # finds these markers in each template; its tests/test-chat.cpp has their outputs).
 REASONING_TAGS: tuple[tuple[str, str], ...] = (
     ("<|START_THINKING|>", "<|END_THINKING|>"),
+    ("<|channel>thought", "<channel|>"),  # Gemma 4
     ("[THINK]", "[/THINK]"),
     ("<seed:think>", "</seed:think>"),
     ("<mm:think>", "</mm:think>"),
@@ -62,6 +63,9 @@ BLOCKS: dict[str, tuple[str, str | None]] = {
     "firefunction": (" functools", None),
     "functionary_v3_1": ("<function=", "</function>"),
     "apriel": ("<tool_calls>", "</tool_calls>"),
+    "lfm2": ("<|tool_call_start|>", "<|tool_call_end|>"),
+    "gemma4": ("<|tool_call>", "<tool_call|>"),
+    "apertus": ("<|tools_prefix|>", "<|tools_suffix|>"),
 }
 # GPT-OSS's harmony format: messages of a header and a body (router/generation/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
@@ -74,7 +78,7 @@ CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {"command_r7b": ("<|START_RESPONS
 INNER_MARKERS = (
     "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
     "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
-    "[ARGS]", "[CALL_ID]", "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+    "[ARGS]", "[CALL_ID]", "<|START_RESPONSE|>", "<|END_RESPONSE|>", '<|"|>',
 )
 
 # Text the worker must render even where it is a special token, because the router parses
@@ -105,12 +109,18 @@ def detect_tool_format(source: str) -> ToolFormat:
         return "gpt_oss"
     if ">>>all" in source:
         return "functionary_v3_2"
+    if "'<|tool_call>call:'" in source:
+        return "gemma4"
+    if "<|tool_list_start|>" in source or "List of tools: [" in source:
+        return "lfm2"
     if MISTRAL_PREFIX in source:
         return "mistral"
     if BLOCKS["deepseek_r1"][0] in source:
         # R1 writes `function<｜tool▁sep｜>name` and a fenced JSON; V3.1 `name<｜tool▁sep｜>`
         return "deepseek_r1" if "```json" in source else "deepseek_v3_1"
-    sectioned: tuple[ToolFormat, ...] = ("command_r7b", "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "apriel")
+    sectioned: tuple[ToolFormat, ...] = (
+        "command_r7b", "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "apriel", "apertus",
+    )
     for fmt in sectioned:
         if BLOCKS[fmt][0] in source:
             return fmt
@@ -274,6 +284,9 @@ CALL_LAYOUTS: dict[str, str] = {
     "apriel": '<tool_calls>[{"name": NAME, "arguments": ARGUMENTS}]</tool_calls>',
     "gpt_oss": "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGUMENTS<|call|>",
     "functionary_v3_2": ">>>NAME\nARGUMENTS",
+    "lfm2": '<|tool_call_start|>[NAME(KEY="VALUE")]<|tool_call_end|>',
+    "gemma4": '<|tool_call>call:NAME{KEY:<|"|>VALUE<|"|>}<tool_call|>',
+    "apertus": "<|tools_prefix|>[{NAME: ARGUMENTS}]<|tools_suffix|>",
 }
 
 

@@ -16,6 +16,9 @@ Layouts, as llama.cpp's common/chat.cpp and its tests (tests/test-chat.cpp) read
 - GLM 4.5 to 4.7: `NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...`.
 - Functionary v3.1: `<function=NAME>ARGS</function>`, the section's markers being the
   call's own.
+- LFM2: Python calls, `[NAME(key="v", n=1), ...]`.
+- Gemma 4: `call:NAME{key:<|"|>text<|"|>,n:42}`, bare keys and `<|"|>` for quotes.
+- Apertus: a JSON array of `{NAME: ARGUMENTS}`.
 
 A tagged VALUE is text; it is read as JSON where the function's schema says the parameter
 is not a string (`types`), or, with no schema to go by, where it parses as JSON: `7` is the
@@ -24,6 +27,7 @@ number 7 for an integer parameter and stays "7" for a string one. Pure.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any, Mapping
@@ -224,6 +228,85 @@ def _functionary(body: str, types: ParamTypes) -> list[Call] | None:
     return [call] if call is not None and _is_json(call.arguments) else None
 
 
+def _pythonic(body: str, types: ParamTypes) -> list[Call] | None:
+    """LFM2's `[f(a=1, b="x"), g()]`: Python syntax, read by Python's parser, never run."""
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    calls: list[Call] = []
+    for node in tree.elts if isinstance(tree, ast.List) else [tree]:
+        if not isinstance(node, ast.Call) or node.args:
+            return None
+        name = ast.unparse(node.func)
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", name):  # a dotted name, nothing computed
+            return None
+        args: dict[str, Any] = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                return None
+            try:
+                args[kw.arg] = _literal(kw.value)
+            except ValueError:
+                return None
+        calls.append(Call(name=name, arguments=json.dumps(args, ensure_ascii=False), raw=ast.unparse(node)))
+    return calls or None
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.expr) -> Any:
+    """A Python literal, JSON's true/false/null taken too."""
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.List):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        return {_literal(k) if k is not None else None: _literal(v) for k, v in zip(node.keys, node.values)}
+    return ast.literal_eval(node)
+
+
+_GEMMA_QUOTE = '<|"|>'
+_BARE_KEY = re.compile(r'([{,]\s*)([A-Za-z_][\w\-]*)\s*:')
+
+
+def _gemma4(body: str, types: ParamTypes) -> list[Call] | None:
+    """Gemma 4's `call:NAME{key:<|"|>text<|"|>,n:42}`: its quotes made JSON's, keys quoted."""
+    text = body.strip()
+    if not text.startswith("call:") or "{" not in text:
+        return None
+    name, brace, rest = text[len("call:") :].partition("{")
+    parts = (brace + rest).split(_GEMMA_QUOTE)
+    if len(parts) % 2 == 0:
+        return None  # an unclosed string
+    out = "".join(json.dumps(p) if i % 2 else _BARE_KEY.sub(r'\1"\2":', p) for i, p in enumerate(parts))
+    try:
+        args = json.loads(out)
+    except ValueError:
+        return None
+    call = call_from({"name": name.strip(), "arguments": args}, body)
+    return [call] if call is not None else None
+
+
+def _apertus(body: str, types: ParamTypes) -> list[Call] | None:
+    """Apertus' `[{"NAME": {ARGS}}]`: each object's one key is the function."""
+    try:
+        values = json.loads(body)
+    except ValueError:
+        return None
+    calls: list[Call] = []
+    for v in values if isinstance(values, list) else [values]:
+        if not isinstance(v, dict) or len(v) != 1:
+            return None
+        (name, args), = v.items()
+        call = call_from({"name": name, "arguments": args}, json.dumps(v, ensure_ascii=False))
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
 def tagged_hermes(body: str, types: ParamTypes) -> list[Call] | None:
     """A `<tool_call>` body that is not JSON: Qwen3-Coder's XML function, or GLM's."""
     if "<function=" in body:
@@ -246,4 +329,7 @@ _READERS = {
     "seed_oss": xml_functions,
     "minimax_m2": _minimax,
     "functionary_v3_1": _functionary,
+    "lfm2": _pythonic,
+    "gemma4": _gemma4,
+    "apertus": _apertus,
 }

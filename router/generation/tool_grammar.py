@@ -99,6 +99,7 @@ _PER_CALL = {
     "deepseek_v3_1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
     "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>", "<|tool_calls_section_end|>"),
     "functionary_v3_1": ("", "<function=NAME>ARGUMENTS</function>", ""),
+    "gemma4": ("", "<|tool_call>call:NAMEARGUMENTS<tool_call|>", ""),
 }
 
 

@@ -99,6 +99,22 @@ CASES: list[tuple[ToolFormat, str, list[Piece]]] = [
         [call("special_function", {"arg1": 1}, "000000001"), call("special_function_with_opt", {"arg1": 1, "arg2": 2}, "000000002")],
     ),
     ("mistral", '[TOOL_CALLS]special_function[ARGS]{"arg1":1}', [SPECIAL]),
+    (  # test-chat.cpp, LFM2: Python calls
+        "lfm2",
+        'Let me check the time.<|tool_call_start|>[get_time(city="Paris"), special_function(arg1=1, on=true)]<|tool_call_end|>',
+        ["Let me check the time.", call("get_time", {"city": "Paris"}), call("special_function", {"arg1": 1, "on": True})],
+    ),
+    (  # test-chat.cpp, Gemma 4: its own quotes and bare keys
+        "gemma4",
+        'Hello, world!\nWhat\'s up?<|tool_call>call:get_time{city:<|"|>Paris, "FR"<|"|>,n:42,o:{x:[1,true]}}<tool_call|>',
+        ["Hello, world!\nWhat's up?", call("get_time", {"city": 'Paris, "FR"', "n": 42, "o": {"x": [1, True]}})],
+    ),
+    (  # Apertus: the function's name is the object's key
+        "apertus",
+        '<|tools_prefix|>[{"special_function": {"arg1": 1}}, {"now": {}}]<|tools_suffix|>',
+        [SPECIAL, Call(name="now", arguments="{}")],
+    ),
+    ("lfm2", "<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>", ["<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>"]),
     # Sections that hold no call are content, as llama.cpp leaves them
     ("nemotron", "<TOOLCALL>not json</TOOLCALL> after", ["<TOOLCALL>not json</TOOLCALL> after"]),
     ("deepseek_v3_1", "no calls here", ["no calls here"]),
@@ -153,6 +169,19 @@ def test_each_template_is_read_as_its_family(name: str, fmt: str) -> None:
     assert detect_tool_format((TEMPLATES / name).read_text(encoding="utf-8")) == fmt
 
 
+@pytest.mark.parametrize(
+    ("snippet", "fmt"),
+    [  # the markers llama.cpp's common/chat.cpp detects these families by
+        ("{{- '<|tool_call>call:' + function['name'] + '{' -}}", "gemma4"),
+        ("List of tools: <|tool_list_start|>[{{ tools }}]<|tool_list_end|>", "lfm2"),
+        ("List of tools: [{{ tools | tojson }}]", "lfm2"),
+        ("{{ '<|tools_prefix|>' + calls + '<|tools_suffix|>' }}", "apertus"),
+    ],
+)
+def test_the_other_families_are_read_by_their_markers(snippet: str, fmt: str) -> None:
+    assert detect_tool_format(snippet) == fmt
+
+
 @pytest.mark.parametrize(("name", "fmt"), FAMILIES)
 def test_a_call_as_the_template_writes_it_parses_back(name: str, fmt: ToolFormat) -> None:
     """The round trip: the template renders an earlier call in the history; from the
@@ -189,6 +218,9 @@ def test_a_template_that_never_shows_the_tools_gets_them_in_the_system_message()
 
 
 SENTENCES: dict[str, str] = {
+    "lfm2": '<|tool_call_start|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tool_call_end|>',
+    "gemma4": '<|tool_call>call:get_weather{"city": "Paris"}<tool_call|>',
+    "apertus": '<|tools_prefix|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tools_suffix|>',
     # A sentence each forced grammar must accept, and the calls it parses to.
     "deepseek_r1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     "deepseek_v3_1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
