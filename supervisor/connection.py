@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import trio
 
@@ -40,6 +40,8 @@ from worker.protocol import (
     Render,
     Rendered,
     SamplingParams,
+    SlotFile,
+    SlotFileResult,
     SlotsQuery,
     SlotsResult,
     SlotState,
@@ -235,6 +237,11 @@ class WorkerConnection:
         reply = await self._call(lambda rid: SlotsQuery(id=rid))
         return expect(reply, SlotsResult).slots
 
+    async def slot_file(self, slot: int, action: Literal["save", "restore", "erase"], path: str = "") -> SlotFileResult:
+        """llama-server's slot actions: save slot `slot` to `path`, restore it, erase it."""
+        reply = await self._call(lambda rid: SlotFile(id=rid, slot=slot, action=action, path=path))
+        return expect(reply, SlotFileResult)
+
     async def _call(self, frame: Callable[[int], Frame]) -> Reply:
         """Send one request that has a single answer, and wait for it."""
         rid, recv = self._open()
@@ -308,7 +315,7 @@ class WorkerConnection:
             for ev in frame.events:
                 self.tokens_generated += len(ev.tokens)
                 self._deliver(ev.id, ev, final=ev.finish_reason is not None and self._last_choice(ev.id))
-        elif isinstance(frame, (Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult)):
+        elif isinstance(frame, (Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult, SlotFileResult)):
             self._deliver(frame.id, frame, final=True)
         elif isinstance(frame, Loading):
             if self._on_progress is not None:

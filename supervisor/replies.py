@@ -28,6 +28,7 @@ from worker.protocol import (
     Error,
     Rendered,
     SlotsResult,
+    SlotFileResult,
     TokenEvent,
     TokenizeResult,
 )
@@ -40,7 +41,9 @@ class Gone:
     reason: str
 
 
-Reply = Union[TokenEvent, Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult, Gone]
+Reply = Union[
+    TokenEvent, Error, EmbedResult, TokenizeResult, DetokenizeResult, Rendered, SlotsResult, SlotFileResult, Gone
+]
 
 
 def _unavailable(message: str, param: str | None) -> CorralError:

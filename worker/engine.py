@@ -44,9 +44,10 @@ from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
-from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotState, Step, TokenEvent
+from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotFile, SlotState, Step, TokenEvent
 from worker.request import EmbedJob, Request
 from worker.siblings import followers_to_detach
+from worker.slot_files import SlotFiles
 from worker.slots import Slot
 from worker.step_plan import Halve, Preempt, Purge, Remedy, make_room, plan_batch
 
@@ -57,7 +58,7 @@ MAX_THREADS = 1024  # the config's bound; a frame asking for more is clamped, no
 
 
 # What the engine's inbox carries: prepared work, and commands applied between steps.
-Inbound = Union[Request, EmbedJob, Cancel, SetThreads]
+Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile]
 
 
 def _pending(slot: Slot[Request]) -> int:
@@ -98,10 +99,12 @@ class Engine:
         )
         # An embedding model's jobs, a batch per loop (worker/embeddings.py).
         self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None
+        # llama-server's slot save, restore and erase, each once its slot is idle.
+        self.slot_files = SlotFiles(m, self.kv, self.slots, self.n_ctx_slot, emit)
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
-    def submit(self, frame: Work | Cancel | SetThreads) -> None:
+    def submit(self, frame: Work | Cancel | SetThreads | SlotFile) -> None:
         """Hand a frame from the supervisor to the engine; never blocks. Requests go to the
         preparing threads first; a Cancel goes to both, which drops the request wherever it
         is."""
@@ -111,7 +114,7 @@ class Engine:
             self.inbox.put(frame)
             if self.embeds is not None:  # after the put: the aborted engine finds the Cancel
                 self.embeds.cancel_soon(frame.id)
-        elif isinstance(frame, SetThreads):
+        elif isinstance(frame, (SetThreads, SlotFile)):
             self.inbox.put(frame)
         else:
             self.prep.submit(frame)
@@ -153,6 +156,8 @@ class Engine:
             busy = bool(self.requests.waiting) or self.active > 0 or (self.embeds is not None and not self.embeds.idle)
             self._drain_inbox(block=not busy)
             try:
+                if self.slot_files.pending:  # before a request may take the slot
+                    self.slot_files.step()
                 self.admission.admit()
                 if any(not s.idle for s in self.slots):
                     self._step()
@@ -199,6 +204,11 @@ class Engine:
         elif isinstance(item, EmbedJob):
             assert self.embeds is not None, "the preparer makes embedding jobs only for embedding models"
             self.embeds.add(item)
+        elif isinstance(item, SlotFile):
+            if self.embeds is not None:
+                self.emit(Error(id=item.id, code="unsupported", message="an embedding model's slots hold no cache", param="model"))
+            else:
+                self.slot_files.add(item)
         elif isinstance(item, SetThreads):
             n = min(max(item.n_threads, 1), MAX_THREADS)
             self.m.set_threads(n)

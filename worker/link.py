@@ -23,6 +23,7 @@ from worker.engine import Engine
 from worker.preparer import Work
 from worker.protocol import (
     Cancel,
+    SlotFile,
     Error,
     Frame,
     FrameBuffer,
@@ -53,7 +54,7 @@ class Link:
         self._token = trio.lowlevel.current_trio_token()
         self.engine: Engine | None = None
         # Frames that arrive while the model loads wait here; the engine adopts the queue.
-        self.early: list[Work | Cancel | SetThreads] = []
+        self.early: list[Work | Cancel | SetThreads | SlotFile] = []
         self.draining = False
 
     def emit(self, frame: Frame) -> None:

@@ -95,6 +95,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
     for key in ("tls_cert", "tls_key"):
         if (value := getattr(srv, key)) is not None and not resolve_path(value, base_dir).is_file():
             yield f"server.{key}: no such file: {resolve_path(value, base_dir)}"
+    if srv.slot_save_path is not None and not resolve_path(srv.slot_save_path, base_dir).is_dir():
+        yield f"server.slot_save_path: not a directory: {resolve_path(srv.slot_save_path, base_dir)}"
     if srv.pid_file is not None and not resolve_path(srv.pid_file, base_dir).parent.is_dir():
         yield f"server.pid_file: no such folder: {resolve_path(srv.pid_file, base_dir).parent}"
     for i, origin in enumerate(srv.cors_origins):

@@ -62,6 +62,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # GET /slots, what each slot of a model is doing (llama-server's --slots / --no-slots).
     # Off, it answers 501.
     slots_endpoint: bool = True
+    # A folder for llama-server's slot files (its --slot-save-path): POST /slots/{id}
+    # ?action=save|restore with {"filename"} writes and reads a slot's cache there. Unset,
+    # those actions answer 501. Relative to the config file.
+    slot_save_path: str | None = None
     # A request for a model that is not loaded loads it (llama-server's --models-autoload).
     # Off (its --no-models-autoload): such a request is a 400 "model is not loaded" unless
     # it asks `?autoload=true`; models load by POST /models/load or the admin API, and one

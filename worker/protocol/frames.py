@@ -113,6 +113,17 @@ class SlotsQuery(Frame):
     id: int
 
 
+class SlotFile(Frame):
+    """llama-server's POST /slots/{id}?action=: save slot `slot`'s cached tokens and KV
+    cells to the file `path`, restore them from it, or erase them. The engine acts once the
+    slot is idle (llama-server waits likewise); answered with SlotFileResult or an Error."""
+
+    id: int
+    slot: int
+    action: Literal["save", "restore", "erase"]
+    path: str = ""
+
+
 class Cancel(Frame):
     """Stop generation `id`: every choice, or only choice `index` of an n > 1 request
     (the router ends one whose tool calls began repeating). A cancelled choice still gets
@@ -305,6 +316,14 @@ class SlotsResult(Frame):
     slots: list[SlotState]
 
 
+class SlotFileResult(Frame):
+    id: int
+    slot: int
+    n_tokens: int  # tokens saved, restored or erased
+    n_bytes: int = 0  # bytes written or read
+    ms: float = 0.0
+
+
 ErrorCode = Literal[
     "context_length_exceeded",
     "invalid_request",
@@ -353,9 +372,9 @@ class Occupancy(Frame):
 
 
 ToWorker = Union[
-    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, Detokenize, Render, SlotsQuery
+    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, Detokenize, Render, SlotsQuery, SlotFile
 ]
 FromWorker = Union[
     Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong, Occupancy,
-    DetokenizeResult, Rendered, SlotsResult,
+    DetokenizeResult, Rendered, SlotsResult, SlotFileResult,
 ]
