@@ -1,6 +1,6 @@
 """Issue 22, item 4: llama-server's slot actions, POST /slots/{id}?action=save|restore|
-erase, with the demo model (llama.cpp's tools/server/tests/unit/test_slot_save.py,
-re-expressed: test_slot_save_restore, test_slot_erase). A restored slot's prefix is reused
+erase, with the demo model (llama.cpp's server tests, test_slot_save.py,
+re-expressed: its test_slot_save_restore and test_slot_erase). A restored slot's prefix is reused
 by the next request with that prompt, and the KV invariant holds throughout (no repair)."""
 
 from __future__ import annotations

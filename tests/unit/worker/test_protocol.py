@@ -49,6 +49,7 @@ TO_WORKER: list[p.Frame] = [
     p.Detokenize(id=12, tokens=[2, 106, 0]),
     p.Render(id=13, messages=[p.ChatMessage(role="user", content="hi")]),
     p.SlotsQuery(id=14),
+    p.SlotFile(id=16, slot=1, action="save", path="/tmp/slot1.bin"),
 ]
 
 FROM_WORKER: list[p.Frame] = [
@@ -118,6 +119,7 @@ FROM_WORKER: list[p.Frame] = [
         ],
     ),
     p.Error(id=15, code="context_length_exceeded", message="too long", param="prompt", n_prompt_tokens=9000, n_ctx=2048),
+    p.SlotFileResult(id=16, slot=1, n_tokens=84, n_bytes=4096, ms=1.5),
 ]
 
 
