@@ -32,6 +32,7 @@ from worker.protocol import (
     FrameBuffer,
     Frame,
     Generate,
+    Infill,
     Loading,
     Occupancy,
     Pong,
@@ -159,6 +160,7 @@ class WorkerConnection:
         echo: bool = False,
         request_id: str | None = None,
         add_generation_prompt: bool = True,
+        infill: Infill | None = None,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events."""
@@ -168,7 +170,7 @@ class WorkerConnection:
             Generate(
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
-                request_id=request_id, add_generation_prompt=add_generation_prompt,
+                request_id=request_id, add_generation_prompt=add_generation_prompt, infill=infill,
             )
         )
         return RequestStream(self, rid, recv, n)

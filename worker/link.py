@@ -190,6 +190,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 tool_format=model.template.format.tools if model.template is not None else None,
                 reasoning=model.template.format.reasoning if model.template is not None else False,
                 reasoning_tags=model.template.format.reasoning_tags if model.template is not None else ("<think>", "</think>"),
+                fim_missing=model.fim.missing(),
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)

@@ -18,6 +18,7 @@ import llama_cpp
 
 from worker import chat_formats
 from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
+from worker.fim_tokens import FimTokens
 from worker.kv_rules import Attention
 from worker.protocol import WorkerSpec
 from worker.text_limits import RerankShape
@@ -89,11 +90,13 @@ class LoadedModel:
     # What a sequence's KV cells must hold (worker/kv_rules.py).
     attention: Attention = field(default_factory=Attention)
     n_cls_out: int = 1  # a reranker's scores per input
+    fim: FimTokens = field(default_factory=FimTokens)  # llama-server's /infill
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos_id: int | None = int(llama_cpp.llama_vocab_bos(self.vocab)) if self.add_bos else None
         self._preserved = self._preserved_tokens()
 
     def _preserved_tokens(self) -> frozenset[int]:
@@ -306,6 +309,13 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         eos_text=eos_text,
         attention=_attention(model),
         n_cls_out=max(1, int(llama_cpp.llama_model_n_cls_out(model))),
+        fim=FimTokens(
+            pre=int(llama_cpp.llama_vocab_fim_pre(vocab)),
+            suf=int(llama_cpp.llama_vocab_fim_suf(vocab)),
+            mid=int(llama_cpp.llama_vocab_fim_mid(vocab)),
+            rep=int(llama_cpp.llama_vocab_fim_rep(vocab)),
+            sep=int(llama_cpp.llama_vocab_fim_sep(vocab)),
+        ),
     )
 
 

@@ -39,6 +39,7 @@ from worker.protocol import (
     fewest_tokens,
 )
 from worker.embed_inputs import embed_texts
+from worker.infill import infill_texts
 from worker.rejected import RequestRejected
 from worker.request import Request
 from worker.stops import StopMatcher
@@ -48,7 +49,7 @@ from worker.text_limits import Limit, TextModel, Texts, VocabModel, check_ids, c
 EMBEDDING_POOLINGS = ("mean", "cls", "last")
 
 
-def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
+def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int, n_batch: int = 2048) -> Texts:
     """Stage 1 of a generation: the prompt rendered and its length bounded."""
     param = "messages" if g.messages is not None else "prompt"
     limit = Limit(
@@ -66,6 +67,12 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int) -> Texts:
         raise RequestRejected("invalid_request", "n must be at least 1", "n")
     if g.prompt_parts is not None or g.prompt_tokens is not None:
         return _mixed_texts(g, m, n_ctx_slot, limit)
+    if g.infill is not None:
+        n_predict = g.params.max_tokens if g.params.max_tokens is not None else -1
+        return infill_texts(
+            g, m, m.fim, m.bos_id, n_ctx_slot, n_batch, n_predict,
+            lambda g2, prompt: _request(g2, prompt, n_ctx_slot, "input_prefix", None),
+        )
     in_reasoning = False
     if g.messages is None:
         text = g.prompt or ""
@@ -234,7 +241,7 @@ def texts_for(
 ) -> Texts:
     """Stage 1 for any request frame."""
     if isinstance(frame, Generate):
-        return generate_texts(frame, m, n_ctx_slot)
+        return generate_texts(frame, m, n_ctx_slot, n_batch)
     if isinstance(frame, Embed):
         return embed_texts(frame, m, n_batch)
     if isinstance(frame, Detokenize):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, Union
 
 from worker.chat_template import ChatTemplate
+from worker.fim_tokens import FimTokens
 from worker.protocol import Frame, fewest_tokens, utf8_length
 from worker.rejected import RequestRejected
 from worker.request import EmbedJob, Request
@@ -59,6 +60,16 @@ class VocabModel(TextModel, Protocol):
         """One token's bytes, a special token's text included."""
         ...
 
+    @property
+    def fim(self) -> FimTokens:
+        """Its fill-in-the-middle tokens (llama-server's /infill)."""
+        ...
+
+    @property
+    def bos_id(self) -> int | None:
+        """The BOS token a prompt starts with, or None where the model adds none."""
+        ...
+
     def output_text(self, tokens: list[int]) -> str:
         """The text of `tokens` as output writes it (what `echo` prepends)."""
         ...
@@ -104,14 +115,15 @@ class Texts:
     # BOS and the like: for every text, or text by text (a mixed prompt adds them only to a
     # string that comes first).
     add_special: bool | Sequence[bool] = True
-    parse_special: bool = True
+    parse_special: bool | Sequence[bool] = True  # the same, for reading special tokens
 
     def tokenize(self, m: TextModel) -> Prepared:
         """Stage 2: tokenize each text, check its exact count, and build the result."""
         tokens = []
         for i, (text, limit) in enumerate(self.texts):
             add = self.add_special if isinstance(self.add_special, bool) else self.add_special[i]
-            toks = m.tokenize(text, add_special=add, parse_special=self.parse_special)
+            parse = self.parse_special if isinstance(self.parse_special, bool) else self.parse_special[i]
+            toks = m.tokenize(text, add_special=add, parse_special=parse)
             if len(toks) > limit.most and limit.cut:
                 toks = toks[: limit.most]
             elif len(toks) > limit.most:

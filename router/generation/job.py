@@ -14,7 +14,7 @@ from typing import Any
 
 from router.generation.prompts import Prompt
 from router.generation.tool_schemas import ToolRequest
-from worker.protocol import ChatMessage, SamplingParams
+from worker.protocol import ChatMessage, Infill, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class GenerationJob:
     messages: tuple[ChatMessage, ...] | None = None  # a chat's messages
     # llama-server's mixed prompt (token ids and strings), from POST /completion.
     prompt_parts: tuple[int | str, ...] | None = None
+    infill: Infill | None = None  # llama-server's /infill, laid out by the worker
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     tools: ToolRequest = field(default_factory=ToolRequest)
@@ -54,7 +55,9 @@ class GenerationJob:
         """One entry per Generate sent: a prompt, or None for a chat's messages."""
         if self.prompt_list is not None:
             return self.prompt_list
-        return (None,) if self.chat or self.prompt_parts is not None else (self.prompt or "",)
+        if self.chat or self.prompt_parts is not None or self.infill is not None:
+            return (None,)
+        return (self.prompt or "",)
 
     @property
     def logprobs(self) -> bool:

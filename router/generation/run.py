@@ -152,6 +152,7 @@ class Generation:
                 prompt=prompt if isinstance(prompt, str) else None,
                 messages=messages,
                 prompt_parts=_parts(job, prompt),
+                infill=job.infill,
                 tools=list(tools.offered) if tools.offered else None,
                 template_kwargs=job.template_kwargs,
                 prompt_tokens=[t for t in prompt if isinstance(t, int)] if isinstance(prompt, tuple) and is_tokens(prompt) else None,

@@ -23,6 +23,24 @@ class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=
 # ---- supervisor -> worker ---------------------------------------------------------------------
 
 
+class InfillChunk(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A file of llama-server's /infill `input_extra`: repository context before the code."""
+
+    text: str
+    filename: str = "tmp"
+
+
+class Infill(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """llama-server's /infill: the code before and after the gap (texts and token ids, as
+    its mixed prompts), files of context, and a `prompt` that continues the prefix. The
+    worker lays them out with the model's fill-in-the-middle tokens (worker/infill.py)."""
+
+    prefix: list[int | str]
+    suffix: list[int | str]
+    extra: list[InfillChunk] = []
+    prompt: str = ""
+
+
 class Generate(Frame):
     """Start a generation. Exactly one of `prompt`, `messages`, `prompt_tokens` and
     `prompt_parts` is set.
@@ -42,6 +60,7 @@ class Generate(Frame):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     prompt_parts: list[int | str] | None = None
+    infill: Infill | None = None  # llama-server's /infill (then nothing else is set)
     # OpenAI tool objects, validated by the router; rendered into the prompt.
     tools: list[dict[str, Any]] | None = None
     # Extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
@@ -182,6 +201,9 @@ class Ready(Frame):
     # that open and close one (<think> and </think> unless the template's family differs).
     reasoning: bool = False
     reasoning_tags: tuple[str, str] = ("<think>", "</think>")
+    # Why llama-server's /infill cannot run on this model: its fill-in-the-middle tokens
+    # that are missing, in llama-server's words ("" when it has them).
+    fim_missing: str = ""
 
 
 def fewest_tokens(n_bytes: int, max_token_bytes: int | None) -> int:

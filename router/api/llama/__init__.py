@@ -15,6 +15,7 @@ _E = schemas.NativeErrorBody
 OPERATIONS = (
     Operation("post", "/completion", "llama-server's completion", schemas.NativeCompletionRequest, _E, streams=True),
     Operation("post", "/completions", "llama-server's completion (as /completion)", schemas.NativeCompletionRequest, _E, streams=True),
+    Operation("post", "/infill", "Fill in the middle (llama-server's route)", schemas.InfillRequest, _E, streams=True),
     Operation("post", "/tokenize", "Tokenize a text (llama-server's route)", schemas.TokenizeRequest, _E),
     Operation("post", "/detokenize", "Token ids to text (llama-server's route)", schemas.DetokenizeRequest, _E),
     Operation(

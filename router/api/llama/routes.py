@@ -22,17 +22,19 @@ from router.api.llama.render import NativeCompletion, encode, props_json, router
 from router.api.llama.schemas import (
     ApplyTemplateRequest,
     DetokenizeRequest,
+    InfillRequest,
     ModelActionRequest,
     NativeEmbeddingRequest,
     RerankRequest,
     NativeCompletionRequest,
     TokenizeRequest,
 )
-from router.api.llama.translate import completion_job
+from router.api.llama.translate import completion_job, infill_job
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
 from router.generation import tool_schemas
 from router.generation.answer import gather
+from router.generation.job import GenerationJob
 from router.generation.events import Event, Failed, Finish, TextDelta
 from router.generation.prompt_bound import refuse_if_too_long
 from router.generation.prompts import Prompt
@@ -48,7 +50,7 @@ from worker.protocol import Ready
 PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
     "/models/load", "/models/unload", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
-    "/embedding", "/embeddings",
+    "/embedding", "/embeddings", "/infill",
 })
 
 
@@ -81,23 +83,21 @@ def register(app: Blueprint, server: Server) -> None:
             list(job.prompt_list) if job.prompt_list is not None
             else [job.prompt if job.prompt is not None else tuple(job.prompt_parts or ())]
         )
-        gen, events = await started(handle, job)
-        ready = gen.conn.ready
-        fmt = NativeCompletion(
-            model=name,
-            params=job.params,
-            n_ctx=ready.n_ctx_slot if ready is not None else 0,
-            stream=r.stream,
-            return_tokens=r.return_tokens,
-            response_fields=r.response_fields,
-        )
-        if not r.stream:
-            try:
-                body = await _whole(events, gen.conn, fmt, prompts)
-            finally:
-                gen.close()
-            return Response(body, content_type="application/json")
-        return Response(sse.Body(_events(events, gen.conn, fmt, prompts), gen.close), status=200, headers=sse.HEADERS)
+        return await _respond(handle, job, r, prompts)
+
+    @app.post("/infill")
+    async def infill() -> Response:
+        """llama-server's fill-in-the-middle completion, answered as /completion is; 501
+        for a model without the fill-in-the-middle tokens, as llama-server answers."""
+        r: InfillRequest = decode(await bodies.read_body(), InfillRequest)
+        handle = generating_model(r.model)
+        async with handle.lease() as conn:
+            missing = conn.ready.fim_missing if conn.ready is not None else ""
+        if missing:
+            raise NotServed(f"Infill is not supported by this model: {missing}", "model")
+        name = r.model if r.model is not None else handle.name
+        job = infill_job(r, name, handle.spec.defaults)
+        return await _respond(handle, job, r, [r.prompt if isinstance(r.prompt, str) else ""])
 
     @app.post("/tokenize")
     async def tokenize() -> Response:
@@ -254,6 +254,29 @@ async def _prompt_text(conn: WorkerConnection, prompt: Prompt) -> str:
             run = []
         out.append(p)
     return "".join(out)
+
+
+async def _respond(
+    handle: ModelHandle, job: GenerationJob, r: NativeCompletionRequest, prompts: list[Prompt]
+) -> Response:
+    """Run `job` and answer as llama-server's /completion does, whole or streamed."""
+    gen, events = await started(handle, job)
+    ready = gen.conn.ready
+    fmt = NativeCompletion(
+        model=job.model,
+        params=job.params,
+        n_ctx=ready.n_ctx_slot if ready is not None else 0,
+        stream=r.stream,
+        return_tokens=r.return_tokens,
+        response_fields=r.response_fields,
+    )
+    if not r.stream:
+        try:
+            body = await _whole(events, gen.conn, fmt, prompts)
+        finally:
+            gen.close()
+        return Response(body, content_type="application/json")
+    return Response(sse.Body(_events(events, gen.conn, fmt, prompts), gen.close), status=200, headers=sse.HEADERS)
 
 
 async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompts: list[Prompt]) -> bytes:

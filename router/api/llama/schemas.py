@@ -140,3 +140,14 @@ class NativeEmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):
     # Checked as llama-server checks it, with no effect: the native answer is floats.
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
+
+
+class InfillRequest(NativeCompletionRequest, forbid_unknown_fields=True):
+    """POST /infill: /completion's body, and the code around the gap (llama-server's
+    handle_infill): `input_prefix` and `input_suffix` (texts, or ids and texts mixed),
+    `input_extra` (files of context: `{"filename", "text"}`), `prompt` (a text that
+    continues the prefix)."""
+
+    input_prefix: str | list[Any] | None = None
+    input_suffix: str | list[Any] | None = None
+    input_extra: Any = None

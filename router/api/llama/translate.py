@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import msgspec
 
-from router.api.llama.schemas import NativeCompletionRequest
+from router.api.llama.schemas import InfillRequest, NativeCompletionRequest
 from router.api.openai import fields as request_fields
 from router.generation import structured
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, prompt_list
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import SamplingParams
+from worker.protocol import Infill, InfillChunk, SamplingParams
 
 _OFF: dict[str, object] = {
     "dynatemp_range": 0.0,
@@ -91,3 +91,41 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
         prompt_parts=tuple(prompt) if not isinstance(prompt, str) else None,
         stream=r.stream,
     )
+
+
+def infill_job(r: InfillRequest, model: str, defaults: SamplingParams) -> GenerationJob:
+    """An /infill request as a job whose prompt the worker lays out (worker/infill.py);
+    its 400s in llama-server's words (server-context.cpp, post_infill)."""
+    params = native_params(r, defaults)
+    if not isinstance(r.prompt, str):
+        raise InvalidRequest('"prompt" must be a string', "prompt")
+    extra: list[InfillChunk] = []
+    if r.input_extra is not None:
+        if not isinstance(r.input_extra, list):
+            raise InvalidRequest(
+                '"input_extra" must be an array of {"filename": string, "text": string}', "input_extra"
+            )
+        for i, chunk in enumerate(r.input_extra):
+            text = chunk.get("text") if isinstance(chunk, dict) else None
+            if not isinstance(text, str):
+                raise InvalidRequest(
+                    f'extra_context chunk must contain a "text" field with a string value (input_extra[{i}])',
+                    "input_extra",
+                )
+            name = chunk.get("filename", "tmp")
+            if not isinstance(name, str):
+                raise InvalidRequest(
+                    f'extra_context chunk\'s "filename" field must be a string (input_extra[{i}])', "input_extra"
+                )
+            extra.append(InfillChunk(text=text, filename=name))
+    sides: list[list[int | str]] = []
+    for param, value in (("input_prefix", r.input_prefix), ("input_suffix", r.input_suffix)):
+        if value is None:
+            raise InvalidRequest(f'"{param}" is required', param)
+        # llama-server's tokenize_mixed: a text, or texts and token ids in one list
+        parts: list[int | str] = [value] if isinstance(value, str) else list(value)
+        if not all(isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in parts):
+            raise InvalidRequest(f'"{param}" must be a string, or token ids and strings in one list', param)
+        sides.append(parts)
+    infill = Infill(prefix=sides[0], suffix=sides[1], extra=extra, prompt=r.prompt)
+    return GenerationJob(model=model, params=params, infill=infill, stream=r.stream)
