@@ -27,8 +27,6 @@ from worker.protocol.frames import (
     Frame,
     FromWorker,
     Generate,
-    Infill,
-    InfillChunk,
     Loading,
     Occupancy,
     Ping,
@@ -65,6 +63,8 @@ from worker.protocol.framing import (
     ProtocolError,
 )
 from worker.protocol.parameters import (
+    Infill,
+    InfillChunk,
     ChatMessage,
     Constraint,
     JSON_LAYOUT,

@@ -182,3 +182,21 @@ class WorkerSpec(ModelOptions, forbid_unknown_fields=True, frozen=True):
 
     name: str
     path: str
+
+
+class InfillChunk(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A file of llama-server's /infill `input_extra`: repository context before the code."""
+
+    text: str
+    filename: str = "tmp"
+
+
+class Infill(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """llama-server's /infill: the code before and after the gap (texts and token ids, as
+    its mixed prompts), files of context, and a `prompt` that continues the prefix. The
+    worker lays them out with the model's fill-in-the-middle tokens (worker/infill.py)."""
+
+    prefix: list[int | str]
+    suffix: list[int | str]
+    extra: list[InfillChunk] = []
+    prompt: str = ""
