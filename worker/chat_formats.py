@@ -256,13 +256,7 @@ def generic_messages(
             out.append(ChatMessage(role=m.role, content=m.content))
     if tools:
         return with_system_text(out, generic_instructions(tools), system_role)
-    if not system_role and out and out[0].role == "system":
-        system = out.pop(0).content
-        if out and out[0].role == "user":
-            out[0] = ChatMessage(role="user", content=system + "\n\n" + out[0].content)
-        else:
-            out.insert(0, ChatMessage(role="user", content=system))
-    return out
+    return out if system_role else _system_into_user(out)
 
 
 # How a call is written in each format, for the tool instructions of a template that
@@ -309,12 +303,20 @@ def with_system_text(messages: Sequence[ChatMessage], text: str, system_role: bo
         out[0] = ChatMessage(role="system", content=out[0].content + "\n\n" + text)
     else:
         out.insert(0, ChatMessage(role="system", content=text))
-    if not system_role:
-        system = out.pop(0).content
-        if out and out[0].role == "user":
-            out[0] = ChatMessage(role="user", content=system + "\n\n" + out[0].content)
-        else:
-            out.insert(0, ChatMessage(role="user", content=system))
+    return out if system_role else _system_into_user(out)
+
+
+def _system_into_user(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """A leading system message moved to the start of the first user message, for a
+    template that refuses a system role (gemma's)."""
+    out = list(messages)
+    if not out or out[0].role != "system":
+        return out
+    system = out.pop(0).content
+    if out and out[0].role == "user":
+        out[0] = ChatMessage(role="user", content=system + "\n\n" + out[0].content)
+    else:
+        out.insert(0, ChatMessage(role="user", content=system))
     return out
 
 

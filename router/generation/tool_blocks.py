@@ -190,22 +190,23 @@ def _kimi(body: str, types: ParamTypes) -> list[Call] | None:
     return calls or None
 
 
-def xml_functions(body: str, types: ParamTypes) -> list[Call] | None:
+def _tagged_calls(body: str, types: ParamTypes, call: re.Pattern[str], parameter: re.Pattern[str]) -> list[Call] | None:
+    """Calls whose name and parameters are tags (`call` finds a call's name and insides,
+    `parameter` each key and value in them)."""
     calls: list[Call] = []
-    for m in _XML_FUNCTION.finditer(body):
+    for m in call.finditer(body):
         name = m.group(1)
-        pairs = [(p.group(1), p.group(2)) for p in _XML_PARAMETER.finditer(m.group(2))]
+        pairs = [(p.group(1), p.group(2)) for p in parameter.finditer(m.group(2))]
         calls.append(Call(name=name, arguments=_arguments(pairs, name, types), raw=m.group(0)))
     return calls or None
+
+
+def xml_functions(body: str, types: ParamTypes) -> list[Call] | None:
+    return _tagged_calls(body, types, _XML_FUNCTION, _XML_PARAMETER)
 
 
 def _minimax(body: str, types: ParamTypes) -> list[Call] | None:
-    calls: list[Call] = []
-    for m in _INVOKE.finditer(body):
-        name = m.group(1)
-        pairs = [(p.group(1), p.group(2)) for p in _INVOKE_PARAMETER.finditer(m.group(2))]
-        calls.append(Call(name=name, arguments=_arguments(pairs, name, types), raw=m.group(0)))
-    return calls or None
+    return _tagged_calls(body, types, _INVOKE, _INVOKE_PARAMETER)
 
 
 def glm_call(body: str, types: ParamTypes) -> list[Call] | None:

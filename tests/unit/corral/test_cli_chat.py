@@ -4,7 +4,7 @@ kept of a reply, what Ctrl-C does at the prompt and mid-reply, and the figures l
 from __future__ import annotations
 
 import io
-from typing import Any, Generator, Iterator
+from typing import Any, Generator
 
 import pytest
 
