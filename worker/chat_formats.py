@@ -38,6 +38,7 @@ THINK_CLOSE = "</think>"
 REASONING_TAGS: tuple[tuple[str, str], ...] = (
     ("<|START_THINKING|>", "<|END_THINKING|>"),
     ("<|channel>thought", "<channel|>"),  # Gemma 4
+    ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),  # Kimi K3
     ("[THINK]", "[/THINK]"),
     ("<seed:think>", "</seed:think>"),
     ("<mm:think>", "</mm:think>"),
@@ -66,19 +67,29 @@ BLOCKS: dict[str, tuple[str, str | None]] = {
     "lfm2": ("<|tool_call_start|>", "<|tool_call_end|>"),
     "gemma4": ("<|tool_call>", "<tool_call|>"),
     "apertus": ("<|tools_prefix|>", "<|tools_suffix|>"),
+    "deepseek_v3_2": ("<｜DSML｜function_calls>", "</｜DSML｜function_calls>"),
+    "deepseek_v4": ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
+    "kimi_k3": ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
+    "gigachat_v3": ("<|message_sep|>\n\nfunction call<|role_sep|>\n", None),
+    "gigachat_v3_1": ("<|function_call|>", None),
+    "command_r_plus": ("Action:\n```json\n", "```"),
 }
 # GPT-OSS's harmony format: messages of a header and a body (router/generation/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 
 # Markers a family writes around its answer's content, which are no part of it (Command
 # R7B's <|START_RESPONSE|>...<|END_RESPONSE|>; llama.cpp's auto-parser strips them too).
-CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {"command_r7b": ("<|START_RESPONSE|>", "<|END_RESPONSE|>")}
+CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {
+    "command_r7b": ("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+    "kimi_k3": ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>"),
+}
 
 # Markers inside a block, which must render as text too.
 INNER_MARKERS = (
     "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
     "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
-    "[ARGS]", "[CALL_ID]", "<|START_RESPONSE|>", "<|END_RESPONSE|>", '<|"|>',
+    "[ARGS]", "[CALL_ID]", "<|START_RESPONSE|>", "<|END_RESPONSE|>", '<|"|>', "<|open|>", "<|close|>", "<|sep|>",
+    "<|message_sep|>", "<|role_sep|>",
 )
 
 # Text the worker must render even where it is a special token, because the router parses
@@ -111,6 +122,16 @@ def detect_tool_format(source: str) -> ToolFormat:
         return "functionary_v3_2"
     if "'<|tool_call>call:'" in source:
         return "gemma4"
+    if "｜DSML｜" in source:  # DeepSeek V3.2 names its block function_calls, V4 tool_calls
+        return "deepseek_v3_2" if "function_calls" in source else "deepseek_v4"
+    if "<|open|>" in source and "'call'" in source and "'tools'" in source:
+        return "kimi_k3"
+    if "<|function_call|>" in source:
+        return "gigachat_v3_1"
+    if "function call" in source and "<|role_sep|>" in source:
+        return "gigachat_v3"
+    if "Action:\\n```json" in source:
+        return "command_r_plus"
     if "<|tool_list_start|>" in source or "List of tools: [" in source:
         return "lfm2"
     if MISTRAL_PREFIX in source:
@@ -152,6 +173,8 @@ def detect_reasoning(source: str) -> bool:
 
 def reasoning_tags(source: str) -> tuple[str, str] | None:
     """The reasoning block a template writes or reads, or None."""
+    if "open_tag('think')" in source:  # Kimi K3 builds its tags with a macro
+        return "<|open|>think<|sep|>", "<|close|>think<|sep|>"
     for opening, closing in REASONING_TAGS:
         if opening in source or closing in source:
             return opening, closing
@@ -281,6 +304,12 @@ CALL_LAYOUTS: dict[str, str] = {
     "lfm2": '<|tool_call_start|>[NAME(KEY="VALUE")]<|tool_call_end|>',
     "gemma4": '<|tool_call>call:NAME{KEY:<|"|>VALUE<|"|>}<tool_call|>',
     "apertus": "<|tools_prefix|>[{NAME: ARGUMENTS}]<|tools_suffix|>",
+    "deepseek_v3_2": '<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+    "deepseek_v4": '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+    "kimi_k3": '<|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument key="KEY"<|sep|>VALUE<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+    "gigachat_v3": '<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": NAME, "arguments": ARGUMENTS}',
+    "gigachat_v3_1": '<|function_call|>{"name": NAME, "arguments": ARGUMENTS}',
+    "command_r_plus": 'Action:\n```json\n[{"tool_name": NAME, "parameters": ARGUMENTS}]\n```',
 }
 
 

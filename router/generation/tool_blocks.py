@@ -19,6 +19,10 @@ Layouts, as llama.cpp's common/chat.cpp and its tests (tests/test-chat.cpp) read
 - LFM2: Python calls, `[NAME(key="v", n=1), ...]`.
 - Gemma 4: `call:NAME{key:<|"|>text<|"|>,n:42}`, bare keys and `<|"|>` for quotes.
 - Apertus: a JSON array of `{NAME: ARGUMENTS}`.
+- DeepSeek V3.2 and V4 (DSML): `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K"
+  string="true">V</｜DSML｜parameter>...`, a value JSON unless `string="true"`.
+- Kimi K3: `<|open|>call tool="NAME"<|sep|><|open|>argument key="K"<|sep|>V<|close|>argument<|sep|>`.
+- GigaChat 3 and 3.1, Command R+: a JSON call (or array) after their markers.
 
 A tagged VALUE is text; it is read as JSON where the function's schema says the parameter
 is not a string (`types`), or, with no schema to go by, where it parses as JSON: `7` is the
@@ -46,6 +50,10 @@ _XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
 _INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)(?:</invoke>|$)', re.S)
 _INVOKE_PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.S)
+_DSML_INVOKE = re.compile(r'<｜DSML｜invoke name="([^"]+)">(.*?)(?:</｜DSML｜invoke>|$)', re.S)
+_DSML_PARAMETER = re.compile(r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>', re.S)
+_K3_CALL = re.compile(r'<\|open\|>call tool="([^"]+)"[^<]*?<\|sep\|>(.*?)(?:<\|close\|>call<\|sep\|>|$)', re.S)
+_K3_ARGUMENT = re.compile(r'<\|open\|>argument key="([^"]+)"[^<]*?<\|sep\|>(.*?)<\|close\|>argument<\|sep\|>', re.S)
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 _FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
@@ -209,6 +217,21 @@ def _minimax(body: str, types: ParamTypes) -> list[Call] | None:
     return _tagged_calls(body, types, _INVOKE, _INVOKE_PARAMETER)
 
 
+def _dsml(body: str, types: ParamTypes) -> list[Call] | None:
+    """DeepSeek V3.2's and V4's invokes: `string="true"` values are text, others JSON."""
+    calls: list[Call] = []
+    for m in _DSML_INVOKE.finditer(body):
+        name, args = m.group(1), {}
+        for key, is_string, value in _DSML_PARAMETER.findall(m.group(2)):
+            args[key] = value if is_string == "true" else _value(value, types.get(name, {}).get(key))
+        calls.append(Call(name=name, arguments=json.dumps(args, ensure_ascii=False), raw=m.group(0)))
+    return calls or None
+
+
+def _kimi_k3(body: str, types: ParamTypes) -> list[Call] | None:
+    return _tagged_calls(body, types, _K3_CALL, _K3_ARGUMENT)
+
+
 def glm_call(body: str, types: ParamTypes) -> list[Call] | None:
     """GLM's one call: its name up to the first tag (or the end), then key/value pairs."""
     text = body.strip()
@@ -333,4 +356,7 @@ _READERS = {
     "lfm2": _pythonic,
     "gemma4": _gemma4,
     "apertus": _apertus,
+    "deepseek_v3_2": _dsml,
+    "deepseek_v4": _dsml,
+    "kimi_k3": _kimi_k3,
 }

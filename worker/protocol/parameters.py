@@ -118,7 +118,8 @@ ToolFormat = Literal[
     "firefunction", "functionary_v3_1", "apriel",
     "gpt_oss",  # OpenAI's harmony messages (router/generation/harmony.py)
     "functionary_v3_2",  # >>>recipient messages (router/generation/functionary.py)
-    "lfm2", "gemma4", "apertus",
+    "lfm2", "gemma4", "apertus", "deepseek_v3_2", "deepseek_v4", "kimi_k3", "gigachat_v3", "gigachat_v3_1",
+    "command_r_plus",
 ]
 TOOL_FORMATS: tuple[str, ...] = ToolFormat.__args__  # type: ignore[attr-defined]
 
@@ -161,7 +162,8 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     tool_format: Literal[
         "auto", "hermes", "llama3", "mistral", "generic", "deepseek_r1", "deepseek_v3_1", "command_r7b",
         "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "firefunction", "functionary_v3_1", "apriel", "gpt_oss",
-        "functionary_v3_2", "lfm2", "gemma4", "apertus",
+        "functionary_v3_2", "lfm2", "gemma4", "apertus", "deepseek_v3_2", "deepseek_v4", "kimi_k3", "gigachat_v3",
+        "gigachat_v3_1", "command_r_plus",
     ] = "auto"
     # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
     reasoning: bool = True

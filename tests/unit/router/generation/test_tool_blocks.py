@@ -114,6 +114,36 @@ CASES: list[tuple[ToolFormat, str, list[Piece]]] = [
         '<|tools_prefix|>[{"special_function": {"arg1": 1}}, {"now": {}}]<|tools_suffix|>',
         [SPECIAL, Call(name="now", arguments="{}")],
     ),
+    (  # test-chat.cpp, DeepSeek V4 (DSML): string="true" values are text
+        "deepseek_v4",
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="city" string="true">Tokyo'
+        '</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '</｜DSML｜tool_calls>',
+        ["\n\n", call("get_time", {"city": "Tokyo", "days": 3})],
+    ),
+    (
+        "deepseek_v3_2",
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="special_function">\n<｜DSML｜parameter name="arg1" '
+        'string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+        [SPECIAL],
+    ),
+    (  # test-chat.cpp, Kimi K3 (its reasoning and response tags are split off elsewhere)
+        "kimi_k3",
+        '<|open|>tools<|sep|><|open|>call tool="special_function" index="1"<|sep|><|open|>argument key="arg1" '
+        'type="number"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+        [SPECIAL],
+    ),
+    (  # test-chat.cpp, GigaChat 3
+        "gigachat_v3",
+        'Hello, world!\nWhat\'s up?<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "special_function", "arguments": {"arg1": 1}}',
+        ["Hello, world!\nWhat's up?", SPECIAL],
+    ),
+    ("gigachat_v3_1", '<|function_call|>{"name": "special_function", "arguments": {"arg1": 1}}', [SPECIAL]),
+    (  # test-chat.cpp, Command R+
+        "command_r_plus",
+        'Action:\n```json\n[{"tool_name": "special_function", "parameters": {"arg1": 1}}]\n```',
+        [SPECIAL],
+    ),
     ("lfm2", "<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>", ["<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>"]),
     # Sections that hold no call are content, as llama.cpp leaves them
     ("nemotron", "<TOOLCALL>not json</TOOLCALL> after", ["<TOOLCALL>not json</TOOLCALL> after"]),
@@ -176,6 +206,12 @@ def test_each_template_is_read_as_its_family(name: str, fmt: str) -> None:
         ("List of tools: <|tool_list_start|>[{{ tools }}]<|tool_list_end|>", "lfm2"),
         ("List of tools: [{{ tools | tojson }}]", "lfm2"),
         ("{{ '<|tools_prefix|>' + calls + '<|tools_suffix|>' }}", "apertus"),
+        ("{%- set dsml_token = '｜DSML｜' -%}{{ '<' + dsml_token + 'function_calls>' }}", "deepseek_v3_2"),
+        ("{%- set dsml_token = '｜DSML｜' -%}{{ '<' + dsml_token + 'tool_calls>' }}", "deepseek_v4"),
+        ("{{ '<|open|>' + tag }}{{ open_tag('tools') }}{{ open_tag('call', [('tool', n)]) }}", "kimi_k3"),
+        ("{{ '<|message_sep|>' }}{{ 'function call' + '<|role_sep|>' }}", "gigachat_v3"),
+        ("{{ '<|function_call|>' + call }}", "gigachat_v3_1"),
+        ("{{ 'Action:\\n```json\\n[\\n' }}", "command_r_plus"),
     ],
 )
 def test_the_other_families_are_read_by_their_markers(snippet: str, fmt: str) -> None:
@@ -218,6 +254,10 @@ def test_a_template_that_never_shows_the_tools_gets_them_in_the_system_message()
 
 
 SENTENCES: dict[str, str] = {
+    "deepseek_v4": '<｜DSML｜tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</｜DSML｜tool_calls>',
+    "kimi_k3": '<|open|>tools<|sep|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|close|>tools<|sep|>',
+    "gigachat_v3_1": '<|function_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    "command_r_plus": 'Action:\n```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}]```',
     "lfm2": '<|tool_call_start|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tool_call_end|>',
     "gemma4": '<|tool_call>call:get_weather{"city": "Paris"}<tool_call|>',
     "apertus": '<|tools_prefix|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tools_suffix|>',
@@ -361,3 +401,23 @@ def test_each_familys_reasoning_tags_and_content_wrappers(
 def test_each_template_names_its_reasoning_tags(name: str, tags: tuple[str, str] | None) -> None:
     assert reasoning_tags((TEMPLATES / name).read_text(encoding="utf-8")) == tags
     assert reasoning_tags("{{ '[THINK]' + thinking + '[/THINK]' }}") == ("[THINK]", "[/THINK]")
+
+
+@pytest.mark.parametrize("seed", [None, *range(10)])
+def test_kimi_k3s_thinking_response_and_tools(seed: int | None) -> None:
+    """test-chat.cpp, Kimi K3: its prompt opens <|open|>think<|sep|>; the answer closes it,
+    wraps its content in response tags and ends the message; none of those is content."""
+    text = (
+        "I should call it<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|>"
+        '<|open|>tools<|sep|><|open|>call tool="special_function" index="1"<|sep|><|open|>argument key="arg1" '
+        'type="number"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>'
+    )
+    out = ChatOutput(
+        tools="kimi_k3", reasoning=True, in_reasoning=True, model_format="kimi_k3",
+        reasoning_tags=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+    )
+    for chunk in [text] if seed is None else splits(text, seed):
+        out.feed(chunk)
+    out.finish()
+    assert (out.reasoning_text, out.content) == ("I should call it", "On it.")
+    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == [("special_function", {"arg1": 1})]
