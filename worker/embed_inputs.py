@@ -133,3 +133,23 @@ def _embed_tokens(e: Embed, m: VocabModel, n_batch: int) -> Texts:
         return EmbedJob(id=e.id, inputs=inputs, normalize=e.normalize)
 
     return Texts([], build)
+
+
+# The most values one request's per-token embeddings (pooling = "none") may hold: each is
+# a Python float in the worker and about 20 bytes of JSON in the answer, so 4M values are
+# some 130 MB in the worker and 80 MB on the wire. Without a bound, 100 inputs of 2,048
+# tokens from a 4,096-wide model asked for 800M values in one request: gigabytes, and the
+# worker's end.
+MAX_PER_TOKEN_VALUES = 4_000_000
+
+
+def check_per_token_size(job: EmbedJob, n_embd: int) -> None:
+    """Refuse a per-token embedding request whose answer would be too large."""
+    n_tokens = sum(len(t) for t in job.inputs)
+    if n_tokens * n_embd > MAX_PER_TOKEN_VALUES:
+        raise RequestRejected(
+            "invalid_request",
+            f"per-token embeddings of {n_tokens} tokens would be {n_tokens * n_embd} values "
+            f"({n_embd} a token); at most {MAX_PER_TOKEN_VALUES} a request: send fewer or shorter inputs",
+            "input",
+        )

@@ -46,6 +46,7 @@ from worker.prompts import pooling_problem, texts_for
 from worker.text_limits import Prepared, Texts, VocabModel
 from worker.protocol import Constraint, Detokenize, Embed, Error, Frame, Generate, Render, Tokenize
 from worker.rejected import RequestRejected
+from worker.embed_inputs import check_per_token_size
 from worker.request import EmbedJob, Request
 
 log = logging.getLogger("worker.prepare")
@@ -68,6 +69,9 @@ class PreparedModel(VocabModel, Protocol):
 
     @property
     def pooling(self) -> str | None: ...
+
+    @property
+    def n_embd(self) -> int: ...
 
 
 class Preparer:
@@ -151,6 +155,8 @@ class Preparer:
                 out: Prepared = texts.tokenize(self.m)
                 if isinstance(out, Request):
                     out.matcher = matcher
+                elif isinstance(out, EmbedJob) and self.m.pooling == "none":
+                    check_per_token_size(out, self.m.n_embd)
             except Exception as exc:
                 out = _error(rid, exc)
             self._hand_over(rid, out)

@@ -24,6 +24,7 @@ class GatedModel:
     def __init__(self, pooling: str | None = None) -> None:
         self.template: ChatTemplate | None = None
         self.n_batch = 64
+        self.n_embd = 8
         self.pooling = pooling
         self.gate = threading.Event()
         self.entered = threading.Event()
@@ -207,3 +208,15 @@ def test_constraints_compile_at_full_priority_and_ride_with_their_request() -> N
     assert isinstance(first, Request) and isinstance(second, Request)
     assert first.matcher is matcher and second.matcher is None
     assert compiled_on == [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]
+
+
+def test_per_token_embeddings_too_large_to_answer_are_refused() -> None:
+    """A per-token answer grows with tokens times the model's width: one request of many
+    long inputs would hold gigabytes in the worker. Refused, naming `input`."""
+    model = GatedModel(pooling="none")
+    model.n_embd = 4096
+    h = Harness(model, embeddings=True)
+    h.prep.submit(Embed(id=8, inputs=["x" * 60] * 20, native=True))
+    err = h.emitted.get(timeout=WAIT)
+    assert isinstance(err, Error) and (err.code, err.param) == ("invalid_request", "input")
+    assert "per-token embeddings" in err.message
