@@ -177,3 +177,21 @@ def test_autoload_reads_the_request_over_the_config() -> None:
     assert may_load(True, None) and not may_load(False, None)
     assert may_load(False, "true") and may_load(False, "1") and may_load(False, "TRUE")
     assert not may_load(True, "false") and not may_load(True, "0") and not may_load(True, "yes")
+
+
+async def test_props_without_a_model_is_the_routers_in_router_mode_only(tmp_path: Path, autojump_clock: object) -> None:
+    """llama-server answers GET /props itself in router mode (--models-dir, its
+    test_router.py test_router_props), and with its one model's otherwise."""
+    sup, _ = sim_supervisor(tmp_path, {"a": {}})
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        assert "role" not in await (await client.get("/props")).get_json()  # one model: its own
+        sup.config = dataclasses.replace(
+            sup.config, server=msgspec.structs.replace(sup.config.server, models_dir=str(tmp_path))
+        )
+        props = await (await client.get("/props")).get_json()
+        assert props["role"] == "router" and props["models_autoload"] is True
+        sup.config = dataclasses.replace(
+            sup.config, server=msgspec.structs.replace(sup.config.server, default_model="a")
+        )
+        assert "role" not in await (await client.get("/props")).get_json()  # a default: its props

@@ -40,6 +40,7 @@ from router.generation.prompt_bound import refuse_if_too_long
 from router.generation.prompts import Prompt
 from router.server import access_log, bodies, sse
 from router.server.json_body import decode
+from supervisor.config import Config
 from supervisor.connection import WorkerConnection
 from supervisor.errors import InternalError, InvalidRequest, NotServed, Unsupported, WorkerUnavailable
 from supervisor.handle import ModelHandle
@@ -205,10 +206,11 @@ def register(app: Blueprint, server: Server) -> None:
         """One model's properties. Loads the model if it is not loaded: they are what its
         worker found in the GGUF. An asleep model (stopped by its idle_timeout) answers from
         its last load with `is_sleeping`, and stays asleep, as llama-server's does. Without
-        `model` where no model is the default, the router's own, as llama-server's router
-        mode answers."""
+        `model` in router mode (no model is the default, or the models come from a
+        `models_dir`, as llama-server's --models-dir), the router's own, as its router mode
+        answers."""
         model = request.args.get("model")
-        if model is None and not server.supervisor.has_default_model():
+        if model is None and _router_mode(server.supervisor.config):
             return _json(router_props_json(server.supervisor.config))
         handle = server.find(model)
         ready: Ready | None = handle.last_ready
@@ -254,6 +256,15 @@ async def _prompt_text(conn: WorkerConnection, prompt: Prompt) -> str:
             run = []
         out.append(p)
     return "".join(out)
+
+
+def _router_mode(config: Config) -> bool:
+    """Whether Corral stands where llama-server's router mode does: models from a folder
+    with none named the default, or several models and no default."""
+    server = config.server
+    if server.default_model is not None:
+        return False
+    return server.models_dir is not None or len(config.models) != 1
 
 
 async def _respond(
