@@ -73,6 +73,9 @@ BLOCKS: dict[str, tuple[str, str | None]] = {
     "gigachat_v3": ("<|message_sep|>\n\nfunction call<|role_sep|>\n", None),
     "gigachat_v3_1": ("<|function_call|>", None),
     "command_r_plus": ("Action:\n```json\n", "```"),
+    "minicpm5": ('<function name="', "</function>"),
+    "hy3": ("<tool_calls:opensource>", "</tool_calls:opensource>"),
+    "minimax_m3": ("]<]minimax[>[<tool_call>", "]<]minimax[>[</tool_call>"),
 }
 # GPT-OSS's harmony format: messages of a header and a body (router/generation/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
@@ -122,6 +125,12 @@ def detect_tool_format(source: str) -> ToolFormat:
         return "functionary_v3_2"
     if "'<|tool_call>call:'" in source:
         return "gemma4"
+    if "]<]minimax[>[" in source:  # MiniMax M3 sets its tags off with this namespace
+        return "minimax_m3"
+    if "':opensource'" in source:  # Tencent Hy3 suffixes its tags
+        return "hy3"
+    if '<function name="' in source and '<param name="' in source:
+        return "minicpm5"
     if "｜DSML｜" in source:  # DeepSeek V3.2 names its block function_calls, V4 tool_calls
         return "deepseek_v3_2" if "function_calls" in source else "deepseek_v4"
     if "<|open|>" in source and "'call'" in source and "'tools'" in source:
@@ -175,6 +184,8 @@ def reasoning_tags(source: str) -> tuple[str, str] | None:
     """The reasoning block a template writes or reads, or None."""
     if "open_tag('think')" in source:  # Kimi K3 builds its tags with a macro
         return "<|open|>think<|sep|>", "<|close|>think<|sep|>"
+    if "':opensource'" in source and "'<think{}>'" in source:  # Tencent Hy3's, built likewise
+        return "<think:opensource>", "</think:opensource>"
     for opening, closing in REASONING_TAGS:
         if opening in source or closing in source:
             return opening, closing
@@ -310,6 +321,9 @@ CALL_LAYOUTS: dict[str, str] = {
     "gigachat_v3": '<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": NAME, "arguments": ARGUMENTS}',
     "gigachat_v3_1": '<|function_call|>{"name": NAME, "arguments": ARGUMENTS}',
     "command_r_plus": 'Action:\n```json\n[{"tool_name": NAME, "parameters": ARGUMENTS}]\n```',
+    "minicpm5": '<function name="NAME"><param name="KEY">VALUE</param></function>',
+    "hy3": "<tool_calls:opensource>\n<tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>KEY</arg_key:opensource>\n<arg_value:opensource>VALUE</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
+    "minimax_m3": ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="NAME">]<]minimax[>[<KEY>VALUE]<]minimax[>[</KEY>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>',
 }
 
 

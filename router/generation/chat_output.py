@@ -27,7 +27,7 @@ from router.generation.functionary import FunctionaryParser
 from router.generation.harmony import HarmonyParser
 from router.generation.reasoning import MarkerStripper, ReasoningSplitter
 from router.generation.calls import Call
-from router.generation.tool_blocks import ParamTypes
+from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_calls import ToolCallParser
 from worker.chat_formats import CONTENT_WRAPPERS, call_opening
 from worker.protocol import FinishReason, ToolFormat

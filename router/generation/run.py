@@ -17,7 +17,7 @@ import msgspec
 from router.generation.job import GenerationJob
 from router.generation.prompt_bound import bounded_text, refuse_if_too_long
 from router.generation.prompts import Prompt, is_tokens
-from router.generation.tool_blocks import ParamTypes
+from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
 from router.server import access_log
 from supervisor.connection import RequestStream, WorkerConnection

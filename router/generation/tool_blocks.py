@@ -10,23 +10,15 @@ Layouts, as llama.cpp's common/chat.cpp and its tests (tests/test-chat.cpp) read
 - DeepSeek R1: `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>`
   per call; V3.1: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
 - Kimi K2: `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`.
-- XML functions (Qwen3-Coder, Qwen 3.5, Nemotron 3, Seed-OSS):
-  `<function=NAME><parameter=KEY>VALUE</parameter>...</function>`.
-- MiniMax M2: `<invoke name="NAME"><parameter name="KEY">VALUE</parameter>...</invoke>`.
-- GLM 4.5 to 4.7: `NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...`.
 - Functionary v3.1: `<function=NAME>ARGS</function>`, the section's markers being the
   call's own.
 - LFM2: Python calls, `[NAME(key="v", n=1), ...]`.
 - Gemma 4: `call:NAME{key:<|"|>text<|"|>,n:42}`, bare keys and `<|"|>` for quotes.
 - Apertus: a JSON array of `{NAME: ARGUMENTS}`.
-- DeepSeek V3.2 and V4 (DSML): `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K"
-  string="true">V</｜DSML｜parameter>...`, a value JSON unless `string="true"`.
-- Kimi K3: `<|open|>call tool="NAME"<|sep|><|open|>argument key="K"<|sep|>V<|close|>argument<|sep|>`.
 - GigaChat 3 and 3.1, Command R+: a JSON call (or array) after their markers.
-
-A tagged VALUE is text; it is read as JSON where the function's schema says the parameter
-is not a string (`types`), or, with no schema to go by, where it parses as JSON: `7` is the
-number 7 for an integer parameter and stays "7" for a string one. Pure.
+- Layouts of tags (XML functions, invokes, DSML, GLM's and Hy3's key/value pairs, Kimi
+  K3's, MiniCPM 5's): router/generation/tagged_calls.py, whose values are read by the
+  declared parameter types. Pure.
 """
 
 from __future__ import annotations
@@ -34,27 +26,26 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Mapping
+from typing import Any
 
 from router.generation.calls import Call, call_from, json_end
+from router.generation.tagged_calls import (
+    ParamTypes,
+    dsml_calls,
+    hy3_calls,
+    kimi_k3_calls,
+    minicpm5_calls,
+    minimax_calls,
+    minimax_m3_calls,
+    xml_functions,
+)
 
-# A function's parameters' JSON types, by function name then parameter name.
-ParamTypes = Mapping[str, Mapping[str, str]]
 
 _DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)(?:<｜tool▁call▁end｜>|$)", re.S)
 _KIMI_CALL = re.compile(
     r"<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+)(?::(\d+))?\s*<\|tool_call_argument_begin\|>(.*?)(?:<\|tool_call_end\|>|$)",
     re.S,
 )
-_XML_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|$)", re.S)
-_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
-_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)(?:</invoke>|$)', re.S)
-_INVOKE_PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.S)
-_DSML_INVOKE = re.compile(r'<｜DSML｜invoke name="([^"]+)">(.*?)(?:</｜DSML｜invoke>|$)', re.S)
-_DSML_PARAMETER = re.compile(r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>', re.S)
-_K3_CALL = re.compile(r'<\|open\|>call tool="([^"]+)"[^<]*?<\|sep\|>(.*?)(?:<\|close\|>call<\|sep\|>|$)', re.S)
-_K3_ARGUMENT = re.compile(r'<\|open\|>argument key="([^"]+)"[^<]*?<\|sep\|>(.*?)<\|close\|>argument<\|sep\|>', re.S)
-_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 _FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
@@ -75,6 +66,8 @@ _CALL_ENDS = {
     "kimi_k2": "<|tool_call_end|>",
     "seed_oss": "</function>",
     "minimax_m2": "</invoke>",
+    "minimax_m3": "</invoke>",
+    "hy3": "</tool_call:opensource>",
 }
 
 
@@ -131,32 +124,6 @@ def _call_of(value: Any, raw: str) -> Call | None:
     return call_from(value, raw)
 
 
-def _arguments(pairs: list[tuple[str, str]], name: str, types: ParamTypes) -> str:
-    known = types.get(name, {})
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        out[key.strip()] = _value(_trim(value), known.get(key.strip()))
-    return json.dumps(out, ensure_ascii=False)
-
-
-def _trim(value: str) -> str:
-    """A tagged value without the one newline its template writes on each side."""
-    if value.startswith("\n"):
-        value = value[1:]
-    if value.endswith("\n"):
-        value = value[:-1]
-    return value
-
-
-def _value(text: str, json_type: str | None) -> Any:
-    if json_type == "string":
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def _deepseek_r1(body: str, types: ParamTypes) -> list[Call] | None:
     calls: list[Call] = []
     for m in _DS_CALL.finditer(body):
@@ -196,51 +163,6 @@ def _kimi(body: str, types: ParamTypes) -> list[Call] | None:
             return None
         calls.append(call)
     return calls or None
-
-
-def _tagged_calls(body: str, types: ParamTypes, call: re.Pattern[str], parameter: re.Pattern[str]) -> list[Call] | None:
-    """Calls whose name and parameters are tags (`call` finds a call's name and insides,
-    `parameter` each key and value in them)."""
-    calls: list[Call] = []
-    for m in call.finditer(body):
-        name = m.group(1)
-        pairs = [(p.group(1), p.group(2)) for p in parameter.finditer(m.group(2))]
-        calls.append(Call(name=name, arguments=_arguments(pairs, name, types), raw=m.group(0)))
-    return calls or None
-
-
-def xml_functions(body: str, types: ParamTypes) -> list[Call] | None:
-    return _tagged_calls(body, types, _XML_FUNCTION, _XML_PARAMETER)
-
-
-def _minimax(body: str, types: ParamTypes) -> list[Call] | None:
-    return _tagged_calls(body, types, _INVOKE, _INVOKE_PARAMETER)
-
-
-def _dsml(body: str, types: ParamTypes) -> list[Call] | None:
-    """DeepSeek V3.2's and V4's invokes: `string="true"` values are text, others JSON."""
-    calls: list[Call] = []
-    for m in _DSML_INVOKE.finditer(body):
-        name, args = m.group(1), {}
-        for key, is_string, value in _DSML_PARAMETER.findall(m.group(2)):
-            args[key] = value if is_string == "true" else _value(value, types.get(name, {}).get(key))
-        calls.append(Call(name=name, arguments=json.dumps(args, ensure_ascii=False), raw=m.group(0)))
-    return calls or None
-
-
-def _kimi_k3(body: str, types: ParamTypes) -> list[Call] | None:
-    return _tagged_calls(body, types, _K3_CALL, _K3_ARGUMENT)
-
-
-def glm_call(body: str, types: ParamTypes) -> list[Call] | None:
-    """GLM's one call: its name up to the first tag (or the end), then key/value pairs."""
-    text = body.strip()
-    cut = text.find("<arg_key>")
-    name = (text if cut < 0 else text[:cut]).strip()
-    if not name or not re.fullmatch(r"[\w.\-:]+", name):
-        return None
-    pairs = _GLM_ARG.findall(text[cut:]) if cut >= 0 else []
-    return [Call(name=name, arguments=_arguments(pairs, name, types), raw=body)]
 
 
 def _functionary(body: str, types: ParamTypes) -> list[Call] | None:
@@ -331,13 +253,6 @@ def _apertus(body: str, types: ParamTypes) -> list[Call] | None:
     return calls or None
 
 
-def tagged_hermes(body: str, types: ParamTypes) -> list[Call] | None:
-    """A `<tool_call>` body that is not JSON: Qwen3-Coder's XML function, or GLM's."""
-    if "<function=" in body:
-        return xml_functions(body, types)
-    return glm_call(body, types)
-
-
 def _is_json(text: str) -> bool:
     try:
         json.loads(text)
@@ -351,12 +266,15 @@ _READERS = {
     "deepseek_v3_1": _deepseek_v3_1,
     "kimi_k2": _kimi,
     "seed_oss": xml_functions,
-    "minimax_m2": _minimax,
+    "minimax_m2": minimax_calls,
     "functionary_v3_1": _functionary,
     "lfm2": _pythonic,
     "gemma4": _gemma4,
     "apertus": _apertus,
-    "deepseek_v3_2": _dsml,
-    "deepseek_v4": _dsml,
-    "kimi_k3": _kimi_k3,
+    "deepseek_v3_2": dsml_calls,
+    "deepseek_v4": dsml_calls,
+    "kimi_k3": kimi_k3_calls,
+    "minicpm5": minicpm5_calls,
+    "hy3": hy3_calls,
+    "minimax_m3": minimax_m3_calls,
 }

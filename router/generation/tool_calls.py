@@ -26,7 +26,7 @@ from typing import Any, Union
 from router.generation.calls import Call, call_from, json_end
 from router.generation import tool_blocks
 from router.generation.reasoning import held_suffix
-from router.generation.tool_blocks import ParamTypes
+from router.generation.tagged_calls import ParamTypes, tagged_hermes
 from worker.chat_formats import BLOCKS, HERMES_CLOSE, HERMES_OPEN, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX
 from worker.protocol import ToolFormat
 
@@ -235,7 +235,7 @@ class ToolCallParser:
                 call = call_from(json.loads(body), text[:consumed])
                 calls = [call] if call else None
             except ValueError:  # Qwen3-Coder's and GLM's tagged bodies
-                calls = tool_blocks.tagged_hermes(body, self._types)
+                calls = tagged_hermes(body, self._types)
             return self._emit(calls, text, consumed)
         if self._fmt == "mistral" and text[len(MISTRAL_PREFIX) :].lstrip()[:1] not in ("[", "{", ""):
             return self._mistral_named(text, final)

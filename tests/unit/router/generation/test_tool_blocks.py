@@ -144,6 +144,26 @@ CASES: list[tuple[ToolFormat, str, list[Piece]]] = [
         'Action:\n```json\n[{"tool_name": "special_function", "parameters": {"arg1": 1}}]\n```',
         [SPECIAL],
     ),
+    (  # test-chat.cpp, MiniCPM 5; a value in CDATA is its text
+        "minicpm5",
+        '<function name="python"><param name="code">print(\'hey\')</param></function>\n'
+        '<function name="calc"><param name="expr"><![CDATA[1 < 2]]></param></function>',
+        [call("python", {"code": "print('hey')"}), call("calc", {"expr": "1 < 2"})],
+    ),
+    (  # Tencent Hy3: GLM's layout, tags suffixed :opensource
+        "hy3",
+        "<tool_calls:opensource>\n<tool_call:opensource>special_function<tool_sep:opensource>\n"
+        "<arg_key:opensource>arg1</arg_key:opensource>\n<arg_value:opensource>1</arg_value:opensource>\n"
+        "</tool_call:opensource>\n</tool_calls:opensource>",
+        [SPECIAL],
+    ),
+    (  # test-chat.cpp, MiniMax M3: namespaced tags; nested values are objects and arrays
+        "minimax_m3",
+        ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="special_function">]<]minimax[>[<arg1>1]<]minimax[>[</arg1>'
+        ']<]minimax[>[<cfg>]<]minimax[>[<a>x]<]minimax[>[</a>]<]minimax[>[<b>]<]minimax[>[<item>1]<]minimax[>[</item>'
+        ']<]minimax[>[<item>2]<]minimax[>[</item>]<]minimax[>[</b>]<]minimax[>[</cfg>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>',
+        [call("special_function", {"arg1": 1, "cfg": {"a": "x", "b": [1, 2]}})],
+    ),
     ("lfm2", "<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>", ["<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>"]),
     # Sections that hold no call are content, as llama.cpp leaves them
     ("nemotron", "<TOOLCALL>not json</TOOLCALL> after", ["<TOOLCALL>not json</TOOLCALL> after"]),
@@ -212,6 +232,9 @@ def test_each_template_is_read_as_its_family(name: str, fmt: str) -> None:
         ("{{ '<|message_sep|>' }}{{ 'function call' + '<|role_sep|>' }}", "gigachat_v3"),
         ("{{ '<|function_call|>' + call }}", "gigachat_v3_1"),
         ("{{ 'Action:\\n```json\\n[\\n' }}", "command_r_plus"),
+        ('{{ \'<function name="\' + n + \'"><param name="\' + k }}', "minicpm5"),
+        ("{%- set HYTK = ':opensource' %}{{ '<tool_call{}>'.format(HYTK) }}", "hy3"),
+        ("{%- set ns_token = ']<]minimax[>[' -%}{{ ns_token ~ '<tool_call>' }}", "minimax_m3"),
     ],
 )
 def test_the_other_families_are_read_by_their_markers(snippet: str, fmt: str) -> None:
@@ -254,6 +277,9 @@ def test_a_template_that_never_shows_the_tools_gets_them_in_the_system_message()
 
 
 SENTENCES: dict[str, str] = {
+    "minicpm5": '<function name="[{"name": "get_weather", "arguments": {"city": "Paris"}}]</function>',
+    "hy3": '<tool_calls:opensource>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls:opensource>',
+    "minimax_m3": ']<]minimax[>[<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]]<]minimax[>[</tool_call>',
     "deepseek_v4": '<｜DSML｜tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</｜DSML｜tool_calls>',
     "kimi_k3": '<|open|>tools<|sep|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|close|>tools<|sep|>',
     "gigachat_v3_1": '<|function_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
