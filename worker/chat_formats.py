@@ -79,6 +79,8 @@ BLOCKS: dict[str, tuple[str, str | None]] = {
 }
 # GPT-OSS's harmony format: messages of a header and a body (router/generation/harmony.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
+# muse-glimmer's: messages to a recipient (router/generation/muse.py).
+MUSE_MARKERS = ("<|eom|>", "<|eot|>")
 
 # Markers a family writes around its answer's content, which are no part of it (Command
 # R7B's <|START_RESPONSE|>...<|END_RESPONSE|>; llama.cpp's auto-parser strips them too).
@@ -102,6 +104,7 @@ PRESERVED_MARKERS = (
     *(m for pair in BLOCKS.values() for m in pair if m is not None and m.strip() == m),
     *INNER_MARKERS,
     *HARMONY_MARKERS,
+    *MUSE_MARKERS,
 )
 
 
@@ -123,6 +126,8 @@ def detect_tool_format(source: str) -> ToolFormat:
         return "gpt_oss"
     if ">>>all" in source:
         return "functionary_v3_2"
+    if "<atem:function_calls>" in source:
+        return "muse_glimmer"
     if "'<|tool_call>call:'" in source:
         return "gemma4"
     if "]<]minimax[>[" in source:  # MiniMax M3 sets its tags off with this namespace
@@ -323,6 +328,7 @@ CALL_LAYOUTS: dict[str, str] = {
     "command_r_plus": 'Action:\n```json\n[{"tool_name": NAME, "parameters": ARGUMENTS}]\n```',
     "minicpm5": '<function name="NAME"><param name="KEY">VALUE</param></function>',
     "hy3": "<tool_calls:opensource>\n<tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>KEY</arg_key:opensource>\n<arg_value:opensource>VALUE</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
+    "muse_glimmer": '<|start|>assistant to=NAME<|message|><atem:function_calls>\n<atem:invoke name="NAME">\n<atem:parameter name="KEY">VALUE</atem:parameter>\n</atem:invoke>\n</atem:function_calls>',
     "minimax_m3": ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="NAME">]<]minimax[>[<KEY>VALUE]<]minimax[>[</KEY>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>',
 }
 

@@ -25,6 +25,7 @@ from typing import Collection
 from router.generation.events import Delta, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from router.generation.functionary import FunctionaryParser
 from router.generation.harmony import HarmonyParser
+from router.generation.muse import MuseParser
 from router.generation.reasoning import MarkerStripper, ReasoningSplitter
 from router.generation.calls import Call
 from router.generation.tagged_calls import ParamTypes
@@ -82,9 +83,11 @@ class ChatOutput:
 
     def __post_init__(self) -> None:
         # Formats whose whole output is messages, tools or not.
-        self._harmony: HarmonyParser | FunctionaryParser | None = (
+        fmt = self.model_format or self.tools
+        self._harmony: HarmonyParser | FunctionaryParser | MuseParser | None = (
             HarmonyParser() if self.harmony
-            else FunctionaryParser() if self.model_format == "functionary_v3_2" or self.tools == "functionary_v3_2"
+            else FunctionaryParser() if fmt == "functionary_v3_2"
+            else MuseParser(self.param_types) if fmt == "muse_glimmer"
             else None
         )
         opening = call_opening(self.tools)

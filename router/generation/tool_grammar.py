@@ -131,6 +131,9 @@ def tool_choice_grammar(fmt: ToolFormat, tools: Sequence[dict[str, Any]], parall
     elif fmt == "gpt_oss":
         # One call per turn, as GPT-OSS writes them (<|call|> then ends the generation).
         rules = ["start: call_json", *_native_alternatives(tools, CALL_LAYOUTS["gpt_oss"].replace("<|call|>", ""))]
+    elif fmt == "muse_glimmer":
+        # The prompt ends with "<|start|>assistant": the call's recipient header comes first.
+        rules = ["start: call_json", *_native_alternatives(tools, " to=NAME<|message|><atem:function_calls>ARGUMENTS")]
     elif fmt == "functionary_v3_2":
         # The prompt ends with ">>>": the first call's name comes first, later ones after ">>>".
         more_calls = f' (">>>" call_json){more}' if parallel else ""

@@ -120,6 +120,7 @@ ToolFormat = Literal[
     "functionary_v3_2",  # >>>recipient messages (router/generation/functionary.py)
     "lfm2", "gemma4", "apertus", "deepseek_v3_2", "deepseek_v4", "kimi_k3", "gigachat_v3", "gigachat_v3_1",
     "command_r_plus", "minicpm5", "hy3", "minimax_m3",
+    "muse_glimmer",  # recipient messages (router/generation/muse.py)
 ]
 TOOL_FORMATS: tuple[str, ...] = ToolFormat.__args__  # type: ignore[attr-defined]
 
@@ -163,7 +164,7 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
         "auto", "hermes", "llama3", "mistral", "generic", "deepseek_r1", "deepseek_v3_1", "command_r7b",
         "kimi_k2", "nemotron", "seed_oss", "minimax_m2", "firefunction", "functionary_v3_1", "apriel", "gpt_oss",
         "functionary_v3_2", "lfm2", "gemma4", "apertus", "deepseek_v3_2", "deepseek_v4", "kimi_k3", "gigachat_v3",
-        "gigachat_v3_1", "command_r_plus", "minicpm5", "hy3", "minimax_m3",
+        "gigachat_v3_1", "command_r_plus", "minicpm5", "hy3", "minimax_m3", "muse_glimmer",
     ] = "auto"
     # False: <think> blocks stay in `content` instead of going to `reasoning_content`.
     reasoning: bool = True
