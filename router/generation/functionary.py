@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from router.generation.calls import call_from, json_end
+from router.generation.calls import JsonScanner, call_from
 from router.generation.reasoning import held_suffix
 from router.generation.tool_calls import Piece
 
@@ -26,6 +26,7 @@ class FunctionaryParser:
         self._buf = ""
         self._state = "recipient"  # "recipient" (before its newline), "content", "call", "between"
         self._name = ""
+        self._scan = JsonScanner()  # the arguments being written, read as far as they are new
 
     def feed(self, text: str) -> tuple[str, list[Piece]]:
         self._buf += text
@@ -81,7 +82,7 @@ class FunctionaryParser:
             return True
         # "call": JSON arguments
         rest = self._buf.lstrip()
-        end = json_end(rest) if rest[:1] == "{" else None
+        end = self._scan.end(rest) if rest[:1] == "{" else None
         if end is None:
             if rest and rest[0] != "{":  # not arguments: the recipient line was content
                 self._buf, self._state = f"{self._name}\n{self._buf}", "content"

@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-from router.generation.calls import Call, call_from, json_end
+from router.generation.calls import Call, JsonScanner, call_from, json_end
 from router.generation.tagged_calls import (
     ParamTypes,
     dsml_calls,
@@ -71,7 +71,7 @@ _CALL_ENDS = {
 }
 
 
-def whole_part(fmt: str, body: str) -> str:
+def whole_part(fmt: str, body: str, scanner: JsonScanner | None = None) -> str:
     """The part of a section still being written that holds only whole calls (as a
     section of its own: an open JSON array is closed after its last whole object)."""
     end = _CALL_ENDS.get(fmt)
@@ -81,16 +81,9 @@ def whole_part(fmt: str, body: str) -> str:
     text = body.lstrip()
     if not text.startswith("["):
         return ""
-    last, i = 0, 1
-    while True:
-        rest = text[i:].lstrip().lstrip(",").lstrip()
-        if not rest.startswith("{"):
-            break
-        start = len(text) - len(rest)
-        stop = json_end(rest)
-        if stop is None:
-            break
-        last = i = start + stop
+    scan = scanner if scanner is not None else JsonScanner()
+    scan.end(text)
+    last = scan.items[-1] if scan.items else 0
     return text[:last] + "]" if last else ""
 
 

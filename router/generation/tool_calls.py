@@ -23,7 +23,7 @@ import json
 import re
 from typing import Any, Union
 
-from router.generation.calls import Call, call_from, json_end
+from router.generation.calls import Call, JsonScanner, call_from
 from router.generation import tool_blocks
 from router.generation.reasoning import held_suffix
 from router.generation.tagged_calls import ParamTypes, tagged_hermes
@@ -60,7 +60,11 @@ class ToolCallParser:
         # is whole, before the section closes (a model that writes call after call is then
         # seen to repeat itself, and a cut section keeps its whole calls).
         self._section_out = 0
+        self._part_read = 0  # how much of the open section was read for whole calls
         self._early: list[Piece] = []
+        # Where the JSON being written ends, read only as far as it is new (calls.py).
+        self._scan = JsonScanner()
+        self._items = JsonScanner()
         self._buf = ""
         # "start" (only whitespace so far), "content", "call" (a call being written),
         # "array" (inside an array of calls), or "after_call" (only whitespace since the
@@ -100,7 +104,7 @@ class ToolCallParser:
                     self._buf = ""
         if self._buf and self._state != "after_call":
             out.append(self._buf)
-        self._buf, self._section_out = "", 0
+        self._buf, self._section_out, self._part_read = "", 0, 0
         return out
 
     # ---- one step of the state machine: True if it made progress ----------------------------
@@ -198,7 +202,7 @@ class ToolCallParser:
                     tail = tail[1:]
             self._buf, self._state = tail, "after_call"
             return True
-        end = json_end(rest) if rest[0] == "{" else None
+        end = self._scan.end(rest) if rest[0] == "{" else None
         if end is None:
             if rest[0] == "{":
                 return False  # a call still being written
@@ -243,7 +247,7 @@ class ToolCallParser:
             body_start = len(self._marker or "")
         rest = text[body_start:]
         lead = len(rest) - len(rest.lstrip())
-        end = json_end(rest[lead:]) if rest[lead:lead + 1] in ("{", "[") else None
+        end = self._scan.end(rest[lead:]) if rest[lead:lead + 1] in ("{", "[") else None
         if end is None:
             if not final and (not rest[lead:] or rest[lead:lead + 1] in ("{", "[")):
                 return None
@@ -265,7 +269,7 @@ class ToolCallParser:
         rest = text[len(opening) :]
         if closing is None:
             lead = len(rest) - len(rest.lstrip())
-            end = json_end(rest[lead:]) if rest[lead : lead + 1] in ("[", "{") else None
+            end = self._scan.end(rest[lead:]) if rest[lead : lead + 1] in ("[", "{") else None
             if end is None:
                 if not final and (not rest[lead:] or rest[lead : lead + 1] in ("[", "{")):
                     return None
@@ -275,14 +279,17 @@ class ToolCallParser:
         else:
             close = rest.find(closing)
             if close < 0 and not final:
-                whole = tool_blocks.calls_in(self._fmt, tool_blocks.whole_part(self._fmt, rest), self._types) or []
-                self._early.extend(whole[self._section_out :])
-                self._section_out = max(self._section_out, len(whole))
+                part = tool_blocks.whole_part(self._fmt, rest, self._items)
+                if len(part) > self._part_read:  # a call more is whole: read them
+                    self._part_read = len(part)
+                    whole = tool_blocks.calls_in(self._fmt, part, self._types) or []
+                    self._early.extend(whole[self._section_out :])
+                    self._section_out = max(self._section_out, len(whole))
                 return None
             body = rest if close < 0 else rest[:close]
             consumed = len(text) if close < 0 else len(opening) + close + len(closing)
         calls = tool_blocks.calls_in(self._fmt, body, self._types)
-        done, self._section_out = self._section_out, 0
+        done, self._section_out, self._part_read = self._section_out, 0, 0
         if done:  # some are out already: the rest of the section is theirs, never content
             self._buf, self._state = text[consumed:], "after_call"
             return list((calls or [])[done:])
@@ -299,7 +306,7 @@ class ToolCallParser:
         head, args = rest[:at], rest[at + len("[ARGS]") :]
         name, _, own = head.partition("[CALL_ID]")
         lead = len(args) - len(args.lstrip())
-        end = json_end(args[lead:]) if args[lead : lead + 1] == "{" else None
+        end = self._scan.end(args[lead:]) if args[lead : lead + 1] == "{" else None
         if end is None:
             if not final and (not args[lead:] or args[lead] == "{"):
                 return None
