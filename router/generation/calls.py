@@ -22,25 +22,7 @@ def json_end(text: str) -> int | None:
     """Where the JSON object or array that `text` starts with ends (the index after its
     closing bracket), or None while it is still open. Only brackets and strings are
     followed, so this does not say it is valid JSON; json.loads does that after."""
-    depth = 0
-    in_string = escaped = False
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+    return JsonScanner().end(text)
 
 
 def _arguments_text(args: Any) -> str:

@@ -117,33 +117,29 @@ def _call_of(value: Any, raw: str) -> Call | None:
     return call_from(value, raw)
 
 
-def _deepseek_r1(body: str, types: ParamTypes) -> list[Call] | None:
+def _deepseek(body: str, typed: bool) -> list[Call] | None:
+    """DeepSeek's calls: `TYPE<｜tool▁sep｜>NAME\n```json ARGS```` (R1, `typed`) or
+    `NAME<｜tool▁sep｜>ARGS` (V3.1), each between `<｜tool▁call▁begin｜>` and its end."""
     calls: list[Call] = []
     for m in _DS_CALL.finditer(body):
         head, sep, rest = m.group(1).partition("<｜tool▁sep｜>")
         if not sep:
             return None
-        name, _, args = rest.partition("\n")
+        name, args = rest.partition("\n")[::2] if typed else (head, rest)
         fenced = _FENCED.match(args)
         call = call_from({"name": name.strip(), "arguments": (fenced.group(1) if fenced else args).strip()}, m.group(0))
         if call is None or not _is_json(call.arguments):
             return None
         calls.append(call)
     return calls or None
+
+
+def _deepseek_r1(body: str, types: ParamTypes) -> list[Call] | None:
+    return _deepseek(body, typed=True)
 
 
 def _deepseek_v3_1(body: str, types: ParamTypes) -> list[Call] | None:
-    calls: list[Call] = []
-    for m in _DS_CALL.finditer(body):
-        name, sep, args = m.group(1).partition("<｜tool▁sep｜>")
-        if not sep:
-            return None
-        fenced = _FENCED.match(args)
-        call = call_from({"name": name.strip(), "arguments": (fenced.group(1) if fenced else args).strip()}, m.group(0))
-        if call is None or not _is_json(call.arguments):
-            return None
-        calls.append(call)
-    return calls or None
+    return _deepseek(body, typed=False)
 
 
 def _kimi(body: str, types: ParamTypes) -> list[Call] | None:
