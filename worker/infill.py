@@ -36,18 +36,26 @@ def infill_texts(
     check_ids(spec.suffix, m.n_vocab, "input_suffix")
     # The texts, in order: the repo header, each file's head and text, the closing header,
     # the prefix's and suffix's strings, the prompt.
+    # Code before and after the gap and the files of context are cut, not refused: an
+    # editor sends whole files (llama.vim sends many chunks of them), and only the end of
+    # the prefix, the start of the suffix and the end of the context are kept below. Each
+    # is cut to the bytes that can make the tokens kept, so none costs more to tokenize
+    # than a context's worth.
+    widest = m.max_token_bytes()
+    keep = n_ctx_slot * widest if widest else None
     texts: list[str] = []
     if fim.rep != NO_TOKEN:
         texts.append("myproject\n")
     for chunk in spec.extra:
         texts.append(f"{chunk.filename}\n" if fim.sep != NO_TOKEN else "\n\n--- snippet ---\n\n")
-        texts.append(chunk.text)
+        texts.append(_tail(chunk.text, keep))
     if fim.sep != NO_TOKEN:
         texts.append("filename\n")
-    texts += [p for p in spec.prefix if isinstance(p, str)]
-    texts += [p for p in spec.suffix if isinstance(p, str)]
-    texts.append(spec.prompt)
-    parse = [False] * (len(texts) - 1) + [True]  # only the prompt reads special tokens
+    texts += [_tail(p, keep) for p in spec.prefix if isinstance(p, str)]
+    texts += [_head(p, keep) for p in spec.suffix if isinstance(p, str)]
+    pieces = [(t, _UNBOUNDED) for t in texts]
+    pieces.append(checked(spec.prompt, limit, m))  # the prompt is the gap's start: refused when too long
+    parse = [False] * len(texts) + [True]  # only the prompt reads special tokens
 
     def build(tokens: list[list[int]]) -> Request:
         it = iter(tokens)
@@ -69,9 +77,30 @@ def infill_texts(
         end = [fim.suf, *suffix[:n_suffix]]
         if bos is not None:
             inp.insert(0, bos)
+        # llama-server's budget can overrun the context by a few tokens (n_predict -1 adds
+        # two); the context files give way, so that the prompt fits with room to answer.
+        n_extra = min(n_extra, max(0, n_ctx_slot - 2 - len(inp) - len(end)))
         laid = [*extra[len(extra) - n_extra :], *inp, *end, fim.mid]
         if len(laid) > limit.most:
             raise limit.refuse(len(laid))
         return build_request(g, laid)
 
-    return Texts([checked(t, limit, m) for t in texts], build, add_special=False, parse_special=parse)
+    return Texts(pieces, build, add_special=False, parse_special=parse)
+
+
+# The texts cut by bytes above: tokenized whole, whatever their count (the budgets cut them).
+_UNBOUNDED = Limit(2**62, "an infill text", "", "input_extra")
+
+
+def _tail(text: str, n_bytes: int | None) -> str:
+    data = text.encode()
+    if n_bytes is None or len(data) <= n_bytes:
+        return text
+    return data[len(data) - n_bytes :].decode(errors="ignore")
+
+
+def _head(text: str, n_bytes: int | None) -> str:
+    data = text.encode()
+    if n_bytes is None or len(data) <= n_bytes:
+        return text
+    return data[:n_bytes].decode(errors="ignore")

@@ -90,3 +90,16 @@ def test_a_model_without_fim_tokens_is_refused_in_llama_servers_words() -> None:
     with pytest.raises(RequestRejected, match="prefix token is missing. suffix token is missing. middle token is missing. "):
         laid_out(Infill(prefix=["a"], suffix=["b"]), fim=FimTokens())
     assert FimTokens(pre=1, suf=2, mid=NO_TOKEN).missing() == "middle token is missing. "
+
+
+def test_long_code_and_context_are_cut_not_refused() -> None:
+    """An editor sends whole files: llama-server keeps the prefix's end, the suffix's start
+    and the context's end, and so does Corral, tokenizing no more than a context's worth of
+    each (here one byte a token: 512 bytes), and the prompt always fits with room to answer."""
+    infill = Infill(prefix=["a" * 5000 + "END"], suffix=["START" + "b" * 5000], prompt="",
+                    extra=[InfillChunk(text="c" * 5000 + "LAST", filename="f")])
+    prompt, m = laid_out(infill, fim=FimTokens(pre=900, suf=901, mid=902), n_batch=64, n_ctx=512, n_predict=-1)
+    assert len(prompt) <= 512 - 1
+    assert prompt[prompt.index(900) + 1 : prompt.index(900) + 1 + 48][-3:] == b("END")
+    assert prompt[prompt.index(901) + 1 : prompt.index(901) + 6] == b("START")
+    assert bytes(prompt[prompt.index(BOS) - 4 : prompt.index(BOS)]) == b"LAST"
