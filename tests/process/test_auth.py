@@ -68,6 +68,11 @@ def _bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
+# llama-server's /tools and /cors-proxy answer 403 feature_disabled without --tools and
+# --webui-mcp-proxy (router/api/llama/features_off.py): past the key check, that is their answer.
+FEATURE_OFF = ("/tools", "/cors-proxy")
+
+
 async def test_every_route_but_health_and_the_dashboard_page_refuses_a_missing_or_wrong_key(
     tmp_path: Path,
 ) -> None:
@@ -99,6 +104,11 @@ async def test_every_route_but_health_and_the_dashboard_page_refuses_a_missing_o
                     continue
                 key = ADMIN if path.startswith("/admin") or path == "/metrics" else API
                 r = await client.open(path, method=method, headers=_bearer(key), scope_base=REMOTE)
+                if path in FEATURE_OFF and method in ("GET", "HEAD", "POST"):  # llama-server's 403 for a feature it was not started with
+                    assert r.status_code == 403, (method, path, r.status_code)
+                    if method != "HEAD":
+                        assert (await r.get_json())["error"]["type"] == "feature_disabled"
+                    continue
                 assert r.status_code not in (401, 403), (method, path, r.status_code)
     # /health's and /'s GET, HEAD and OPTIONS aside
     assert checked == 3 * (len(routes) - 3 * len(OPEN_PATHS))
