@@ -20,7 +20,7 @@ import json
 import re
 
 from router.generation.calls import call_from
-from router.generation.reasoning import held_suffix
+from router.generation.reasoning import past_marker, release
 from router.generation.tool_calls import Piece
 
 from worker.chat_formats import HARMONY_MARKERS
@@ -61,21 +61,18 @@ class HarmonyParser:
                 self._buf, self._state, self._first = self._buf[at + len(MESSAGE) :], "body", False
                 continue
             if self._state == "between":
-                at = self._buf.find(START)
-                if at < 0:
-                    # Between messages only a <|start|> is expected; keep what may begin one.
-                    keep = held_suffix(self._buf, START)
-                    self._buf = self._buf[len(self._buf) - keep :] if keep else ""
+                # Between messages only the next one's start is expected.
+                self._buf, found = past_marker(self._buf, START)
+                if not found:
                     return reasoning, pieces
-                self._buf, self._state = self._buf[at + len(START) :], "header"
+                self._state = "header"
                 continue
             # "body": up to the first end marker
             ends = [(i, m) for m in ENDS if (i := self._buf.find(m)) >= 0]
             if not ends:
                 if self._kind == "call":
                     return reasoning, pieces  # a call's arguments come out whole
-                keep = max(held_suffix(self._buf, m) for m in ENDS)
-                out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+                out, self._buf = release(self._buf, ENDS)
                 r, p = self._route(out)
                 reasoning += r
                 pieces += p

@@ -16,7 +16,7 @@ import json
 import re
 
 from router.generation.calls import call_from
-from router.generation.reasoning import held_suffix
+from router.generation.reasoning import past_marker, release
 from router.generation.tagged_calls import ParamTypes, minimax_calls
 from router.generation.tool_calls import Piece
 
@@ -42,12 +42,11 @@ class MuseParser:
         pieces: list[Piece] = []
         while True:
             if self._state == "between":
-                at = self._buf.find(START)
-                if at < 0:
-                    keep = held_suffix(self._buf, START)
-                    self._buf = self._buf[len(self._buf) - keep :] if keep else ""
+                # Between messages only the next one's start is expected.
+                self._buf, found = past_marker(self._buf, START)
+                if not found:
                     return reasoning, pieces
-                self._buf, self._state = self._buf[at + len(START) :], "header"
+                self._state = "header"
                 continue
             if self._state == "header":
                 at = self._buf.find(MESSAGE)
@@ -66,8 +65,7 @@ class MuseParser:
             if not ends:
                 if self._kind == "call":
                     return reasoning, pieces  # a call block comes out whole
-                keep = max(held_suffix(self._buf, e) for e in ENDS)
-                out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+                out, self._buf = release(self._buf, ENDS)
                 r, p = self._route(out)
                 return reasoning + r, pieces + p
             i, marker = min(ends)

@@ -25,6 +25,23 @@ def held_suffix(text: str, marker: str) -> int:
     return 0
 
 
+def past_marker(buf: str, marker: str) -> tuple[str, bool]:
+    """What follows the first `marker` in `buf`, and True; while it has not come, only the
+    end of `buf` that may still begin it, and False (the rest is no one's text)."""
+    at = buf.find(marker)
+    if at < 0:
+        keep = held_suffix(buf, marker)
+        return (buf[len(buf) - keep :] if keep else ""), False
+    return buf[at + len(marker) :], True
+
+
+def release(buf: str, markers: tuple[str, ...]) -> tuple[str, str]:
+    """`buf` split into what is certain to be text (no start of any of `markers` at its
+    end) and what must wait for more."""
+    keep = max(held_suffix(buf, m) for m in markers)
+    return buf[: len(buf) - keep], buf[len(buf) - keep :]
+
+
 class ReasoningSplitter:
     """Feed output text; get (reasoning, content) pieces back.
 
