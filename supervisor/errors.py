@@ -48,7 +48,11 @@ class Forbidden(CorralError):
     """A valid key, or a client, that may not use this route (403)."""
 
 
-class ModelNotFound(CorralError):
+class NotFound(CorralError):
+    """No such object (a stored response, by its id): 404."""
+
+
+class ModelNotFound(NotFound):
     """No model or alias by that name (404)."""
 
 

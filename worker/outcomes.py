@@ -194,6 +194,7 @@ class Requests:
         if not req.announced:
             req.announced = True
             ev.in_reasoning = req.in_reasoning
+            ev.prompt_usage = Usage(prompt_tokens=len(req.prompt), completion_tokens=0, cached_tokens=req.cached)
         return ev
 
 

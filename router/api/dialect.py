@@ -17,7 +17,7 @@ from quart import Blueprint
 
 from router.server.errors import Rendered
 from router.server.openapi import Operation
-from supervisor.errors import CorralError
+from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.supervisor import Supervisor
 
@@ -36,6 +36,14 @@ class Server:
     # The same names, for routes that load nothing by themselves or load on purpose
     # (/models/load, GET /props of an asleep model): never refused for autoload.
     find: Resolve
+
+    def generating(self, model: str | None, hint: str = "; use /v1/embeddings") -> ModelHandle:
+        """`resolve`, for a route that generates text: a model that serves embeddings
+        only is a 400 naming `model` (`hint` says where to go instead)."""
+        handle = self.resolve(model)
+        if handle.spec.embeddings:
+            raise Unsupported(f"The model `{model or handle.name}` serves embeddings only{hint}.", "model")
+        return handle
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ Pure: events in, plain values out, so it is tested without a worker.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from router.generation.events import (
     Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
@@ -91,3 +92,14 @@ async def gather(events: AsyncIterator[Event]) -> Answer:
     async for ev in events:
         answer.add(ev)
     return answer
+
+
+def arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as an object, for dialects that send one (Ollama's, Anthropic's
+    `input`; their clients refuse a string). A model that wrote other JSON keeps it, under
+    "arguments", rather than losing it."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    return value if isinstance(value, dict) else {"arguments": value}

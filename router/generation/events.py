@@ -32,9 +32,12 @@ Reason = Literal["stop", "length", "cancelled", "tool_calls"]
 
 @dataclass(frozen=True, slots=True)
 class Begin:
-    """A choice's output begins (before its first token, for the first prompt's choices)."""
+    """A choice's output begins (before its first token, for the first prompt's choices).
+    `usage`: the first prompt's tokens and cached tokens (completion_tokens 0), where the
+    worker told them, for a dialect that reports them up front (Anthropic's message_start)."""
 
     choice: int
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ class Generation:
         self._n = 1
         self._at = 0  # the stream being read
         self.parsing: ChatParsing | None = None  # a chat's; None for a text completion
+        self._prompt_usage: Usage | None = None
 
     @classmethod
     async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
@@ -167,9 +168,16 @@ class Generation:
         # response's status.
         for stream in self._streams:
             self._firsts.append(await stream.receive())
+        self._prompt_usage = self._firsts[0].prompt_usage if self._firsts and self._firsts[0] else None
         if self._record is not None:
             self._record.first_token = time.monotonic()
             self._record.prompt_tokens = self._record.generated_tokens = 0
+
+    @property
+    def prompt_usage(self) -> Usage | None:
+        """The first prompt's tokens and cached tokens, as its first event told them
+        (None from a worker that does not say)."""
+        return self._prompt_usage
 
     @property
     def conn(self) -> WorkerConnection:

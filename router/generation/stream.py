@@ -51,7 +51,7 @@ async def events(gen: Generation, job: GenerationJob) -> AsyncIterator[Event]:
         begun: set[int] = set()
         for i in range(job.n):  # the first prompt's choices begin before any token
             begun.add(i)
-            yield Begin(i)
+            yield Begin(i, gen.prompt_usage)
         async for ev in gen:
             i = ev.index
             if i not in begun:

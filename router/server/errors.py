@@ -21,7 +21,7 @@ _STATUS: dict[type[e.CorralError], int] = {
     e.ContextOverflow: 400,
     e.Unauthorized: 401,
     e.Forbidden: 403,
-    e.ModelNotFound: 404,
+    e.NotFound: 404,
     e.Overloaded: 429,
     e.WorkerCrashed: 502,
     e.WorkerUnavailable: 503,

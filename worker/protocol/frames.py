@@ -268,6 +268,10 @@ class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     index: int = 0
     logprobs: list[TokenLogprob] = []
     echo: str | None = None  # the prompt's text, on a choice's first event when asked
+    # On a choice's first event: its prompt's tokens and how many came from the prefix
+    # cache (completion_tokens 0), for dialects that report them before the answer
+    # (Anthropic's message_start).
+    prompt_usage: Usage | None = None
 
 
 class Step(Frame):

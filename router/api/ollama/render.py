@@ -9,7 +9,6 @@ A failure after the headers is a last `{"error": ...}` line, which Ollama's clie
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,7 +16,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from router.generation.answer import Call, gather
+from router.generation.answer import Call, arguments, gather
 from router.generation.events import (
     Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
@@ -39,16 +38,6 @@ def created_at() -> str:
 
 def line(obj: object) -> bytes:
     return _json.encode(obj) + b"\n"
-
-
-def arguments(text: str) -> dict[str, Any]:
-    """A call's arguments as the object Ollama sends (its clients refuse a string). A
-    model that wrote other JSON keeps it, under "arguments", rather than losing it."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = text
-    return value if isinstance(value, dict) else {"arguments": value}
 
 
 def call_json(index: int, call: Call) -> dict[str, Any]:

@@ -131,13 +131,7 @@ def register(app: Blueprint, server: Server) -> None:
         handle = generating_model(r.model)
         return await _answer(handle, completion_job(r, r.model or handle.name, handle.spec.defaults))
 
-    def generating_model(model: str | None) -> ModelHandle:
-        handle = resolve(model)
-        if handle.spec.embeddings:
-            raise Unsupported(
-                f"The model `{model or handle.name}` serves embeddings only; use /v1/embeddings.", "model"
-            )
-        return handle
+    generating_model = server.generating
 
     @app.post("/v1/embeddings")  # /embeddings, without /v1, is llama-server's native one
     async def embeddings() -> Response:

@@ -10,7 +10,8 @@ import pytest
 from ollama import ChatResponse, GenerateResponse
 
 from router.api.ollama.errors import render, render_http
-from router.api.ollama.render import Reply, arguments, lines, whole
+from router.api.ollama.render import Reply, lines, whole
+from router.generation.answer import arguments
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )

@@ -1,0 +1,63 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, so that
+Anthropic's SDKs and Claude Code work against Corral unchanged (ANTHROPIC_BASE_URL).
+
+Keys come as `x-api-key` or `Authorization: Bearer` (router/server/auth.py); the
+`anthropic-version` and `anthropic-beta` headers are accepted whatever they say, as the
+fields they turn on are (router/api/anthropic/schemas.py). Each answer carries Anthropic's
+`request-id` header, the access log's id, beside `x-request-id`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import msgspec
+from quart import Blueprint, Response
+
+from router.api.anthropic import schemas
+from router.api.anthropic.render import Reply, stream, whole
+from router.api.anthropic.translate import chat_messages, messages_job, thinking_kwargs, tools
+from router.api.answering import answer
+from router.api.dialect import Server
+from router.server import access_log, bodies
+from router.server.json_body import decode
+
+_json = msgspec.json.Encoder()
+_HINT = " (Anthropic's Messages API generates text)"
+
+
+def owns(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def _with_request_id(response: Response) -> Response:
+    record = access_log.current()
+    if record is not None:
+        response.headers["request-id"] = record.id
+    return response
+
+
+def register(app: Blueprint, server: Server) -> None:
+    @app.post("/v1/messages")
+    async def messages() -> Response:
+        r: schemas.MessagesRequest = decode(await bodies.read_body(), schemas.MessagesRequest, api="Anthropic")
+        handle = server.generating(r.model, _HINT)
+        job = messages_job(r, r.model or handle.name, handle.spec.defaults)
+        reply = Reply(model=job.model, stop_sequences=tuple(r.stop_sequences or ()))
+        return _with_request_id(await answer(handle, job, partial(whole, reply=reply), partial(stream, reply=reply)))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens() -> Response:
+        """The prompt's tokens, as /v1/messages would render and tokenize it. Generates
+        nothing (the model loads, as its tokenizer is the model's)."""
+        r: schemas.CountTokensRequest = decode(await bodies.read_body(), schemas.CountTokensRequest, api="Anthropic")
+        handle = server.generating(r.model, _HINT)
+        msgs = chat_messages(r.system, r.messages)
+        offered = tools(r.tools, r.tool_choice).offered
+        async with handle.lease() as conn:
+            prompt = await conn.render(msgs, list(offered) if offered else None, thinking_kwargs(r.thinking))
+            n = len(await conn.tokenize(prompt, add_special=True))
+        record = access_log.current()
+        if record is not None:
+            record.prompt_tokens, record.generated_tokens = n, 0
+        return _with_request_id(Response(_json.encode({"input_tokens": n}), content_type="application/json"))
