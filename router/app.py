@@ -18,7 +18,7 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from router.api import anthropic, autoload, llama, ollama, openai
+from router.api import anthropic, autoload, llama, ollama, openai, responses
 from router.api.dialect import Dialect, Server
 from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
@@ -34,7 +34,9 @@ log = logging.getLogger("corral.router")
 _json = msgspec.json.Encoder()
 
 # In the order their paths are tried; OpenAI's, which owns every path, last.
-DIALECTS: tuple[Dialect, ...] = (anthropic.DIALECT, llama.DIALECT, ollama.DIALECT, openai.DIALECT)
+DIALECTS: tuple[Dialect, ...] = (
+    anthropic.DIALECT, responses.DIALECT, llama.DIALECT, ollama.DIALECT, openai.DIALECT,
+)
 
 
 def dialect_of(path: str, v1_errors: str = "openai") -> Dialect:

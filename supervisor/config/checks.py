@@ -68,6 +68,10 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         yield f"server.drain_timeout: must be a finite number >= 0, got {srv.drain_timeout}"
     if srv.max_body_bytes < 1024:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
+    if not _seconds(srv.responses_ttl):
+        yield f"server.responses_ttl: must be a finite number >= 0, got {srv.responses_ttl}"
+    if srv.responses_max_bytes < 0:
+        yield f"server.responses_max_bytes: must be >= 0 (0 keeps no response), got {srv.responses_max_bytes}"
     if sup.health_misses < 1:
         yield f"supervisor.health_misses: must be at least 1, got {sup.health_misses}"
     if sup.max_loaded_models < 0:

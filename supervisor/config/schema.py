@@ -86,6 +86,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Where `corral serve` writes its pid at start (atomically) and removes it at exit, so
     # that `corral config ... --reload --signal` can send it SIGHUP. Relative to the file.
     pid_file: str | None = None
+    # OpenAI's Responses API keeps each response made with `store` (its default) in memory,
+    # so that a later request can continue it by `previous_response_id` and GET /v1/responses/ID
+    # can read it: for this long after it was made, and at most this many bytes of them in
+    # all (the oldest go first). 0 keeps none. Applies on reload; a restart forgets them.
+    responses_ttl: Seconds = 3600.0
+    responses_max_bytes: int = 64 * 1024 * 1024
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

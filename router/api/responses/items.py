@@ -1,0 +1,161 @@
+"""The Responses API's `input` items and `tools`, checked and turned into chat messages and
+function tools: what the internal request holds (router/generation/job.py).
+
+Items, in order:
+- a message (`type` "message" or left out): `role` user, system, developer or assistant;
+  `content` a string or parts (`input_text`, and `output_text` / `refusal` in an
+  assistant's, as a client sends its earlier output back). Images and files need a vision
+  model, which Corral does not run: a 400 naming the part;
+- `function_call` (call_id, name, arguments) and `reasoning` (its text, or its summary's)
+  join the assistant turn they belong to, as its tool_calls and reasoning_content;
+- `function_call_output` (call_id, output) is a `tool` message answering that call.
+Any other item (a hosted tool's call, an `item_reference`) is refused naming its `type`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.generation import tool_schemas
+from router.generation.tool_schemas import ToolRequest
+from supervisor.errors import InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, ToolCall
+
+_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
+
+
+def _string(item: dict[str, Any], key: str, at: str, required: bool = True) -> str:
+    v = item.get(key)
+    if v is None and not required:
+        return ""
+    if not isinstance(v, str):
+        if v is None:
+            raise InvalidRequest(f"Missing required parameter: '{at}.{key}'.", f"{at}.{key}")
+        raise InvalidRequest(f"Invalid type for '{at}.{key}': expected a string.", f"{at}.{key}")
+    return v
+
+
+def _text(content: Any, at: str) -> str:
+    """A string, or text parts joined; an image or a file is refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"Invalid type for '{at}': expected a string or an array of parts.", at)
+    texts = []
+    for j, part in enumerate(content):
+        pat = f"{at}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_image", "input_file", "input_audio"):
+            raise Unsupported(f"'{pat}': {kind} parts are not supported (Corral runs text models).", f"{pat}.type")
+        if kind == "refusal":
+            texts.append(_string(part, "refusal", pat))
+        elif kind in _TEXT_PARTS:
+            texts.append(_string(part, "text", pat))
+        else:
+            raise InvalidRequest(
+                f"Invalid value for '{pat}.type': expected 'input_text' or 'output_text', got {kind!r}.", f"{pat}.type"
+            )
+    return "".join(texts)
+
+
+class _Turns:
+    """The messages being built: an assistant turn stays open while its reasoning, text and
+    calls arrive, and closes at the next message or call output."""
+
+    def __init__(self) -> None:
+        self.out: list[ChatMessage] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[ToolCall] = []
+
+    def close(self) -> None:
+        if self.content or self.reasoning or self.calls:
+            self.out.append(
+                ChatMessage(
+                    role="assistant",
+                    content="".join(self.content),
+                    tool_calls=self.calls or None,
+                    reasoning_content="".join(self.reasoning) if self.reasoning else None,
+                )
+            )
+        self.content, self.reasoning, self.calls = [], [], []
+
+    def add(self, m: ChatMessage) -> None:
+        self.close()
+        self.out.append(m)
+
+
+def chat_messages(input: str | list[Any] | None) -> list[ChatMessage]:
+    if input is None or isinstance(input, str):
+        return [ChatMessage(role="user", content=input or "")]
+    turns = _Turns()
+    for i, item in enumerate(input):
+        at = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"Invalid type for '{at}': expected an object.", at)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in _ROLES:
+                raise InvalidRequest(f"Invalid value for '{at}.role': expected one of {list(_ROLES)}.", f"{at}.role")
+            text = _text(item.get("content"), f"{at}.content")
+            if role == "assistant":
+                turns.content.append(text)
+            else:  # "developer" is the system role's newer name; templates know "system"
+                turns.add(ChatMessage(role="system" if role == "developer" else role, content=text))
+        elif kind == "function_call":
+            call_id, name = _string(item, "call_id", at), _string(item, "name", at)
+            turns.calls.append(ToolCall(id=call_id, name=name, arguments=_string(item, "arguments", at)))
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = _text(output if output is not None else "", f"{at}.output")
+            turns.add(ChatMessage(role="tool", content=text, tool_call_id=_string(item, "call_id", at)))
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            turns.reasoning.append(_text(parts, f"{at}.content" if item.get("content") else f"{at}.summary"))
+        else:
+            raise Unsupported(
+                f"Invalid value for '{at}.type': {kind!r} items are not supported; Corral takes messages, "
+                "function_call, function_call_output and reasoning items.",
+                f"{at}.type",
+            )
+    turns.close()
+    if not turns.out:
+        raise InvalidRequest("'input' must contain at least one item.", "input")
+    return turns.out
+
+
+_FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
+
+
+def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> ToolRequest:
+    """Function tools (name, description, parameters, strict: flat, unlike chat's), checked
+    as chat's are; a hosted tool (web_search, file_search, ...) is refused naming it."""
+    functions = []
+    for i, t in enumerate(tools or ()):
+        at = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise InvalidRequest(f"Invalid type for '{at}': expected an object.", at)
+        if t.get("type") != "function":
+            raise Unsupported(
+                f"Invalid value for '{at}.type': {t.get('type')!r} tools are not supported; Corral serves "
+                "function tools (the model's calls come back for the client to run).",
+                f"{at}.type",
+            )
+        functions.append({"type": "function", "function": {k: v for k, v in t.items() if k in _FUNCTION_KEYS - {"type"}}})
+    choice = tool_choice
+    if isinstance(tool_choice, dict):
+        if tool_choice.get("type") != "function" or not isinstance(tool_choice.get("name"), str):
+            raise Unsupported(
+                "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+                '{"type": "function", "name": ...}.',
+                "tool_choice",
+            )
+        choice = {"type": "function", "function": {"name": tool_choice["name"]}}
+    try:
+        return tool_schemas.tool_request(functions or None, choice, parallel)
+    except InvalidRequest as exc:
+        # Chat's layout names `tools[0].function.name`; a Responses tool is flat.
+        param = exc.param.replace(".function.", ".") if exc.param else None
+        raise InvalidRequest(exc.message.replace(exc.param or "\0", param or ""), param) from None
