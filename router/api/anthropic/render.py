@@ -28,7 +28,7 @@ from typing import AsyncIterator
 import msgspec
 
 from router.api.anthropic.errors import error_event
-from router.generation.answer import ChoiceAnswer, arguments, gather
+from router.generation.answer import arguments
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
@@ -82,89 +82,99 @@ class Reply:
         }
 
 
-def content_blocks(c: ChoiceAnswer) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = []
-    if c.reasoning:
-        out.append({"type": "thinking", "thinking": c.reasoning, "signature": ""})
-    if c.content.strip() or (c.content and not c.calls):
-        out.append({"type": "text", "text": c.content})
-    for call in c.calls:
-        out.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments(call.arguments)})
-    return out
-
-
-async def whole(events: AsyncIterator[Event], reply: Reply) -> bytes:
-    """The body of a message that does not stream; a failure raises."""
-    answer = await gather(events)
-    c = answer.by_index[0]
-    return _json.encode(reply.message(content_blocks(c), c.finish, answer.usage))
-
-
 def sse(kind: str, data: dict[str, object]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _json.encode({"type": kind, **data}) + b"\n\n"
 
 
-class _Blocks:
-    """The stream's content blocks: which is open, and its index."""
+class _Message:
+    """A message built from the events, block by block, as its stream shows it: `feed`
+    returns an event's server-sent events, and `content` is what they add up to, so that
+    a whole message and a streamed one cannot differ."""
 
-    def __init__(self) -> None:
-        self.open: str | None = None
-        self.index = -1
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.content: list[dict[str, object]] = []
+        self.open: str | None = None  # the type of the block being streamed
+        self.held = ""  # whitespace that opens no text block unless more text follows
+        self.arguments = ""  # the open tool_use block's input, as JSON text
+        self.finish: Finish | None = None
+
+    @property
+    def index(self) -> int:
+        return len(self.content) - 1
 
     def start(self, block: dict[str, object]) -> list[bytes]:
         out = self.stop()
-        self.index += 1
-        self.open = str(block["type"])
+        self.content.append(dict(block))
+        self.open, self.arguments = str(block["type"]), ""
         return out + [sse("content_block_start", {"index": self.index, "content_block": block})]
 
-    def delta(self, delta: dict[str, object]) -> bytes:
+    def delta(self, field: str, text: str, delta: dict[str, object]) -> bytes:
+        block = self.content[-1]
+        block[field] = str(block[field]) + text
         return sse("content_block_delta", {"index": self.index, "delta": delta})
 
     def stop(self) -> list[bytes]:
         if self.open is None:
             return []
+        out = []
+        if self.open == "thinking":  # Anthropic's thinking block ends with its signature
+            out.append(sse("content_block_delta", {"index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
+        elif self.open == "tool_use":
+            self.content[-1]["input"] = arguments(self.arguments or "{}")
         self.open = None
-        return [sse("content_block_stop", {"index": self.index})]
+        return out + [sse("content_block_stop", {"index": self.index})]
+
+    def feed(self, ev: Event) -> list[bytes]:
+        if isinstance(ev, Begin):
+            return [sse("message_start", {"message": self.reply.message([], None, ev.usage)}), sse("ping", {})]
+        if isinstance(ev, ReasoningDelta) and ev.text:
+            out = [] if self.open == "thinking" else self.start({"type": "thinking", "thinking": "", "signature": ""})
+            return out + [self.delta("thinking", ev.text, {"type": "thinking_delta", "thinking": ev.text})]
+        if isinstance(ev, TextDelta) and ev.text:
+            text, out = ev.text, []
+            if self.open != "text":
+                self.held += text
+                if not self.held.strip():
+                    return []
+                text, self.held = self.held, ""
+                out = self.start({"type": "text", "text": ""})
+            return out + [self.delta("text", text, {"type": "text_delta", "text": text})]
+        if isinstance(ev, ToolCallStart):
+            self.held = ""
+            return self.start({"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}})
+        if isinstance(ev, ToolCallDelta) and ev.arguments:
+            self.arguments += ev.arguments
+            return [sse("content_block_delta", {"index": self.index, "delta": {"type": "input_json_delta", "partial_json": ev.arguments}})]
+        if isinstance(ev, ToolCallEnd):
+            return self.stop()
+        if isinstance(ev, Finish):
+            self.finish = ev
+            reason, sequence = self.reply.stop(ev)
+            delta = {"stop_reason": reason, "stop_sequence": sequence}
+            return self.stop() + [sse("message_delta", {"delta": delta, "usage": usage_json(ev.usage)})]
+        if isinstance(ev, Done):
+            return [sse("message_stop", {})]
+        if isinstance(ev, Failed):
+            return [error_event(ev.error)]
+        return []
+
+
+async def whole(events: AsyncIterator[Event], reply: Reply) -> bytes:
+    """The body of a message that does not stream; a failure raises."""
+    m = _Message(reply)
+    usage: Usage | None = None
+    async for ev in events:
+        if isinstance(ev, Failed):
+            raise ev.error
+        if isinstance(ev, Done):
+            usage = ev.usage
+        m.feed(ev)
+    return _json.encode(reply.message(m.content, m.finish, usage))
 
 
 async def stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[bytes]:
-    blocks = _Blocks()
-    held = ""  # whitespace that opens no text block unless more text follows
+    m = _Message(reply)
     async for ev in events:
-        if isinstance(ev, Begin):
-            yield sse("message_start", {"message": reply.message([], None, ev.usage)})
-            yield sse("ping", {})
-        elif isinstance(ev, ReasoningDelta) and ev.text:
-            if blocks.open != "thinking":
-                for b in blocks.start({"type": "thinking", "thinking": "", "signature": ""}):
-                    yield b
-            yield blocks.delta({"type": "thinking_delta", "thinking": ev.text})
-        elif isinstance(ev, TextDelta) and ev.text:
-            text = ev.text
-            if blocks.open != "text":
-                held += text
-                if not held.strip():
-                    continue
-                text, held = held, ""
-                for b in blocks.start({"type": "text", "text": ""}):
-                    yield b
-            yield blocks.delta({"type": "text_delta", "text": text})
-        elif isinstance(ev, ToolCallStart):
-            held = ""
-            for b in blocks.start({"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}}):
-                yield b
-        elif isinstance(ev, ToolCallDelta) and ev.arguments:
-            yield blocks.delta({"type": "input_json_delta", "partial_json": ev.arguments})
-        elif isinstance(ev, ToolCallEnd):
-            for b in blocks.stop():
-                yield b
-        elif isinstance(ev, Finish):
-            for b in blocks.stop():
-                yield b
-            reason, sequence = reply.stop(ev)
-            delta = {"stop_reason": reason, "stop_sequence": sequence}
-            yield sse("message_delta", {"delta": delta, "usage": usage_json(ev.usage)})
-        elif isinstance(ev, Done):
-            yield sse("message_stop", {})
-        elif isinstance(ev, Failed):
-            yield error_event(ev.error)
+        for chunk in m.feed(ev):
+            yield chunk

@@ -47,7 +47,7 @@ def _text(content: Any, at: str) -> str:
         pat = f"{at}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_image", "input_file", "input_audio"):
-            raise Unsupported(f"'{pat}': {kind} parts are not supported (Corral runs text models).", f"{pat}.type")
+            raise Unsupported(f"'{pat}.type': {kind} parts are not supported (Corral runs text models).", f"{pat}.type")
         if kind == "refusal":
             texts.append(_string(part, "refusal", pat))
         elif kind in _TEXT_PARTS:

@@ -23,12 +23,10 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
-from router.api.openai.errors import classify
-from router.generation.answer import ChoiceAnswer, gather
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
-from supervisor.errors import CorralError
+from supervisor.errors import CorralError, Overloaded
 from worker.protocol import ChatMessage, ToolCall, Usage
 
 _json = msgspec.json.Encoder()
@@ -129,32 +127,17 @@ def _call(call_id: str, name: str, arguments: str, status: str = "completed") ->
     return {"id": new_id("fc_"), "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
 
 
-def output_items(c: ChoiceAnswer) -> list[dict[str, Any]]:
-    cut = c.finish is not None and c.finish.reason == "length"
-    out: list[dict[str, Any]] = []
-    if c.reasoning:
-        out.append(_reasoning(c.reasoning))
-    if c.content.strip() or (c.content and not c.calls):
-        out.append(_message(c.content, "incomplete" if cut and not c.calls else "completed"))
-    out += [_call(call.id, call.name, call.arguments) for call in c.calls]
-    return out
-
-
-async def whole(events: AsyncIterator[Event], reply: Reply) -> bytes:
-    """The body of a response that does not stream; a failure raises."""
-    answer = await gather(events)
-    c = answer.by_index[0]
-    return _json.encode(reply.finished(output_items(c), c.finish, answer.usage))
-
-
 def failure(exc: CorralError) -> dict[str, Any]:
-    """A failed response's `error`."""
-    h = classify(exc)
-    return {"code": h.code or h.type, "message": exc.message}
+    """A failed response's `error`: its code is one of the few the Responses API lists
+    (the SDK refuses any other), the message says what broke."""
+    code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
+    return {"code": code, "message": exc.message}
 
 
 class _Events:
-    """The stream's events, numbered, and its output items as they are made."""
+    """The stream's events, numbered, and its output items as they are made: `feed`
+    returns an event's server-sent events, and `output` is what they add up to, so that a
+    whole response and a streamed one cannot differ."""
 
     def __init__(self, reply: Reply) -> None:
         self.reply = reply
@@ -162,6 +145,9 @@ class _Events:
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.text = ""  # its text (or arguments) so far
+        self.held = ""  # whitespace that opens no message unless more text follows
+        self.finish: Finish | None = None
+        self.final: dict[str, Any] | None = None  # the response, once done
 
     def sse(self, kind: str, **data: Any) -> bytes:
         body = _json.encode({"type": kind, "sequence_number": self.seq, **data})
@@ -214,45 +200,61 @@ class _Events:
         return out
 
 
-async def stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[bytes]:
-    s = _Events(reply)
-    held = ""  # whitespace that opens no message unless more text follows
-    finish: Finish | None = None
-    async for ev in events:
+    def feed(self, ev: Event) -> list[bytes]:
         out: list[bytes] = []
         if isinstance(ev, Begin):
-            started = reply.response("in_progress", [])
-            out += [s.sse("response.created", response=started), s.sse("response.in_progress", response=started)]
+            started = self.reply.response("in_progress", [])
+            out += [self.sse("response.created", response=started), self.sse("response.in_progress", response=started)]
         elif isinstance(ev, ReasoningDelta) and ev.text:
-            if s.open is None or s.open["type"] != "reasoning":
+            if self.open is None or self.open["type"] != "reasoning":
                 item = {"id": new_id("rs_"), "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
-                out += s.start(item, {"type": "reasoning_text", "text": ""})
-            out.append(s.delta(ev.text))
+                out += self.start(item, {"type": "reasoning_text", "text": ""})
+            out.append(self.delta(ev.text))
         elif isinstance(ev, TextDelta) and ev.text:
             text = ev.text
-            if s.open is None or s.open["type"] != "message":
-                held += text
-                if not held.strip():
-                    continue
-                text, held = held, ""
+            if self.open is None or self.open["type"] != "message":
+                self.held += text
+                if not self.held.strip():
+                    return []
+                text, self.held = self.held, ""
                 item = {"id": new_id("msg_"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-                out += s.start(item, _text_part(""))
-            out.append(s.delta(text))
+                out += self.start(item, _text_part(""))
+            out.append(self.delta(text))
         elif isinstance(ev, ToolCallStart):
-            held = ""
-            out += s.start(_call(ev.id, ev.name, "", "in_progress"), None)
+            self.held = ""
+            out += self.start(_call(ev.id, ev.name, "", "in_progress"), None)
         elif isinstance(ev, ToolCallDelta) and ev.arguments:
-            out.append(s.delta(ev.arguments))
+            out.append(self.delta(ev.arguments))
         elif isinstance(ev, ToolCallEnd):
-            out += s.stop()
+            out += self.stop()
         elif isinstance(ev, Finish):
-            finish = ev
-            out += s.stop("incomplete" if ev.reason == "length" else "completed")
+            self.finish = ev
+            out += self.stop("incomplete" if ev.reason == "length" else "completed")
         elif isinstance(ev, Done):
-            final = reply.finished(s.output, finish, ev.usage)
-            out.append(s.sse(f"response.{final['status']}", response=final))
+            final = self.reply.finished(self.output, self.finish, ev.usage)
+            out.append(self.sse(f"response.{final['status']}", response=final))
+            self.final = final
         elif isinstance(ev, Failed):
-            out += s.stop("incomplete")
-            out.append(s.sse("response.failed", response=reply.response("failed", s.output, error=failure(ev.error))))
-        for chunk in out:
+            out += self.stop("incomplete")
+            failed = self.reply.response("failed", self.output, error=failure(ev.error))
+            out.append(self.sse("response.failed", response=failed))
+        return out
+
+
+async def whole(events: AsyncIterator[Event], reply: Reply) -> bytes:
+    """The body of a response that does not stream, built as its stream would be; a
+    failure raises."""
+    s = _Events(reply)
+    async for ev in events:
+        if isinstance(ev, Failed):
+            raise ev.error
+        s.feed(ev)
+    assert s.final is not None
+    return _json.encode(s.final)
+
+
+async def stream(events: AsyncIterator[Event], reply: Reply) -> AsyncIterator[bytes]:
+    s = _Events(reply)
+    async for ev in events:
+        for chunk in s.feed(ev):
             yield chunk
