@@ -58,7 +58,9 @@ Block = Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBloc
 
 
 class Message(msgspec.Struct):
-    role: Literal["user", "assistant"]
+    # "system" past the first turn: Claude Code's mid-conversation system messages (its
+    # mid-conversation-system beta), which carry instructions where they apply.
+    role: Literal["user", "assistant", "system"]
     content: Union[str, list[Block]]
 
 

@@ -2,7 +2,9 @@
 (router/generation/job.py), as llama-server (tools/server/server-chat.cpp) and Ollama
 (middleware/anthropic.go) convert it to the chat form their core serves.
 
-- `system`, a string or text blocks, is the system message.
+- `system`, a string or text blocks, is the system message. A `system` message among the
+  turns (Claude Code sends one after the user's first) joins the turn it follows, as most
+  templates refuse a system message that is not first.
 - A message's blocks become chat messages: text is the content (a user's blocks joined by
   a blank line); `thinking` is an assistant's reasoning_content; `tool_use` blocks are its
   tool_calls; each `tool_result` is a `tool` message answering its call, before the user's
@@ -53,13 +55,42 @@ def chat_messages(system: str | list[s.TextBlock] | None, messages: list[s.Messa
         raise InvalidRequest("'messages' must contain at least one message.", "messages")
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
-        if isinstance(m.content, str):
+        if m.role == "system":
+            _system_turn(out, _plain(m.content, at))
+        elif isinstance(m.content, str):
             out.append(ChatMessage(role=m.role, content=m.content))
         elif m.role == "user":
             out += _user(m.content, at)
         else:
             out.append(_assistant(m.content, at))
     return out
+
+
+def _plain(content: str | list[s.Block], at: str) -> str:
+    """A system message's text: a string, or text blocks."""
+    if isinstance(content, str):
+        return content
+    for j, b in enumerate(content):
+        if not isinstance(b, s.TextBlock):
+            raise InvalidRequest(f"'{at}.content[{j}]': a system message holds text blocks only.", f"{at}.content[{j}].type")
+    return "\n\n".join(b.text for b in content if isinstance(b, s.TextBlock))
+
+
+def _system_turn(out: list[ChatMessage], text: str) -> None:
+    """A system message among the turns. Most chat templates refuse a system message that
+    is not first (Qwen3's, Gemma's raise), so one that follows the opening system prompt
+    joins it, and one later in the conversation joins the user's turn it follows (or is
+    a user turn of its own after the assistant's): its words reach the model where they
+    were said, in a shape every template renders."""
+    if all(m.role == "system" for m in out):
+        if out:
+            out[-1] = ChatMessage(role="system", content=out[-1].content + "\n\n" + text)
+        else:
+            out.append(ChatMessage(role="system", content=text))
+    elif out[-1].role == "user":
+        out[-1] = ChatMessage(role="user", content=out[-1].content + "\n\n" + text)
+    else:
+        out.append(ChatMessage(role="user", content=text))
 
 
 def _refuse_media(block: s.Block, at: str) -> None:
@@ -141,9 +172,12 @@ def tools(raw: list[s.Tool] | None, choice: s.ToolChoice | None) -> ToolRequest:
                 "Corral serves client tools (name, description, input_schema).",
                 f"tools[{i}].type",
             )
-        f: dict[str, Any] = {"name": t.name, "parameters": t.input_schema or {"type": "object", "properties": {}}}
+        # OpenAI's key order: a template that renders a tool as JSON writes the same text
+        # whichever dialect the tool came in.
+        f: dict[str, Any] = {"name": t.name}
         if t.description is not None:
             f["description"] = t.description
+        f["parameters"] = t.input_schema or {"type": "object", "properties": {}}
         functions.append({"type": "function", "function": f})
     openai_choice: Any = None
     parallel = True

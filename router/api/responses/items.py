@@ -126,24 +126,51 @@ def chat_messages(input: str | list[Any] | None) -> list[ChatMessage]:
     return turns.out
 
 
-_FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
+_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
 
-def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> ToolRequest:
+def _function(t: dict[str, Any]) -> dict[str, Any]:
+    """A flat Responses function tool in chat's layout, its keys in OpenAI's order (a
+    template that renders tools as JSON writes the same text whichever API they came by)."""
+    return {"type": "function", "function": {k: t[k] for k in _FUNCTION_KEYS if k in t}}
+
+
+def _hosted(t: Any, at: str) -> Unsupported:
+    kind = t.get("type") if isinstance(t, dict) else None
+    hint = ' (Codex: set web_search = "disabled" in its config.toml)' if kind == "web_search" else ""
+    return Unsupported(
+        f"Invalid value for '{at}.type': {kind!r} tools are not supported; Corral serves function tools (the "
+        f"model's calls come back for the client to run), alone or in a namespace{hint}.",
+        f"{at}.type",
+    )
+
+
+def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> tuple[ToolRequest, dict[str, str]]:
     """Function tools (name, description, parameters, strict: flat, unlike chat's), checked
-    as chat's are; a hosted tool (web_search, file_search, ...) is refused naming it."""
-    functions = []
+    as chat's are, and the functions of each `namespace` tool (Codex groups its sub-agent
+    tools in one), offered alongside; a hosted tool (web_search, file_search, ...) is
+    refused naming it. Also returns each namespaced function's namespace, which its calls
+    carry back."""
+    functions: list[dict[str, Any]] = []
+    paths: list[str] = []  # where each function came from, for a 400
+    namespaces: dict[str, str] = {}
     for i, t in enumerate(tools or ()):
         at = f"tools[{i}]"
         if not isinstance(t, dict):
             raise InvalidRequest(f"Invalid type for '{at}': expected an object.", at)
-        if t.get("type") != "function":
-            raise Unsupported(
-                f"Invalid value for '{at}.type': {t.get('type')!r} tools are not supported; Corral serves "
-                "function tools (the model's calls come back for the client to run).",
-                f"{at}.type",
-            )
-        functions.append({"type": "function", "function": {k: v for k, v in t.items() if k in _FUNCTION_KEYS - {"type"}}})
+        if t.get("type") == "function":
+            functions.append(_function(t))
+            paths.append(at)
+        elif t.get("type") == "namespace" and isinstance(t.get("tools"), list):
+            for j, inner in enumerate(t["tools"]):
+                if not isinstance(inner, dict) or inner.get("type") != "function":
+                    raise _hosted(inner, f"{at}.tools[{j}]")
+                functions.append(_function(inner))
+                paths.append(f"{at}.tools[{j}]")
+                if isinstance(inner.get("name"), str):
+                    namespaces[inner["name"]] = str(t.get("name", ""))
+        else:
+            raise _hosted(t, at)
     choice = tool_choice
     if isinstance(tool_choice, dict):
         if tool_choice.get("type") != "function" or not isinstance(tool_choice.get("name"), str):
@@ -154,8 +181,12 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | Non
             )
         choice = {"type": "function", "function": {"name": tool_choice["name"]}}
     try:
-        return tool_schemas.tool_request(functions or None, choice, parallel)
+        return tool_schemas.tool_request(functions or None, choice, parallel), namespaces
     except InvalidRequest as exc:
-        # Chat's layout names `tools[0].function.name`; a Responses tool is flat.
-        param = exc.param.replace(".function.", ".") if exc.param else None
+        # Chat's layout names `tools[k].function.name`; a Responses tool is flat, and the
+        # k-th function may sit in a namespace.
+        param = exc.param
+        if param is not None and param.startswith("tools["):
+            k = int(param[len("tools["):param.index("]")])
+            param = paths[k] + param[param.index("]") + 1:].replace(".function.", ".")
         raise InvalidRequest(exc.message.replace(exc.param or "\0", param or ""), param) from None

@@ -61,6 +61,7 @@ class Reply:
     model: str
     echo: dict[str, Any]
     keep: Keep | None = None
+    namespaces: dict[str, str] = field(default_factory=dict)  # a namespaced function's namespace
     id: str = field(default_factory=lambda: new_id("resp_"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -183,7 +184,7 @@ class _Events:
             return []
         at, out = self._at(), []
         if item["type"] == "function_call":
-            done = _call(item["call_id"], item["name"], self.text, status) | {"id": item["id"]}
+            done = item | {"status": status, "arguments": self.text}
             out.append(self.sse("response.function_call_arguments.done", **at, name=item["name"], arguments=self.text))
         elif item["type"] == "reasoning":
             done = _reasoning(self.text) | {"id": item["id"]}
@@ -222,7 +223,10 @@ class _Events:
             out.append(self.delta(text))
         elif isinstance(ev, ToolCallStart):
             self.held = ""
-            out += self.start(_call(ev.id, ev.name, "", "in_progress"), None)
+            item = _call(ev.id, ev.name, "", "in_progress")
+            if ev.name in self.reply.namespaces:  # the call names its function as declared
+                item["namespace"] = self.reply.namespaces[ev.name]
+            out += self.start(item, None)
         elif isinstance(ev, ToolCallDelta) and ev.arguments:
             out.append(self.delta(ev.arguments))
         elif isinstance(ev, ToolCallEnd):

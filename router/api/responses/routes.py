@@ -67,14 +67,15 @@ def register(app: Blueprint, server: Server) -> None:
         refuse_unserved(r)
         handle = server.generating(r.model, "")
         turns = conversation(r)
-        job = responses_job(r, r.model or handle.name, handle.spec.defaults, turns)
+        tools, namespaces = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
+        job = responses_job(r, r.model or handle.name, handle.spec.defaults, turns, tools)
         owner = _owner()
 
         def keep(obj: dict[str, Any], turn: ChatMessage) -> None:
             ttl, max_bytes = limits()
             store.put(obj["id"], owner, _json.encode(obj), turns + (turn,), ttl, max_bytes)
 
-        reply = Reply(model=job.model, echo=echo(r, job.params), keep=keep if r.store else None)
+        reply = Reply(model=job.model, echo=echo(r, job.params), keep=keep if r.store else None, namespaces=namespaces)
         return await answer(handle, job, partial(whole, reply=reply), partial(stream, reply=reply))
 
     @app.post("/v1/responses/input_tokens")
@@ -83,7 +84,8 @@ def register(app: Blueprint, server: Server) -> None:
         """The tokens of the prompt a create with this body would run. Generates nothing."""
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         handle = server.generating(r.model, "")
-        job = responses_job(r, r.model or handle.name, handle.spec.defaults, conversation(r))
+        tools, _ = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
+        job = responses_job(r, r.model or handle.name, handle.spec.defaults, conversation(r), tools)
         async with handle.lease() as conn:
             offered = list(job.tools.offered) if job.tools.offered else None
             prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)

@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
-from router.api.responses import items
 from router.api.responses.schemas import ResponsesRequest
 from router.generation import sampling, structured
 from router.generation.job import GenerationJob
+from router.generation.tool_schemas import ToolRequest
 from router.generation.structured import ANY_OBJECT
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
@@ -69,16 +69,18 @@ def template_kwargs(r: ResponsesRequest) -> dict[str, Any] | None:
 
 
 def responses_job(
-    r: ResponsesRequest, model: str, defaults: SamplingParams, conversation: tuple[ChatMessage, ...]
+    r: ResponsesRequest, model: str, defaults: SamplingParams, conversation: tuple[ChatMessage, ...],
+    tools: ToolRequest,
 ) -> GenerationJob:
-    """`conversation`: the previous response's, then this request's input."""
+    """`conversation`: the previous response's, then this request's input; `tools`: its
+    tools, checked (router/api/responses/items.py)."""
     system = (ChatMessage(role="system", content=r.instructions),) if r.instructions else ()
     return GenerationJob(
         model=model,
         params=sampling_params(r, defaults),
         messages=system + conversation,
         stream=r.stream,
-        tools=items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls),
+        tools=tools,
         template_kwargs=template_kwargs(r),
     )
 

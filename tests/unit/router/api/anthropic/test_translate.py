@@ -146,9 +146,29 @@ def test_each_bad_input_is_a_400_naming_its_parameter(body: dict[str, Any], para
     "body, path",
     [
         ({"messages": [{"role": "user", "content": [{"type": "search_result"}]}]}, "messages[0].content[0]"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"max_tokens": "ten"}, "max_tokens"),
     ],
 )
 def test_shapes_the_decoder_refuses_name_their_path(body: dict[str, Any], path: str) -> None:
     assert path in (refused(**body).param or "")
+
+
+def test_a_system_message_among_the_turns_joins_the_turn_it_follows() -> None:
+    """Claude Code (its mid-conversation-system beta) sends a system message after the
+    user's first turn; Qwen3's and Gemma's templates raise on a system message not first."""
+    j = job(system="S", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "say ok"}]},
+        {"role": "system", "content": "Agents: none."},
+        {"role": "assistant", "content": "ok"},
+        {"role": "system", "content": [{"type": "text", "text": "Later."}]},
+    ])
+    assert j.messages == (
+        ChatMessage(role="system", content="S"),
+        ChatMessage(role="user", content="say ok\n\nAgents: none."),
+        ChatMessage(role="assistant", content="ok"),
+        ChatMessage(role="user", content="Later."),
+    )
+    assert job(messages=[{"role": "system", "content": "A"}, {"role": "user", "content": "hi"}]).messages == (
+        ChatMessage(role="system", content="A"), ChatMessage(role="user", content="hi"),
+    )

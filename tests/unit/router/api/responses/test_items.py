@@ -13,10 +13,12 @@ import pytest
 from router.api.responses.items import chat_messages, tool_request
 from router.api.responses.schemas import ResponsesRequest
 from router.api.responses.translate import echo, refuse_unserved, responses_job
+from router.generation.tool_schemas import ToolRequest
 from router.server.json_body import decode
 from supervisor.errors import CorralError, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams, ToolCall
 
+NO_TOOLS = ToolRequest()
 FN = {"type": "function", "name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": True}
 
 
@@ -56,12 +58,21 @@ def test_an_agents_own_output_items_sent_back_make_one_assistant_turn() -> None:
 
 
 def test_function_tools_are_flat_and_tool_choice_names_one() -> None:
-    t = tool_request([FN], {"type": "function", "name": "get_weather"}, False)
+    t, namespaces = tool_request([FN], {"type": "function", "name": "get_weather"}, False)
     assert t.offered is not None and t.offered[0]["function"]["name"] == "get_weather"
     assert t.offered[0]["function"]["parameters"] == FN["parameters"]
     assert t.forced is not None and not t.parallel
-    assert tool_request([FN], "required", None).forced is not None
-    assert tool_request([FN], "none", None).offered is None
+    assert tool_request([FN], "required", None)[0].forced is not None
+    assert tool_request([FN], "none", None)[0].offered is None
+    assert namespaces == {}
+
+
+def test_a_namespaces_functions_are_offered_and_their_calls_name_it() -> None:
+    """Codex groups its sub-agent tools in a `namespace` tool (captured from codex 0.171)."""
+    spawn = {"type": "function", "name": "spawn_agent", "description": "Spawn", "parameters": {"type": "object", "properties": {}}}
+    t, namespaces = tool_request([FN, {"type": "namespace", "name": "multi_agent_v1", "description": "Agents", "tools": [spawn]}], None, None)
+    assert t.offered is not None and [x["function"]["name"] for x in t.offered] == ["get_weather", "spawn_agent"]
+    assert namespaces == {"spawn_agent": "multi_agent_v1"}
 
 
 def test_the_job_puts_instructions_first_and_takes_text_format_and_effort() -> None:
@@ -73,7 +84,7 @@ def test_the_job_puts_instructions_first_and_takes_text_format_and_effort() -> N
         # Codex's and the agents SDK's fields Corral does not act on.
         include=["reasoning.encrypted_content"], prompt_cache_key="k", client_metadata={"a": "b"}, truncation="auto",
     )
-    j = responses_job(r, "m", SamplingParams(), tuple(chat_messages(r.input)))
+    j = responses_job(r, "m", SamplingParams(), tuple(chat_messages(r.input)), NO_TOOLS)
     assert j.messages == (ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="hi"))
     assert (j.params.max_tokens, j.params.temperature, j.params.top_p) == (50, 0.1, 0.5)
     assert j.params.constraint is not None and j.params.constraint.param == "text.format"
@@ -82,7 +93,7 @@ def test_the_job_puts_instructions_first_and_takes_text_format_and_effort() -> N
     e = echo(r, j.params)
     assert e["store"] is False and e["text"]["format"]["type"] == "json_schema" and e["instructions"] == "Be brief."
     json_object = request(input="hi", text={"format": {"type": "json_object"}})
-    assert responses_job(json_object, "m", SamplingParams(), ()).params.constraint is not None
+    assert responses_job(json_object, "m", SamplingParams(), (), NO_TOOLS).params.constraint is not None
 
 
 def _refused(fn: Any) -> CorralError:
@@ -125,6 +136,15 @@ def test_each_bad_tool_is_a_400_naming_it(tools: list[Any], choice: Any, param: 
     assert _refused(lambda: tool_request(tools, choice, None)).param == param
 
 
+def test_a_bad_function_in_a_namespace_is_named_by_its_path() -> None:
+    bad = {"type": "namespace", "name": "ns", "tools": [{**FN, "name": "bad name"}]}
+    assert _refused(lambda: tool_request([FN, bad], None, None)).param == "tools[1].tools[0].name"
+    hosted = {"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}
+    assert _refused(lambda: tool_request([hosted], None, None)).param == "tools[0].tools[0].type"
+    exc = _refused(lambda: tool_request([{"type": "web_search", "external_web_access": False}], None, None))
+    assert 'web_search = "disabled"' in exc.message  # what Codex's user has to change
+
+
 @pytest.mark.parametrize(
     "body, param",
     [
@@ -140,8 +160,8 @@ def test_what_corral_cannot_keep_is_refused_not_ignored(body: dict[str, Any], pa
 
 def test_sampling_ranges_name_the_responses_parameter() -> None:
     r = request(input="x", max_output_tokens=0)
-    assert _refused(lambda: responses_job(r, "m", SamplingParams(), ())).param == "max_output_tokens"
+    assert _refused(lambda: responses_job(r, "m", SamplingParams(), (), NO_TOOLS)).param == "max_output_tokens"
     r = request(input="x", temperature=3)
-    assert _refused(lambda: responses_job(r, "m", SamplingParams(), ())).param == "temperature"
+    assert _refused(lambda: responses_job(r, "m", SamplingParams(), (), NO_TOOLS)).param == "temperature"
     r = request(input="x", text={"format": {"type": "json_schema", "name": "x"}})
-    assert _refused(lambda: responses_job(r, "m", SamplingParams(), ())).param == "text.format.schema"
+    assert _refused(lambda: responses_job(r, "m", SamplingParams(), (), NO_TOOLS)).param == "text.format.schema"
