@@ -25,11 +25,13 @@ bench: setup model
 setup: $(STAMP)
 
 # Debian packages the tests drive, installed where missing: chromium (the dashboard is tested
-# in a headless browser) and systemd (systemd-analyze checks the example unit).
+# in a headless browser), systemd (systemd-analyze checks the example unit) and npm (Claude
+# Code and Codex CLI are installed from npm and run against Corral).
 system-packages:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
