@@ -22,6 +22,7 @@ _STATUS: dict[type[e.CorralError], int] = {
     e.Unauthorized: 401,
     e.Forbidden: 403,
     e.NotFound: 404,
+    e.ModelNotFound: 404,
     e.Overloaded: 429,
     e.WorkerCrashed: 502,
     e.WorkerUnavailable: 503,

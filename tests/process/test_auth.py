@@ -92,9 +92,12 @@ async def test_every_route_but_health_and_the_dashboard_page_refuses_a_missing_o
                     assert r.status_code == 401, (method, path, headers, r.status_code)
                     assert r.headers["www-authenticate"].startswith("Bearer")
                     if method != "HEAD":
-                        error = (await r.get_json())["error"]
+                        body = await r.get_json()
+                        error = body["error"]
                         if path.startswith("/api/"):  # Ollama's shape: the message alone
                             assert isinstance(error, str) and "key" in error.lower(), (path, error)
+                        elif path.startswith("/v1/messages"):  # Anthropic's shape
+                            assert body["type"] == "error" and error["type"] == "authentication_error", (path, body)
                         else:  # OpenAI's shape on /v1 routes, llama-server's on its own
                             assert error.get("code") in ("invalid_api_key", 401), (path, error)
                     checked += 1

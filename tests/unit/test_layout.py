@@ -183,7 +183,9 @@ ROUTER_LAYERS: dict[str, tuple[str, ...]] = {
     "router.generation": ("router.api", "router.app"),
     "router.api": ("router.app",),
 }
-DIALECT_MAY_IMPORT = {"router.api.llama": ("router.api.openai",)}
+# llama-server's routes and OpenAI's Responses API answer errors in OpenAI's shape, so they
+# may use OpenAI's error envelope and schemas.
+DIALECT_MAY_IMPORT = {"router.api.llama": ("router.api.openai",), "router.api.responses": ("router.api.openai",)}
 
 
 def dialects() -> list[str]:

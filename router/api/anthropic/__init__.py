@@ -10,11 +10,11 @@ from router.server.openapi import Operation
 OPERATIONS = (
     Operation(
         "post", "/v1/messages", "Create a message (Anthropic's Messages API)", schemas.MessagesRequest,
-        schemas.ErrorBody, streams=True,
+        schemas.AnthropicErrorBody, streams=True,
     ),
     Operation(
         "post", "/v1/messages/count_tokens", "Count a message's input tokens (Anthropic's API)",
-        schemas.CountTokensRequest, schemas.ErrorBody,
+        schemas.CountTokensRequest, schemas.AnthropicErrorBody,
     ),
 )
 

@@ -117,13 +117,13 @@ class CountTokensRequest(msgspec.Struct):
     thinking: Thinking | None = None
 
 
-class ErrorDetail(msgspec.Struct):
+class AnthropicErrorDetail(msgspec.Struct):
     type: str
     message: str
 
 
-class ErrorBody(msgspec.Struct):
+class AnthropicErrorBody(msgspec.Struct):
     """Anthropic's error: `{"type": "error", "error": {"type", "message"}}`."""
 
     type: Literal["error"]
-    error: ErrorDetail
+    error: AnthropicErrorDetail

@@ -5,10 +5,11 @@ structured output and `previous_response_id`), GET and DELETE of a kept response
 from __future__ import annotations
 
 from router.api.dialect import Dialect
+from router.api.openai.schemas import ErrorBody
 from router.api.responses import errors, routes, schemas
 from router.server.openapi import Operation
 
-_E = schemas.ErrorBody
+_E = ErrorBody  # OpenAI's
 OPERATIONS = (
     Operation("post", "/v1/responses", "Create a response (OpenAI's Responses API)", schemas.ResponsesRequest, _E, streams=True),
     Operation(

@@ -71,14 +71,3 @@ class ResponsesRequest(msgspec.Struct):
     prompt_cache_key: str | None = None
     service_tier: str | None = None
     include: list[str] | None = None
-
-
-class ErrorDetail(msgspec.Struct):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorBody(msgspec.Struct):
-    error: ErrorDetail

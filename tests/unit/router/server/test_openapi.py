@@ -7,6 +7,8 @@ import msgspec
 import pytest
 
 from router.api import llama
+from router.api.anthropic import errors as anthropic_errors
+from router.api.anthropic.schemas import AnthropicErrorBody
 from router.api.llama.errors import native_envelope
 from router.api.llama.schemas import NativeErrorBody
 from router.api.openai import schemas
@@ -44,12 +46,19 @@ def test_every_operation_answers_errors_in_the_generated_error_schema() -> None:
     for path, methods in doc["paths"].items():  # type: ignore[attr-defined]
         for op in methods.values():
             ref = op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"]
-            want = "NativeErrorBody" if path in native else "OllamaErrorBody" if path.startswith("/api/") else "ErrorBody"
+            want = (
+                "NativeErrorBody" if path in native
+                else "OllamaErrorBody" if path.startswith("/api/")
+                else "AnthropicErrorBody" if path.startswith("/v1/messages")
+                else "ErrorBody"  # OpenAI's, the Responses API's too
+            )
             assert ref == f"#/components/schemas/{want}", path
 
 
 def test_the_error_schema_matches_what_the_router_sends() -> None:
     body = msgspec.json.encode(envelope("m", "invalid_request_error", None, None))
     msgspec.json.decode(body, type=schemas.ErrorBody)  # raises if the shapes drift apart
+    anthropic_body, _, _ = anthropic_errors.render_http(400, "m", None)
+    assert msgspec.json.decode(anthropic_body, type=AnthropicErrorBody).error.type == "invalid_request_error"
     native = msgspec.json.encode(native_envelope(400, "m", "prompt"))
     assert msgspec.json.decode(native, type=NativeErrorBody).error.code == 400
