@@ -15,7 +15,7 @@ from typing import Any, Literal
 from supervisor.errors import InvalidRequest
 from worker.protocol import ToolCall
 
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NAME = re.compile(r"[a-zA-Z0-9_-]+")
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 
 
@@ -37,7 +37,7 @@ def _fail(message: str, param: str) -> InvalidRequest:
     return InvalidRequest(message, param)
 
 
-def _tool(i: int, t: Any) -> dict[str, Any]:
+def _tool(i: int, t: Any, longest: int) -> dict[str, Any]:
     at = f"tools[{i}]"
     if not isinstance(t, dict):
         raise _fail(f"Invalid type for '{at}': expected an object.", at)
@@ -54,9 +54,9 @@ def _tool(i: int, t: Any) -> dict[str, Any]:
         key = f"{at}.function.{sorted(unknown)[0]}"
         raise _fail(f"Unrecognized request argument supplied: {key}", key)
     name = f.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > longest:
         raise _fail(
-            f"Invalid '{at}.function.name': expected a string of 1 to 64 letters, digits, "
+            f"Invalid '{at}.function.name': expected a string of 1 to {longest} letters, digits, "
             f"underscores or dashes, got {name!r}.",
             f"{at}.function.name",
         )
@@ -77,8 +77,12 @@ def _tool(i: int, t: Any) -> dict[str, Any]:
     return {"type": "function", "function": f}
 
 
-def tool_request(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolRequest:
-    """Validate tools, tool_choice and parallel_tool_calls together."""
+def tool_request(
+    tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None, longest_name: int = 64
+) -> ToolRequest:
+    """Validate tools, tool_choice and parallel_tool_calls together. `longest_name`: the
+    longest function name taken (OpenAI's 64; Anthropic's 128, which MCP tools' long
+    names need)."""
     checked: list[dict[str, Any]] = []
     # `tools: []` is a request without tools, whatever tool_choice says (as llama-server:
     # tools/server/server-common.cpp, `has_tools = tools.is_array() && !tools.empty()`);
@@ -86,7 +90,7 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls:
     if tools:
         names: set[str] = set()
         for i, t in enumerate(tools):
-            tool = _tool(i, t)
+            tool = _tool(i, t, longest_name)
             name = tool["function"]["name"]
             if name in names:
                 raise _fail(f"Invalid 'tools': the function name {name!r} is declared twice.", f"tools[{i}].function.name")

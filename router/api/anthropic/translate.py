@@ -190,7 +190,7 @@ def tools(raw: list[s.Tool] | None, choice: s.ToolChoice | None) -> ToolRequest:
         else:
             openai_choice = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
     try:
-        return tool_schemas.tool_request(functions or None, openai_choice, parallel)
+        return tool_schemas.tool_request(functions or None, openai_choice, parallel, longest_name=128)
     except InvalidRequest as exc:
         param = _openai_param(exc.param)
         text = exc.message.replace(exc.param or "\0", param or "").replace("'tool_choice'", "'tool_choice.name'")

@@ -87,8 +87,12 @@ class _Turns:
 
 
 def chat_messages(input: str | list[Any] | None) -> list[ChatMessage]:
-    if input is None or isinstance(input, str):
-        return [ChatMessage(role="user", content=input or "")]
+    """The input's turns; none for no input (a follow-up may add nothing to its
+    predecessor's conversation but new instructions)."""
+    if input is None:
+        return []
+    if isinstance(input, str):
+        return [ChatMessage(role="user", content=input)]
     turns = _Turns()
     for i, item in enumerate(input):
         at = f"input[{i}]"

@@ -25,7 +25,7 @@ from router.api.responses.store import ResponseStore
 from router.api.responses.translate import echo, refuse_unserved, responses_job
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
-from supervisor.errors import Unsupported
+from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage
 
 _json = msgspec.json.Encoder()
@@ -58,7 +58,10 @@ def register(app: Blueprint, server: Server) -> None:
                     f"Previous response with id '{r.previous_response_id}' not found.", "previous_response_id"
                 )
             history = prev.conversation
-        return history + tuple(items.chat_messages(r.input))
+        turns = history + tuple(items.chat_messages(r.input))
+        if not turns:
+            raise InvalidRequest("Missing required parameter: 'input'.", "input")
+        return turns
 
     @app.post("/v1/responses")
     @app.post("/responses")

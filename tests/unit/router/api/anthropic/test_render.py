@@ -7,7 +7,7 @@ accumulates to exactly the whole one."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from typing import Any
 
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
@@ -18,8 +18,9 @@ from pydantic import TypeAdapter
 from router.api.anthropic.errors import render, render_http
 from router.api.anthropic.render import Reply, stream, whole
 from router.generation.events import (
-    Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+    Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta,
 )
+from tests.unit.router.api.event_mixes import MIXES, call, play
 from supervisor.errors import InvalidRequest, ModelNotFound, Overloaded, WorkerCrashed, WorkerUnavailable
 from worker.protocol import Usage
 
@@ -27,18 +28,11 @@ USAGE = Usage(prompt_tokens=30, completion_tokens=7, cached_tokens=12)
 EVENT = TypeAdapter(RawMessageStreamEvent)
 
 
-async def play(events: list[Event]) -> AsyncIterator[Event]:
-    for ev in events:
-        yield ev
-
 
 def answer(*deltas: Event, reason: str = "stop", stop_type: Any = "eos", word: str = "") -> list[Event]:
     finish = Finish(0, reason, USAGE, stop_type=stop_type, stopping_word=word)  # type: ignore[arg-type]
     return [Begin(0, Usage(prompt_tokens=30, completion_tokens=0, cached_tokens=12)), *deltas, finish, Done(USAGE)]
 
-
-def call(i: int, name: str, args: str) -> list[Event]:
-    return [ToolCallStart(0, i, f"call_{i}", name), ToolCallDelta(0, i, args), ToolCallEnd(0, i)]
 
 
 async def sse(events: list[Event], reply: Reply) -> list[tuple[str, dict[str, Any]]]:
@@ -80,7 +74,7 @@ async def test_a_stream_is_anthropics_event_sequence_with_blocks_in_the_order_wr
         "message_start", "ping",
         "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta", "content_block_stop",
         "content_block_start", "content_block_delta", "content_block_stop",
-        "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop",
     ]
     starts = [o for k, o in got if k == "content_block_start"]
@@ -88,7 +82,9 @@ async def test_a_stream_is_anthropics_event_sequence_with_blocks_in_the_order_wr
     assert starts[2]["content_block"] == {"type": "tool_use", "id": "call_0", "name": "get_weather", "input": {}}
     deltas = [o["delta"] for k, o in got if k == "content_block_delta"]
     assert deltas[2] == {"type": "signature_delta", "signature": ""}  # before the thinking block stops
-    assert deltas[-1] == {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'}
+    assert deltas[-2:] == [
+        {"type": "input_json_delta", "partial_json": '{"c'}, {"type": "input_json_delta", "partial_json": 'ity": "Paris"}'},
+    ]
     start = got[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["model"] == "m"
     assert start["usage"] == {"input_tokens": 18, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 12}
@@ -158,26 +154,10 @@ def test_errors_take_anthropics_shape_and_type_by_status() -> None:
     assert status == 404 and json.loads(body)["error"]["type"] == "not_found_error"
 
 
-_DELTA = st.one_of(
-    st.builds(lambda t: ("r", t), st.text(min_size=1, max_size=6)),
-    st.builds(lambda t: ("t", t), st.sampled_from(["\n", " ", "a", "b c", "\n\n", "é"])),
-    st.builds(lambda n: ("c", n), st.sampled_from(["f", "g"])),
-)
-
-
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_DELTA, max_size=12), st.sampled_from(["stop", "length"]))
-async def test_any_mix_streams_to_the_same_message_as_its_whole_answer(parts: list[tuple[str, str]], reason: str) -> None:
-    events: list[Event] = []
-    n_calls = 0
-    for kind, value in parts:
-        if kind == "r":
-            events.append(ReasoningDelta(0, value))
-        elif kind == "t":
-            events.append(TextDelta(0, value))
-        else:
-            events += call(n_calls, value, json.dumps({"n": n_calls}))
-            n_calls += 1
+@given(MIXES, st.sampled_from(["stop", "length"]))
+async def test_any_mix_streams_to_the_same_message_as_its_whole_answer(mix: tuple[list[Event], int], reason: str) -> None:
+    events, n_calls = mix
     final = "tool_calls" if n_calls else reason
     evs = answer(*events, reason=final, stop_type="limit" if final == "length" else "eos")
     reply = Reply("m")

@@ -172,3 +172,11 @@ def test_a_system_message_among_the_turns_joins_the_turn_it_follows() -> None:
     assert job(messages=[{"role": "system", "content": "A"}, {"role": "user", "content": "hi"}]).messages == (
         ChatMessage(role="system", content="A"), ChatMessage(role="user", content="hi"),
     )
+
+
+def test_tool_names_may_be_as_long_as_anthropic_takes() -> None:
+    """Anthropic takes names of up to 128 characters (OpenAI 64): Claude Code's MCP tools
+    are named mcp__SERVER__TOOL."""
+    long = "mcp__" + "s" * 60 + "__" + "t" * 40
+    assert job(tools=[{**WEATHER, "name": long}]).tools.offered[0]["function"]["name"] == long
+    assert refused(tools=[{**WEATHER, "name": "x" * 129}]).param == "tools[0].name"

@@ -8,10 +8,9 @@ stream adds up to the whole response."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from typing import Any
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from openai import omit
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
@@ -19,8 +18,9 @@ from pydantic import TypeAdapter
 
 from router.api.responses.render import Reply, assistant_turn, stream, whole
 from router.generation.events import (
-    Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+    Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta,
 )
+from tests.unit.router.api.event_mixes import MIXES, call, play
 from supervisor.errors import WorkerCrashed
 from worker.protocol import ChatMessage, ToolCall, Usage
 
@@ -29,17 +29,10 @@ EVENT = TypeAdapter(ResponseStreamEvent)
 ECHO: dict[str, Any] = {"instructions": None, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "metadata": {}}
 
 
-async def play(events: list[Event]) -> AsyncIterator[Event]:
-    for ev in events:
-        yield ev
-
 
 def answer(*deltas: Event, reason: str = "stop") -> list[Event]:
     return [Begin(0), *deltas, Finish(0, reason, USAGE), Done(USAGE)]  # type: ignore[arg-type]
 
-
-def call(i: int, name: str, args: str) -> list[Event]:
-    return [ToolCallStart(0, i, f"call_{i}", name), ToolCallDelta(0, i, args[:3]), ToolCallDelta(0, i, args[3:]), ToolCallEnd(0, i)]
 
 
 async def sse(events: list[Event], reply: Reply) -> list[dict[str, Any]]:
@@ -58,7 +51,7 @@ async def through_sdk(events: list[Event], reply: Reply) -> tuple[list[dict[str,
     state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
     got = await sse(events, reply)
     for obj in got:
-        state.handle_event(EVENT.validate_python(obj))  # type: ignore[arg-type]
+        state.handle_event(EVENT.validate_python(obj))
     # What get_final_response() returns (openai/lib/streaming/responses/_responses.py).
     return got, state._completed_response
 
@@ -117,26 +110,10 @@ async def test_a_kept_response_is_the_answer_as_sent_and_its_turn() -> None:
     assert assistant_turn([]) == ChatMessage(role="assistant", content="")
 
 
-_DELTA = st.one_of(
-    st.builds(lambda t: ("r", t), st.text(min_size=1, max_size=6)),
-    st.builds(lambda t: ("t", t), st.sampled_from(["\n", " ", "a", "b c", "\n\n", "é"])),
-    st.builds(lambda n: ("c", n), st.sampled_from(["f", "g"])),
-)
-
-
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_DELTA, max_size=12))
-async def test_any_mix_streams_to_the_same_response_as_its_whole_answer(parts: list[tuple[str, str]]) -> None:
-    events: list[Event] = []
-    n_calls = 0
-    for kind, value in parts:
-        if kind == "r":
-            events.append(ReasoningDelta(0, value))
-        elif kind == "t":
-            events.append(TextDelta(0, value))
-        else:
-            events += call(n_calls, value, json.dumps({"n": n_calls}))
-            n_calls += 1
+@given(MIXES)
+async def test_any_mix_streams_to_the_same_response_as_its_whole_answer(mix: tuple[list[Event], int]) -> None:
+    events, n_calls = mix
     evs = answer(*events, reason="tool_calls" if n_calls else "stop")
     reply = Reply("m", ECHO)
     body = Response.model_validate(json.loads(await whole(play(evs), reply)))
