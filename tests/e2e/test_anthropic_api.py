@@ -26,6 +26,7 @@ QWEN3 = ROOT / "tests" / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 CONFIG = f"""
 [server]
 port = {{PORT}}
+default_model = "demo"
 api_keys = [{{ key = "sk-alpha1", name = "a" }}, {{ key = "sk-small-key", name = "small", models = ["demo"] }}]
 
 [supervisor]
@@ -33,6 +34,7 @@ idle_timeout = 0
 
 [models.demo]
 path = "{{MODEL}}"
+aliases = ["small"]
 slots = 2
 n_ctx = 2048
 chat_template = "gemma"
@@ -219,3 +221,11 @@ def test_the_slot_line_answers_429_in_anthropics_shape_and_metrics_count_the_rou
     metrics = httpx.get(server.url + "/metrics").text
     assert 'endpoint="/v1/messages",model="one",status="429"' in metrics
     assert 'endpoint="/v1/messages",model="demo",status="200"' in metrics
+
+
+def test_aliases_and_the_default_model_serve_as_on_every_route(client: anthropic.Anthropic, server: Server) -> None:
+    m = client.messages.create(model="small", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert m.model == "small"  # the name the client used, as OpenAI's routes answer it
+    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "sk-alpha1"},
+                   json={"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["model"] == "demo"

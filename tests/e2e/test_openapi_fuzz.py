@@ -32,7 +32,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from router.api import llama, ollama
+from router.api import anthropic, llama, ollama, responses
 from router.app import DIALECTS
 from router.app import openapi_document as document
 from tests.e2e.conftest import Server, start_server, stop_server
@@ -116,6 +116,8 @@ NATIVE = {op.path for op in llama.OPERATIONS}
 # fuzzed model has no fill-in-the-middle tokens and serves no embeddings.
 FEATURE_MISSING = {"/infill", "/embedding"}
 OLLAMA = {op.path for op in ollama.OPERATIONS}
+ANTHROPIC = {op.path for op in anthropic.OPERATIONS}
+RESPONSES = {op.path for op in responses.OPERATIONS}
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +159,14 @@ def test_generated_requests_get_2xx_or_an_openai_4xx(case: schemathesis.Case, ap
     assert status < 500, seen[:3000]
     if status >= 400:
         assert status < 500
-        err = json.loads(response.text)["error"]
+        body = json.loads(response.text)
+        err = body["error"]
         if case.path in OLLAMA:  # Ollama's shape: the message alone
             assert isinstance(err, str) and err, seen
+            return
+        if case.path in ANTHROPIC:  # Anthropic's: {"type": "error", "error": {"type", "message"}}
+            assert body["type"] == "error" and set(err) == {"type", "message"} and err["message"], seen
+            assert err["type"] in ("invalid_request_error", "not_found_error", "request_too_large"), seen
             return
         assert isinstance(err["message"], str) and err["message"], seen
         if case.path in NATIVE:  # llama-server's shape: the status as `code`
@@ -178,7 +185,12 @@ def test_generated_requests_get_2xx_or_an_openai_4xx(case: schemathesis.Case, ap
             # A stream ends with [DONE] (/completion: with its final `stop: true` event), or
             # with an error event; never cut.
             last = events[-1] if events else ""
-            done = last == "data: [DONE]" or '"error"' in last or (case.path in NATIVE and '"stop":true' in last)
+            if case.path in ANTHROPIC:  # message_stop, or an error event
+                done = '"type":"message_stop"' in last or '"type":"error"' in last
+            elif case.path in RESPONSES:  # the response's end, whichever it was
+                done = any(f'"type":"response.{end}"' in last for end in ("completed", "incomplete", "failed"))
+            else:
+                done = last == "data: [DONE]" or '"error"' in last or (case.path in NATIVE and '"stop":true' in last)
             assert done, seen[:4000]
         elif content_type[0].startswith("application/x-ndjson"):
             # Ollama's: one object a line, the last `done: true` or an error.

@@ -27,6 +27,7 @@ QWEN3 = ROOT / "tests" / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 CONFIG = f"""
 [server]
 port = {{PORT}}
+default_model = "demo"
 api_keys = [{{ key = "sk-alpha1", name = "alpha" }}, {{ key = "sk-beta22", name = "beta" }}]
 responses_ttl = "10m"
 
@@ -35,6 +36,7 @@ idle_timeout = 0
 
 [models.demo]
 path = "{{MODEL}}"
+aliases = ["small"]
 slots = 2
 n_ctx = 2048
 chat_template = "gemma"
@@ -206,3 +208,9 @@ def test_the_agents_sdk_runs_a_tool_loop_on_its_default_responses_model(server: 
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
     assert len(seen) == 1 and seen[0]
     assert isinstance(result.final_output, Verdict)
+
+
+def test_aliases_and_the_default_model_serve_as_on_every_route(client: openai.OpenAI, server: Server) -> None:
+    assert client.responses.create(model="small", input="hi", max_output_tokens=3).model == "small"
+    r = httpx.post(server.base + "/responses", headers={"Authorization": "Bearer sk-alpha1"}, json={"input": "hi", "max_output_tokens": 3})
+    assert r.status_code == 200 and r.json()["model"] == "demo"
