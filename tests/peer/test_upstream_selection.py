@@ -38,6 +38,14 @@ SELECTION = [
     "test_chat_completion.py::test_apply_chat_template",
     "test_chat_completion.py::test_context_size_exceeded",
     "test_rerank.py::test_rerank_top_n",
+    # Issue 23: Anthropic's Messages API and OpenAI's Responses API.
+    "test_compat_anthropic.py::test_anthropic_messages_streaming",
+    "test_compat_anthropic.py::test_anthropic_streaming_content_block_indices",
+    "test_compat_anthropic.py::test_anthropic_tool_streaming",
+    "test_compat_anthropic.py::test_anthropic_tool_result",
+    "test_compat_anthropic.py::test_anthropic_thinking_history_in_count_tokens",
+    "test_compat_anthropic.py::test_anthropic_stop_sequences",
+    "test_compat_oai_responses.py::test_responses_stream_with_openai_library",
 ]
 
 
