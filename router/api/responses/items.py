@@ -165,7 +165,9 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | Non
         if t.get("type") == "function":
             functions.append(_function(t))
             paths.append(at)
-        elif t.get("type") == "namespace" and isinstance(t.get("tools"), list):
+        elif t.get("type") == "namespace":
+            if not isinstance(t.get("tools"), list):
+                raise InvalidRequest(f"Invalid type for '{at}.tools': expected an array of function tools.", f"{at}.tools")
             for j, inner in enumerate(t["tools"]):
                 if not isinstance(inner, dict) or inner.get("type") != "function":
                     raise _hosted(inner, f"{at}.tools[{j}]")

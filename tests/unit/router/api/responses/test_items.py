@@ -139,6 +139,7 @@ def test_each_bad_tool_is_a_400_naming_it(tools: list[Any], choice: Any, param: 
 def test_a_bad_function_in_a_namespace_is_named_by_its_path() -> None:
     bad = {"type": "namespace", "name": "ns", "tools": [{**FN, "name": "bad name"}]}
     assert _refused(lambda: tool_request([FN, bad], None, None)).param == "tools[1].tools[0].name"
+    assert _refused(lambda: tool_request([{"type": "namespace", "name": "ns", "tools": "x"}], None, None)).param == "tools[0].tools"
     hosted = {"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}
     assert _refused(lambda: tool_request([hosted], None, None)).param == "tools[0].tools[0].type"
     exc = _refused(lambda: tool_request([{"type": "web_search", "external_web_access": False}], None, None))
