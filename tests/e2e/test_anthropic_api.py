@@ -76,14 +76,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key="sk-alpha1", max_retries=0)
+def client(server: Server) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server.url, api_key="sk-alpha1", max_retries=0) as c:
+        yield c
 
 
 @pytest.fixture(autouse=True)
 def warnings_are_errors() -> Iterator[None]:
+    """The SDKs warn when a field has the wrong type: an error here. A socket some other
+    test left for the garbage collector is not this test's, whenever it is collected."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.simplefilter("ignore", ResourceWarning)
         yield
 
 
@@ -178,15 +182,17 @@ def test_errors_are_anthropics_shape_naming_what_is_wrong(client: anthropic.Anth
 
 
 def test_keys_come_as_x_api_key_or_bearer_and_keep_their_model_scopes(server: Server) -> None:
-    bad = anthropic.Anthropic(base_url=server.url, api_key="sk-wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as e:
-        bad.messages.create(model="demo", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
-    assert e.value.body["error"]["type"] == "authentication_error"
-    bearer = anthropic.Anthropic(base_url=server.url, auth_token="sk-alpha1", max_retries=0)
-    assert bearer.messages.create(model="demo", max_tokens=2, messages=[{"role": "user", "content": "hi"}]).usage.output_tokens == 2
-    small = anthropic.Anthropic(base_url=server.url, api_key="sk-small-key", max_retries=0)
-    with pytest.raises(anthropic.NotFoundError):  # a model outside the key's scope does not exist for it
-        small.messages.create(model="tools", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    with (
+        anthropic.Anthropic(base_url=server.url, api_key="sk-wrong", max_retries=0) as bad,
+        anthropic.Anthropic(base_url=server.url, auth_token="sk-alpha1", max_retries=0) as bearer,
+        anthropic.Anthropic(base_url=server.url, api_key="sk-small-key", max_retries=0) as small,
+    ):
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            bad.messages.create(model="demo", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        assert e.value.body["error"]["type"] == "authentication_error"
+        assert bearer.messages.create(model="demo", max_tokens=2, messages=[{"role": "user", "content": "hi"}]).usage.output_tokens == 2
+        with pytest.raises(anthropic.NotFoundError):  # a model outside the key's scope does not exist for it
+            small.messages.create(model="tools", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
     r = httpx.post(
         server.url + "/v1/messages?beta=true", json={"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
         headers={"x-api-key": "sk-alpha1", "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219,effort-2025-11-24"},

@@ -12,6 +12,7 @@ model, a base model that never stops by itself, completes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import warnings
 from typing import Any, Iterator, Literal
@@ -72,14 +73,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0, _strict_response_validation=True)
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0, _strict_response_validation=True) as c:
+        yield c
 
 
 @pytest.fixture(autouse=True)
 def warnings_are_errors() -> Iterator[None]:
+    """The SDKs warn when a field has the wrong type: an error here. A socket some other
+    test left for the garbage collector is not this test's, whenever it is collected."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.simplefilter("ignore", ResourceWarning)
         yield
 
 
@@ -155,11 +160,11 @@ def test_kept_responses_are_read_and_deleted_by_the_key_that_made_them(client: o
     r = client.responses.create(model="demo", input="hi", max_output_tokens=4, metadata={"run": "7"})
     got = client.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text and got.metadata == {"run": "7"}
-    other = openai.OpenAI(base_url=server.base, api_key="sk-beta22", max_retries=0)
-    with pytest.raises(openai.NotFoundError):
-        other.responses.retrieve(r.id)
-    with pytest.raises(openai.BadRequestError):
-        other.responses.create(model="demo", previous_response_id=r.id, input="more")
+    with openai.OpenAI(base_url=server.base, api_key="sk-beta22", max_retries=0) as other:
+        with pytest.raises(openai.NotFoundError):
+            other.responses.retrieve(r.id)
+        with pytest.raises(openai.BadRequestError):
+            other.responses.create(model="demo", previous_response_id=r.id, input="more")
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve(r.id)
@@ -199,13 +204,16 @@ def test_the_agents_sdk_runs_a_tool_loop_on_its_default_responses_model(server: 
     class Verdict(BaseModel):
         sky: Literal["sunny", "rainy"]
 
-    client = openai.AsyncOpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0)
-    agent = agents.Agent(
-        name="weather", instructions="You answer with tools.", tools=[get_weather], output_type=Verdict,
-        model=agents.OpenAIResponsesModel(model="tools", openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
-    )
-    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0) as client:
+            agent = agents.Agent(
+                name="weather", instructions="You answer with tools.", tools=[get_weather], output_type=Verdict,
+                model=agents.OpenAIResponsesModel(model="tools", openai_client=client),
+                model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
+            )
+            return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+
+    result = asyncio.run(run())
     assert len(seen) == 1 and seen[0]
     assert isinstance(result.final_output, Verdict)
 
