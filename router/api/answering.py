@@ -89,3 +89,19 @@ async def embed(
             )
         finally:
             ticket.release()
+
+
+async def prompt_tokens(handle: ModelHandle, job: GenerationJob) -> int:
+    """How many tokens the prompt of `job` (a chat) would be, rendered and tokenized as its
+    generation would, for the routes that count input tokens (llama-server's
+    input_tokens, Anthropic's count_tokens, Responses' input_tokens). Generates nothing;
+    the model loads, as its template and tokenizer are the model's. The access log counts
+    them as the request's prompt."""
+    async with handle.lease() as conn:
+        offered = list(job.tools.offered) if job.tools.offered else None
+        prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)
+        n = len(await conn.tokenize(prompt, add_special=True))
+    record = access_log.current()
+    if record is not None:
+        record.prompt_tokens, record.generated_tokens = n, 0
+    return n

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -166,3 +167,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("corral"), SESSION_MODELS)
     yield srv
     stop_server(srv)
+
+
+@pytest.fixture
+def sdk_warnings_are_errors() -> Iterator[None]:
+    """For tests of an official SDK against Corral: the SDKs warn when a field of an answer
+    has the wrong type, which must fail the test. A socket some other test left for the
+    garbage collector is not the test's, whenever it is collected."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", ResourceWarning)
+        yield

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import warnings
 from typing import Any, Iterator
 
 import anthropic
@@ -68,6 +67,10 @@ VERDICT: dict[str, Any] = {
 GREEDY = {"temperature": 0}  # the SDK's create() takes no temperature any more: sent as extra_body
 
 
+# The SDKs warn when a field has the wrong type: an error here.
+pytestmark = pytest.mark.usefixtures("sdk_warnings_are_errors")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("anthropic"), CONFIG)
@@ -79,16 +82,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def client(server: Server) -> Iterator[anthropic.Anthropic]:
     with anthropic.Anthropic(base_url=server.url, api_key="sk-alpha1", max_retries=0) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def warnings_are_errors() -> Iterator[None]:
-    """The SDKs warn when a field has the wrong type: an error here. A socket some other
-    test left for the garbage collector is not this test's, whenever it is collected."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        warnings.simplefilter("ignore", ResourceWarning)
-        yield
 
 
 def test_a_message_whole_and_streamed_say_the_same(client: anthropic.Anthropic) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import warnings
 from typing import Any, Iterator, Literal
 
 import httpx
@@ -65,6 +64,10 @@ VERDICT: dict[str, Any] = {
 }
 
 
+# The SDKs warn when a field has the wrong type: an error here.
+pytestmark = pytest.mark.usefixtures("sdk_warnings_are_errors")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("responses"), CONFIG)
@@ -76,16 +79,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def client(server: Server) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0, _strict_response_validation=True) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def warnings_are_errors() -> Iterator[None]:
-    """The SDKs warn when a field has the wrong type: an error here. A socket some other
-    test left for the garbage collector is not this test's, whenever it is collected."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        warnings.simplefilter("ignore", ResourceWarning)
-        yield
 
 
 def test_a_response_whole_and_streamed_say_the_same(client: openai.OpenAI) -> None:

@@ -17,10 +17,12 @@ from quart import Blueprint, Response
 from router.api.anthropic import schemas
 from router.api.anthropic.render import Reply, stream, whole
 from router.api.anthropic.translate import chat_messages, messages_job, thinking_kwargs, tools
-from router.api.answering import answer
+from router.api.answering import answer, prompt_tokens
 from router.api.dialect import Server
+from router.generation.job import GenerationJob
 from router.server import access_log, bodies
 from router.server.json_body import decode
+from worker.protocol import SamplingParams
 
 _json = msgspec.json.Encoder()
 _HINT = " (Anthropic's Messages API generates text)"
@@ -52,12 +54,9 @@ def register(app: Blueprint, server: Server) -> None:
         nothing (the model loads, as its tokenizer is the model's)."""
         r: schemas.CountTokensRequest = decode(await bodies.read_body(), schemas.CountTokensRequest, api="Anthropic")
         handle = server.generating(r.model, _HINT)
-        msgs = chat_messages(r.system, r.messages)
-        offered = tools(r.tools, r.tool_choice).offered
-        async with handle.lease() as conn:
-            prompt = await conn.render(msgs, list(offered) if offered else None, thinking_kwargs(r.thinking))
-            n = len(await conn.tokenize(prompt, add_special=True))
-        record = access_log.current()
-        if record is not None:
-            record.prompt_tokens, record.generated_tokens = n, 0
+        job = GenerationJob(
+            model=r.model or handle.name, params=SamplingParams(), messages=tuple(chat_messages(r.system, r.messages)),
+            tools=tools(r.tools, r.tool_choice), template_kwargs=thinking_kwargs(r.thinking),
+        )
+        n = await prompt_tokens(handle, job)
         return _with_request_id(Response(_json.encode({"input_tokens": n}), content_type="application/json"))

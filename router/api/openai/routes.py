@@ -17,7 +17,7 @@ import msgspec
 from quart import Blueprint, Response
 
 
-from router.api.answering import answer, embed
+from router.api.answering import answer, embed, prompt_tokens
 from router.api.dialect import Server
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
@@ -118,11 +118,7 @@ def register(app: Blueprint, server: Server) -> None:
         the chat route renders and tokenizes it. Generates nothing."""
         r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
         handle = generating_model(r.model)
-        job = chat_job(r, r.model or handle.name, handle.spec.defaults)
-        async with handle.lease() as conn:
-            offered = list(job.tools.offered) if job.tools.offered else None
-            prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)
-            n = len(await conn.tokenize(prompt, add_special=True))
+        n = await prompt_tokens(handle, chat_job(r, r.model or handle.name, handle.spec.defaults))
         return json_response({"object": "response.input_tokens", "input_tokens": n})
 
     @app.post("/v1/completions")  # /completions, without /v1, is llama-server's native one

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from quart import Blueprint, Response, request
 
-from router.api.answering import answer
+from router.api.answering import answer, prompt_tokens
 from router.api.dialect import Server
 from router.api.responses import items
 from router.api.responses.errors import PreviousNotFound, ResponseNotFound
@@ -23,7 +23,7 @@ from router.api.responses.render import Reply, stream, whole
 from router.api.responses.schemas import ResponsesRequest
 from router.api.responses.store import ResponseStore
 from router.api.responses.translate import echo, refuse_unserved, responses_job
-from router.server import access_log, auth, bodies
+from router.server import auth, bodies
 from router.server.json_body import decode
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage
@@ -88,14 +88,7 @@ def register(app: Blueprint, server: Server) -> None:
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         handle = server.generating(r.model, "")
         tools, _ = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
-        job = responses_job(r, r.model or handle.name, handle.spec.defaults, conversation(r), tools)
-        async with handle.lease() as conn:
-            offered = list(job.tools.offered) if job.tools.offered else None
-            prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)
-            n = len(await conn.tokenize(prompt, add_special=True))
-        record = access_log.current()
-        if record is not None:
-            record.prompt_tokens, record.generated_tokens = n, 0
+        n = await prompt_tokens(handle, responses_job(r, r.model or handle.name, handle.spec.defaults, conversation(r), tools))
         return Response(_json.encode({"object": "response.input_tokens", "input_tokens": n}), content_type="application/json")
 
     def kept(response_id: str) -> bytes:
