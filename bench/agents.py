@@ -112,14 +112,16 @@ def run_load(url: str, users: int, turns: int, system: str, reply: int) -> tuple
 
     def user(u: int) -> None:
         try:
-            with httpx.Client() as client:
-                messages = [{"role": "system", "content": system}]
-                for t in range(turns):
-                    messages.append({"role": "user", "content": question(u, t)})
+            messages = [{"role": "system", "content": system}]
+            for t in range(turns):
+                messages.append({"role": "user", "content": question(u, t)})
+                # A connection per turn: llama-server (cpp-httplib) may close a kept-alive
+                # one just as the next request goes out, and the turn fails.
+                with httpx.Client() as client:
                     ttft, answer, (prompt, decoded) = one_turn(client, url, messages, reply)
-                    messages.append({"role": "assistant", "content": answer})
-                    with lock:
-                        results.append(Turn(u, t, ttft, prompt, decoded))
+                messages.append({"role": "assistant", "content": answer})
+                with lock:
+                    results.append(Turn(u, t, ttft, prompt, decoded))
         except BaseException as exc:  # reported after the others finish
             errors.append(exc)
 

@@ -1,13 +1,15 @@
 """Admission: waiting requests into idle slots, each slot's KV cells made ready for its
 request first.
 
-Which slot is pure (worker/slots.py: the longest prefix the KV cache can still give, then
-the least recently used); how a sibling of an n > 1 request starts is pure too
-(worker/siblings.py: join choice 0's prompt evaluation, or copy a prefix another slot
-holds). This module performs those decisions through worker/kv_cache.py, which keeps each
-slot's books and its cells in step. A request preempted for KV space waits while the cache
-is still full and other requests run, so that it is not re-admitted only to be preempted
-again.
+Which slot is pure (worker/slots.py: the longest prefix its own cache can still give, then
+the least recently used); where the prompt's cached prefix comes from is pure too
+(worker/prefix_reuse.py: the slot's own cells, a parked entry's, another slot's, or those of
+a request still prefilling the same prefix, waited for), and so is how a sibling of an
+n > 1 request starts (worker/siblings.py: join choice 0's prompt evaluation). This module
+performs those decisions through worker/kv_cache.py and worker/kv_entries.py, which keep
+each sequence's books and its cells in step. A request preempted for KV space waits while
+the cache is still full and other requests run, so that it is not re-admitted only to be
+preempted again.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from typing import Callable
 import msgspec
 
 from worker.kv_cache import KvCache
+from worker.kv_entries import Entries
 from worker.outcomes import Requests
+from worker.prefix_reuse import Prefilling, Start, follow_target, plan_start, wants_anchor
 from worker.protocol import SamplingParams
 from worker.request import Request
 from worker.sampling import SamplerChain
-from worker.siblings import CopyPrefix, Join, sibling_start
-from worker.slots import Slot, choose_slot, reusable_prefix
+from worker.slots import Slot, choose_slot
 
 log = logging.getLogger("worker.engine")
 
@@ -34,14 +37,15 @@ class Admission:
         self,
         slots: list[Slot[Request]],
         kv: KvCache,
+        entries: Entries[Request],
         requests: Requests,
         n_vocab: int,
         n_ctx_slot: int,
         active: Callable[[], int],
     ) -> None:
-        self.slots, self.kv, self.requests = slots, kv, requests
+        self.slots, self.kv, self.entries, self.requests = slots, kv, entries, requests
         self.n_vocab, self.n_ctx_slot, self.active = n_vocab, n_ctx_slot, active
-        self._clock = 0  # a slot's last use, for choose_slot's LRU
+        self.clock = 0  # a slot's or an entry's last use, for LRU choices
 
     def admit(self) -> None:
         """Move waiting requests into idle slots, reusing the best cached prefix."""
@@ -54,6 +58,7 @@ class Admission:
             if slot is None:
                 return
             waiting.popleft()
+            self.clock += 1
             keep = self._start_in(slot, req)
             if req.sampler is None:
                 req.cached = keep
@@ -63,33 +68,98 @@ class Admission:
                     log.exception("sampler chain for request %s", req.label)
                     self.requests.error(req, "internal", f"could not build the sampler: {exc}")
                     continue
-            self._clock += 1
-            slot.last_used = self._clock
+                if req.follows is None:
+                    self._follow(slot, req, keep)
+            slot.last_used = self.clock
             slot.request = req
             req.slot = slot
             if not req.t_admitted:  # a preempted request keeps its first start
                 req.t_admitted = time.perf_counter()
 
     def _start_in(self, slot: Slot[Request], req: Request) -> int:
-        """Make `slot`'s cache ready for `req` (as sibling_start and the prefix rules say);
-        returns the prompt tokens it need not decode."""
-        start = None
+        """Make `slot`'s cache ready for `req`; returns the prompt tokens it need not
+        decode."""
         if req.index > 0:
             leader = self.requests.leader(req)
-            prefilling = (
-                leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0
-            )
-            start = sibling_start(prefilling, self.slots, slot, req.tokens, self.kv.usable)
-        if isinstance(start, Join):
-            # Its cells come from the leader once the prompt is decoded (Engine._join).
+            if leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0:
+                # Its cells come from the leader once the prompt is decoded (Engine._join).
+                self._set_aside(slot)
+                req.follows = leader
+                return 0
+        others = [s for s in self.slots if s is not slot]
+        start = plan_start(slot, others, self.entries.parked, req.tokens, self.kv.usable, bool(self.entries.free))
+        return self._perform(slot, start)
+
+    def _set_aside(self, slot: Slot[Request]) -> None:
+        """Empty `slot`'s sequence, parking what it held."""
+        if not slot.cache or self.entries.park(slot, slot.last_used) is None:
             self.kv.drop(slot)
-            req.follows = self.requests.leader(req)
+
+    def _perform(self, slot: Slot[Request], start: Start[Request]) -> int:
+        source, n = start.source, start.n
+        if start.take:
+            assert source is not None
+            self.entries.take(slot, source, start.park, self.clock)
+            self.entries.used(slot, n, self.clock)
+            return self.kv.keep(slot, n)
+        if start.park:
+            parked = self.entries.park(slot, slot.last_used)
+            if source is None:
+                source = parked  # copy the slot's own prefix back from where it went
+        if source is None:
+            return self.kv.keep(slot, n)  # never more than the KV cache still holds (kv_rules.py)
+        if start.anchor:
+            self.entries.anchor(source, n, self.clock)
+        if n <= 0:
+            self.kv.drop(slot)
             return 0
-        if isinstance(start, CopyPrefix):
-            self.kv.copy_prefix(start.source, slot, start.n)
-            return start.n
-        # Never more than the KV cache still holds for that prefix (kv_rules.py).
-        return self.kv.keep(slot, reusable_prefix(slot.cache, req.tokens))
+        self.kv.copy_prefix(source, slot, n)
+        if source in self.entries.parked:
+            self.entries.used(source, n, self.clock)
+        return n
+
+    def _follow(self, slot: Slot[Request], req: Request, keep: int) -> None:
+        """Let `req` wait for a request still prefilling a longer shared prefix."""
+        prefilling = [
+            Prefilling(s, r.tokens)
+            for s in self.slots
+            if (r := s.request) is not None and r.n_gen == 0 and r.follows is None and r.awaits is None
+        ]
+        target = follow_target(req.tokens, keep, prefilling)
+        if target is not None:
+            req.awaits, req.await_n = target[0].request, target[1]
+
+    # ---- copies made at a step, for requests admitted earlier (the engine calls these) ----
+
+    def join(self, leader: Request, f: Request) -> None:
+        """Give sibling `f` the leader's prompt cells, in the step that completed the
+        prompt: in a unified KV cache a copy tags the same cells with another sequence id,
+        so nothing is decoded again."""
+        assert f.slot is not None and leader.slot is not None
+        n = len(leader.prompt)
+        self.kv.copy_prefix(leader.slot, f.slot, n)
+        f.cached = n
+        f.follows = None
+
+    def copy_awaited(self, f: Request) -> None:
+        """`f` waits for another request to decode a prefix they share: copy it once that
+        request's cache holds it, or stop waiting when it never will (it lost its slot, or
+        the sliding window's cells for that prefix are gone)."""
+        assert f.slot is not None and f.awaits is not None
+        lead, n = f.awaits, f.await_n
+        source = lead.slot
+        if source is None or source.request is not lead:
+            f.awaits = None  # it prefills the rest itself from this step on
+            return
+        if len(source.cache) < n:
+            return
+        f.awaits = None
+        if self.kv.usable(source, n) < n:
+            return
+        if wants_anchor(self.entries.parked, f.tokens, n):
+            self.entries.anchor(source, n, self.clock)
+        self.kv.copy_prefix(source, f.slot, n)
+        f.cached = n
 
     def _resolved(self, p: SamplingParams) -> SamplingParams:
         # llama-server's convention: repeat_last_n = -1 means the whole context.

@@ -40,12 +40,14 @@ from worker.batch import BatchBuffer
 from worker.constraint import Constraints, tokenizer_for
 from worker.embeddings import EmbedLine
 from worker.kv_cache import KvCache
+from worker.kv_entries import Entries
 from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
 from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotFile, SlotState, Step, TokenEvent
 from worker.request import EmbedJob, Request
+from worker.prefix_reuse import eviction_order
 from worker.siblings import followers_to_detach
 from worker.slot_files import SlotFiles
 from worker.slots import Slot
@@ -63,9 +65,10 @@ Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile]
 
 def _pending(slot: Slot[Request]) -> int:
     """The tokens of a slot's request that its cache does not hold yet (none for a sibling
-    that will share another request's prompt)."""
+    that will share another request's prompt, nor for a request waiting to copy a prefix
+    another one is decoding)."""
     assert slot.request is not None
-    if slot.request.follows is not None:
+    if slot.request.follows is not None or slot.request.awaits is not None:
         return 0
     return len(slot.request.tokens) - len(slot.cache)
 
@@ -75,8 +78,10 @@ class Engine:
         self.m = m
         self.emit = emit
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
-        self.slots: list[Slot[Request]] = [Slot(seq_id=i) for i in range(m.n_seq_max)]
+        self.slots: list[Slot[Request]] = [Slot(seq_id=i, id=i) for i in range(m.n_slots)]
         self.kv = KvCache(m.memory, m.attention)
+        # The sequences beyond the slots': finished prompts kept for later ones.
+        self.entries: Entries[Request] = Entries(self.kv, m.n_slots, m.n_seq_max)
         # With a unified KV cache one sequence may use every cell; the engine enforces the
         # per-request limit itself (`n_ctx_slot`, else all of it) and preempts when the
         # shared pool runs out.
@@ -84,7 +89,7 @@ class Engine:
         # Who waits, who runs, and how each ends (worker/outcomes.py).
         self.requests = Requests(m, self.n_ctx_slot, emit)
         self.admission = Admission(
-            self.slots, self.kv, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active
+            self.slots, self.kv, self.entries, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active
         )
         # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
         # evaluation of their prompt, and what prefix reuse saves.
@@ -141,7 +146,7 @@ class Engine:
         out = []
         for s in self.slots:
             req = s.request
-            state = SlotState(id=s.seq_id, n_ctx=self.n_ctx_slot, is_processing=req is not None, n_cached=len(s.cache))
+            state = SlotState(id=s.id, n_ctx=self.n_ctx_slot, is_processing=req is not None, n_cached=len(s.cache))
             if req is not None:
                 state.id_task, state.n_decoded, state.params = req.id, req.n_gen, req.params
                 state.n_remain = req.max_new - req.n_gen
@@ -234,13 +239,15 @@ class Engine:
     def _step(self) -> None:
         # Whatever admission, the last step or a bug did to the KV cache, nothing is decoded
         # from cells that are not what the slots' books say.
-        self.kv.check(self.slots, self._redo)
+        self.kv.check([*self.slots, *self.entries.checked()], self._dropped)
         for s in self.slots:
             f = s.request
             if f is not None and f.follows is not None:
                 lead = f.follows
                 if followers_to_detach(lead.slot is not None, lead.n_gen > 0):
                     f.follows = None  # it prefills the prompt itself from this step on
+            if f is not None and f.awaits is not None:
+                self.admission.copy_awaited(f)
         budget = self.batch.capacity
         while True:
             plan = self._build(budget)
@@ -272,7 +279,7 @@ class Engine:
             if wants:
                 followers = joined[id(req)]
                 for f in followers:  # before the leader's token can end it and free its slot
-                    self._join(req, f)
+                    self.admission.join(req, f)
                 for r in (req, *followers):
                     if not r.t_prompt_done:
                         r.t_prompt_done = time.perf_counter()
@@ -284,15 +291,6 @@ class Engine:
                         self._sample(r, last_idx, logits, events)
         if events:
             self.emit(Step(events=events))
-
-    def _join(self, leader: Request, f: Request) -> None:
-        """Give sibling `f` the leader's prompt cells: in a unified KV cache a copy tags the
-        same cells with another sequence id, so nothing is decoded again."""
-        assert f.slot is not None and leader.slot is not None
-        n = len(leader.prompt)
-        self.kv.copy_prefix(leader.slot, f.slot, n)
-        f.cached = n
-        f.follows = None
 
     def _sample(self, req: Request, batch_index: int, logits: StepLogits, events: list[TokenEvent]) -> None:
         """Sample `req`'s next token at `batch_index`: its bias and grammar mask edit the
@@ -319,10 +317,17 @@ class Engine:
 
     def _make_room(self) -> Remedy[Request]:
         """After llama_decode returned 1 (no KV space): perform what make_room decides."""
-        remedy = make_room(self.slots, self.batch.n, lambda s: s.request is not None and s.request.follows is not None)
+        remedy = make_room(
+            self.slots, self.batch.n,
+            lambda s: s.request is not None and (s.request.follows is not None or s.request.awaits is not None),
+            eviction_order(self.entries.parked),
+        )
         if isinstance(remedy, Purge):
             for s in remedy.slots:
-                self.kv.drop(s)
+                if s in self.entries.parked:
+                    self.entries.evict(s)
+                else:
+                    self.kv.drop(s)
         elif isinstance(remedy, Preempt):
             victim = remedy.slot
             req = victim.request
@@ -330,7 +335,7 @@ class Engine:
             self.kv.drop(victim)
             victim.request = None
             req.slot = None
-            req.follows = None
+            req.follows = req.awaits = None
             req.preempted = True
             self.requests.kv_full = True
             self.requests.waiting.appendleft(req)
@@ -349,6 +354,14 @@ class Engine:
                 if req.slot is not None:
                     self.kv.drop(req.slot)
                 self.requests.error(req, "internal", f"llama_decode failed with {rc}")
+
+    def _dropped(self, seq: Slot[Request]) -> None:
+        """The invariant check dropped `seq`'s cells: a slot's request decodes again, a
+        parked entry is gone."""
+        if seq.id >= 0:
+            self._redo(seq)
+        else:
+            self.entries.forget(seq)
 
     def _redo(self, slot: Slot[Request]) -> None:
         """`slot`'s cells were dropped by the invariant check: its request, if any, decodes

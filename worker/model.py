@@ -20,7 +20,7 @@ from worker import chat_formats
 from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
 from worker.fim_tokens import FimTokens
 from worker.kv_rules import Attention
-from worker.protocol import WorkerSpec
+from worker.protocol import WorkerSpec, sequences
 from worker.text_limits import RerankShape
 
 _POOLING = {
@@ -74,7 +74,8 @@ class LoadedModel:
     vocab: llama_cpp.llama_vocab_p
     n_ctx: int
     n_batch: int
-    n_seq_max: int
+    n_seq_max: int  # the slots' sequences, then the cached prompts' (worker/kv_entries.py)
+    n_slots: int
     n_vocab: int
     n_ctx_train: int
     n_embd: int
@@ -257,7 +258,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     threads = spec.threads or default_threads()
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = spec.n_ctx
-    cparams.n_seq_max = spec.slots
+    cparams.n_seq_max = sequences(spec)
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
     cparams.kv_unified = True
@@ -297,6 +298,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         n_ctx=int(llama_cpp.llama_n_ctx(ctx)),
         n_batch=int(llama_cpp.llama_n_batch(ctx)),
         n_seq_max=int(llama_cpp.llama_n_seq_max(ctx)),
+        n_slots=min(spec.slots, int(llama_cpp.llama_n_seq_max(ctx))),
         n_vocab=int(llama_cpp.llama_vocab_n_tokens(vocab)),
         n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(model)),
         n_embd=int(llama_cpp.llama_model_n_embd(model)),

@@ -122,7 +122,7 @@ class Requests:
             tail, matched = req.stops.feed(req.decoder.decode(b"", final=True))
             text += tail if matched else tail + req.stops.flush()
             stopped = matched
-        id_slot = req.slot.seq_id if req.slot is not None else None
+        id_slot = req.slot.id if req.slot is not None else None
         lps: list[TokenLogprob] = []
         if req.logprobs is not None:
             # A stop string's tokens are not content: only those whose text went out count.

@@ -58,6 +58,11 @@ class Request:
     # A sibling that will sample its first token from this request's prompt logits (and
     # copy its prompt's KV cells) instead of evaluating the prompt itself.
     follows: Request | None = None
+    # A request still prefilling the same long prefix (worker/prefix_reuse.py,
+    # follow_target): this one decodes nothing until that one's cache holds `await_n`
+    # tokens, then copies those cells.
+    awaits: Request | None = None
+    await_n: int = 0
     logprobs: LogprobQueue | None = None
 
     def __post_init__(self) -> None:

@@ -19,10 +19,14 @@ R = TypeVar("R")
 
 @dataclass
 class Slot(Generic[R]):
+    # The llama.cpp sequence it holds now. A slot may swap sequences with a parked entry
+    # (worker/prefix_reuse.py) while idle, so this is not its public number.
     seq_id: int
     cache: list[int] = field(default_factory=list)
     request: R | None = None
-    last_used: int = 0  # a logical clock, bumped when a request is assigned
+    last_used: int = 0  # a logical clock, bumped when a request is assigned or an entry used
+    id: int = -1  # the slot's number (GET /slots, id_slot); -1: a parked entry, no slot
+    anchor: bool = False  # a parked entry kept for a prefix that conversations share
 
     @property
     def idle(self) -> bool:

@@ -50,7 +50,8 @@ def plan_batch(slots: Sequence[Slot[R]], pending: Callable[[Slot[R]], int], budg
 
 @dataclass(frozen=True)
 class Purge(Generic[R]):
-    """Drop these idle slots' caches: kept only for prefix reuse, they are free to take."""
+    """Drop these parked entries' or idle slots' caches: kept only for prefix reuse, they
+    are free to take."""
 
     slots: tuple[Slot[R], ...]
 
@@ -76,14 +77,21 @@ def _never(_: Slot[R]) -> bool:
 
 
 def make_room(
-    slots: Sequence[Slot[R]], batch_tokens: int, waits: Callable[[Slot[R]], bool] = _never
+    slots: Sequence[Slot[R]],
+    batch_tokens: int,
+    waits: Callable[[Slot[R]], bool] = _never,
+    parked: Sequence[Slot[R]] = (),
 ) -> Remedy[R]:
     """What to free after llama_decode found no KV space (the cache is left unchanged), so
-    that a retry can succeed. In order: idle slots' caches; a smaller batch, which helps only
+    that a retry can succeed. In order: parked entries, one at a time in the order given
+    (worker/prefix_reuse.py, eviction_order: cells shared with other sequences free nothing,
+    and the next retry says whether it was enough); idle slots' caches; a smaller batch, which helps only
     while prompt chunks are in it (more tokens than running requests); then the most recently
     admitted request, while another one runs (`waits(slot)`: a sibling that waits to
     share another's prompt, never a victim). None: nothing is left to try, and the one
     running request has reached the pool's limit."""
+    if parked:
+        return Purge((parked[0],))
     idle = tuple(s for s in slots if s.idle and s.cache)
     if idle:
         return Purge(idle)

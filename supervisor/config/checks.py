@@ -131,6 +131,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}: model name {name!r} has control characters"
         if not 1 <= m.slots <= 256:
             yield f"{at}.slots: must be 1..256, got {m.slots}"
+        if m.cached_prompts is not None and not 0 <= m.cached_prompts <= 256 - m.slots:
+            yield f"{at}.cached_prompts: must be 0..{max(0, 256 - m.slots)} (256 sequences less the slots), got {m.cached_prompts}"
         if m.n_ctx < 16:
             yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
         if m.n_ctx_slot is not None and not 16 <= m.n_ctx_slot <= m.n_ctx:

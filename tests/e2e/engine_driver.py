@@ -24,12 +24,14 @@ class Outcome:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
+    cached: dict[int, int] = field(default_factory=dict)  # prompt tokens read from the cache
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
 class EngineDriver:
     def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
         self.model: LoadedModel = load(spec, lambda p: None)
         self.engine = Engine(self.model, self._emit)
         self._ids = itertools.count(1)
@@ -46,6 +48,8 @@ class EngineDriver:
                     if o is None:
                         continue
                     o.tokens.setdefault(ev.index, []).extend(ev.tokens)
+                    if ev.prompt_usage is not None:
+                        o.cached[ev.index] = ev.prompt_usage.cached_tokens
                     o.logprobs.setdefault(ev.index, []).extend(ev.logprobs)
                     if ev.finish_reason is not None:
                         o.finish[ev.index] = ev.finish_reason
@@ -103,13 +107,18 @@ class EngineDriver:
             time.sleep(0.05)
 
     def cell_problems(self) -> list[str]:
-        """Every slot's books against the cells of each of its KV caches, read from
-        llama.cpp's state: the full-attention cache must hold exactly positions 0 .. n-1,
-        the sliding-window one a contiguous run ending at n-1 that reaches down to the
-        window of position n. Call only while the engine is idle."""
+        """Every sequence's books (the slots', the parked entries', and the free ids', which
+        must hold nothing) against the cells of each of its KV caches, read from llama.cpp's
+        state: the full-attention cache must hold exactly positions 0 .. n-1, the
+        sliding-window one a contiguous run ending at n-1 that reaches down to the window of
+        position n. Call only while the engine is idle."""
         problems = []
         att = self.model.attention
-        for slot in self.engine.slots:
+        seqs = [*self.engine.slots, *self.engine.entries.checked()]
+        ids = [s.seq_id for s in seqs]
+        if sorted(ids) != list(range(self.model.n_seq_max)):
+            problems.append(f"the slots, entries and free ids are not each sequence once: {sorted(ids)}")
+        for slot in seqs:
             n = len(slot.cache)
             caches = cache_positions(self.model.ctx, slot.seq_id)
             full, *sliding = caches

@@ -4,11 +4,13 @@ each mix the same greedy request must answer as it did on a fresh engine (issue 
 gemma-3 has a 512-token sliding window; with n_ctx 1024 (CORRAL_KV_MIX_N_CTX) sequences
 outgrow it, the cache fills, and the engine purges idle caches, halves batches and
 preempts. Each mix draws concurrent prompts that share the canary's template prefix (so the
-canary's prefix reuse is at stake), plain prompts, prompts near the limit, repeats and
-extensions of earlier prompts, n > 1 siblings, sampled and greedy requests, staggered
+canary's prefix reuse is at stake), prompts that share a long system prompt (parked
+entries, anchors, and waiting for another request's prefill are at stake: issue 24), plain
+prompts, prompts near the limit, repeats and extensions of earlier prompts, n > 1 siblings, sampled and greedy requests, staggered
 starts and cancellations. After each mix:
 - the engine's own check, run before every decode, found nothing to repair;
-- every slot's books match the cells of both KV caches, read from llama.cpp's state;
+- every sequence's books (slots, parked entries, free ids) match the cells of both KV
+  caches, read from llama.cpp's state;
 - the canary greedy request gives the tokens it gave on the fresh engine.
 
 CI runs CORRAL_KV_MIXES mixes (default 12); a long run sets it to thousands.
@@ -42,12 +44,13 @@ MIXES = int(os.environ.get("CORRAL_KV_MIXES", "12"))
 CANARY_TEXT = "<start_of_turn>user\nWrite the alphabet: A B C D E F G"
 CANARY_TOKENS = 16
 MIN_MARGIN = 1.0
+SHARED = min(600, N_CTX // 2)  # the "shared" prompts' common prefix
 
 
 @dataclass(frozen=True)
 class Ask:
     kind: str  # "head": the canary's template prefix + corpus; "plain"; "near": near n_ctx
-    # (after the head when `seed` is even);
+    # (after the head when `seed` is even); "shared": a long common prefix, then its own;
     # "again": an earlier prompt of the mix, or that prompt extended
     length: int
     offset: int
@@ -61,7 +64,7 @@ class Ask:
 
 asks = st.builds(
     Ask,
-    kind=st.sampled_from(["head", "head", "plain", "near", "again"]),
+    kind=st.sampled_from(["head", "head", "plain", "near", "again", "shared", "shared"]),
     length=st.integers(1, N_CTX - 100),
     offset=st.integers(0, 2000),
     max_tokens=st.integers(0, 40),
@@ -98,6 +101,12 @@ class Mixer:
         if ask.kind == "near":  # a chat turn half the time, as in issue 20
             head = self.head if ask.seed % 2 == 0 else []
             return head + self.corpus[ask.offset : ask.offset + N_CTX - 1 - len(head) - ask.length % 60]
+        if ask.kind == "shared":
+            # A long system prompt that several prompts of a mix share, then a question of
+            # their own: what parked entries, anchors and waiting for a prefill serve
+            # (worker/prefix_reuse.py). It is longer than the sliding window, so a copy
+            # needs the window's cells.
+            return self.head + self.corpus[:SHARED] + body[: ask.length % 90 + 1]
         if ask.kind == "again" and earlier:
             base = earlier[ask.seed % len(earlier)]
             return base if ask.length % 2 else base + body[: ask.length % 200 + 1]

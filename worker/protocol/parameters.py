@@ -136,6 +136,11 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """
 
     slots: int = 4
+    # Finished prompts kept in the KV cache beyond the slots' own, each under a sequence of
+    # its own (worker/kv_entries.py), so that a conversation whose slot another user took
+    # still finds its cells. They share the n_ctx cells and give them up first when a
+    # request needs room. None: twice the slots (at most 256 sequences in all).
+    cached_prompts: int | None = None
     n_ctx: int = 4096  # KV cells shared by all slots
     # The most one request may hold, prompt and output together. None: all n_ctx (one KV
     # pool for all slots, llama-server's --kv-unified). llama-server without it gives each
@@ -171,6 +176,18 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # Jinja template variables every request gets unless it sets them itself
     # (llama-server's --chat-template-kwargs; --reasoning off is {enable_thinking = false}).
     chat_template_kwargs: dict[str, Any] = {}
+
+
+def sequences(options: ModelOptions) -> int:
+    """The llama.cpp sequences a model's context needs: one per slot, one per cached prompt
+    (none for an embedding model, whose inputs are never reused)."""
+    if options.embeddings:
+        return options.slots
+    cached = options.cached_prompts if options.cached_prompts is not None else 2 * options.slots
+    return min(options.slots + cached, MAX_SEQUENCES)
+
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 
 def options_of(source: ModelOptions) -> dict[str, Any]:

@@ -1,16 +1,14 @@
 """worker/siblings.py and the step plan's view of siblings: how the second and later
-choices of an n > 1 request start (issue 10, item 4)."""
+choices of an n > 1 request start (issue 10, item 4). A late sibling starts as any request
+does: tests/unit/worker/test_prefix_reuse.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.siblings import CopyPrefix, Join, followers_to_detach, sibling_start
+from worker.siblings import followers_to_detach
 from worker.slots import Slot
 from worker.step_plan import Halve, Preempt, make_room, plan_batch
-
-PROMPT = [1, 2, 3, 4, 5, 6]
-
 
 @dataclass
 class Req:
@@ -21,52 +19,6 @@ class Req:
 
 def slot(seq_id: int, cache: list[int] | None = None, req: Req | None = None, last_used: int = 0) -> Slot[Req]:
     return Slot(seq_id=seq_id, cache=list(cache or []), request=req, last_used=last_used)
-
-
-def test_a_sibling_admitted_while_its_leader_prefills_joins_it() -> None:
-    slots = [slot(0, req=Req("leader", 6)), slot(1)]
-    assert sibling_start(True, slots, slots[1], PROMPT) == Join()
-
-
-def test_a_late_sibling_copies_the_longest_cached_prefix_from_any_slot() -> None:
-    leader = slot(0, PROMPT + [9, 9], req=Req("leader", 8))  # busy: still generating
-    other = slot(1, PROMPT[:3])
-    chosen = slot(2, [7, 7])
-    start = sibling_start(False, [leader, other, chosen], chosen, PROMPT)
-    # All but the last prompt token: its logits must be computed again to sample from.
-    assert start == CopyPrefix(leader, len(PROMPT) - 1)
-
-
-def test_a_late_sibling_copies_nothing_the_kv_cache_no_longer_holds() -> None:
-    """Issue 20: a slot whose sliding-window cells have moved past the prompt cannot give
-    it; copying it anyway decoded the rest of the prompt over missing cells."""
-    leader = slot(0, PROMPT + [9, 9], req=Req("leader", 8))
-    other = slot(1, PROMPT[:3])
-    chosen = slot(2)
-
-    def usable(s: Slot[Req], n: int) -> int:
-        return 0 if s is leader else n
-
-    assert sibling_start(False, [leader, other, chosen], chosen, PROMPT, usable) == CopyPrefix(other, 3)
-    assert sibling_start(False, [leader, chosen], chosen, PROMPT, usable) is None
-    # Joining shares the cells the leader itself goes on from: always safe.
-    assert sibling_start(True, [leader, chosen], chosen, PROMPT, usable) == Join()
-
-
-def test_a_late_sibling_weighs_its_own_slot_by_what_it_can_keep() -> None:
-    chosen = slot(1, PROMPT + [8])
-    other = slot(0, PROMPT[:2])
-
-    def usable(s: Slot[Req], n: int) -> int:
-        return 0 if s is chosen else n
-
-    assert sibling_start(False, [other, chosen], chosen, PROMPT, usable) == CopyPrefix(other, 2)
-
-
-def test_a_late_sibling_prefills_when_its_own_slot_holds_as_much() -> None:
-    chosen = slot(1, PROMPT)
-    assert sibling_start(False, [slot(0, PROMPT[:2]), chosen], chosen, PROMPT) is None
-    assert sibling_start(False, [slot(0), slot(1)], slot(1), PROMPT) is None
 
 
 def test_a_follower_detaches_once_its_leader_cannot_share_its_logits() -> None:

@@ -1,0 +1,92 @@
+"""Prefix reuse beyond one slot, on the real demo model (issue 24, item 2): six users on four
+slots, one long system prompt shared by all, each turn resending the whole conversation.
+
+- A user who comes back finds the whole of its conversation cached, though other users took
+  every slot in between: it was parked under a sequence of its own (worker/kv_entries.py).
+- The system prompt is decoded once: the first turns that arrive together wait for the one
+  decoding it and copy its cells; later first turns copy them from any sequence that holds
+  them. The system prompt is longer than gemma-3's 512-token sliding window, so a copy
+  needs the window's cells, which an anchor entry keeps.
+- After every step the engine checked every sequence's books against its cells (slots,
+  parked entries and free ids), and nothing had to be repaired; after the load, each
+  sequence's cells, read from llama.cpp's state, are what its books say, and a greedy canary
+  answers as on a fresh engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import pytest
+
+from tests.e2e.conftest import DEMO_MODEL
+from tests.e2e.engine_driver import EngineDriver
+from tests.e2e.test_kv_mixes import CANARY_TEXT, CANARY_TOKENS
+from worker.protocol import WorkerSpec
+
+USERS, TURNS, SLOTS, REPLY = 6, 3, 4, 8
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[EngineDriver]:
+    if not DEMO_MODEL.is_file():
+        pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
+    yield EngineDriver(WorkerSpec(name="agents", path=str(DEMO_MODEL), slots=SLOTS, n_ctx=4096, n_batch=512))
+
+
+def test_six_users_on_four_slots_decode_the_system_prompt_once_and_keep_their_conversations(
+    driver: EngineDriver,
+) -> None:
+    m, e = driver.model, driver.engine
+    fresh_canary = driver.run_alone(m.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS)
+    driver.wait_idle()
+    rules = " ".join(f"Rule {i}: check file {i % 17} at line {i * 7 % 101}." for i in range(70))
+    system = m.tokenize(f"<start_of_turn>user\nYou are a careful assistant. {rules}\n", add_special=True, parse_special=True)
+    assert len(system) > 600  # past the 512-token sliding window
+    decoded_before, repairs = e.prompt_tokens_decoded, e.kv.repairs
+    sent = 0
+    cached: dict[tuple[int, int], int] = {}
+    expected: dict[tuple[int, int], int] = {}
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def user(u: int) -> None:
+        nonlocal sent
+        history = list(system)
+        for t in range(TURNS):
+            prompt = history + m.tokenize(f"User {u} asks question {t} about file {u * 3 + t}.", add_special=False, parse_special=False)
+            _, o = driver.generate(prompt, REPLY)
+            if not o.done.wait(300) or o.error is not None:
+                errors.append(f"user {u} turn {t}: {o.error or 'no answer'}")
+                return
+            with lock:
+                sent += len(prompt)
+                cached[u, t] = o.cached[0]
+                if t > 0:
+                    # The whole of the last turn but the reply's last token, sampled and
+                    # never decoded.
+                    expected[u, t] = len(history) - 1
+            history = prompt + o.tokens[0]
+
+    threads = [threading.Thread(target=user, args=(u,)) for u in range(USERS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(600)
+    assert not errors, errors
+    driver.wait_idle()
+
+    later = {k: v for k, v in cached.items() if k[1] > 0}
+    assert later == expected, f"a returning user did not find the whole of its conversation (system {len(system)}, first {cached})"
+    first = [cached[u, 0] for u in range(USERS)]
+    assert sum(c >= len(system) - 1 for c in first) >= USERS - 1, f"first turns' cached tokens: {first}"
+    decoded = e.prompt_tokens_decoded - decoded_before
+    assert decoded < len(system) + 0.15 * sent, f"decoded {decoded} of {sent} prompt tokens"
+    assert e.entries.hits > 0 and e.entries.tokens_saved > 0
+    assert e.kv.repairs == repairs, "the engine's KV check had to repair a sequence (see the log)"
+    assert driver.cell_problems() == []
+    again = driver.run_alone(m.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS)
+    assert again.tokens[0] == fresh_canary.tokens[0]
+    driver.wait_idle()
+    assert driver.cell_problems() == []

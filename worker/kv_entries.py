@@ -1,0 +1,104 @@
+"""The sequences beyond the slots': parked entries and free sequence ids.
+
+A model's context has `slots + cached_prompts` sequences. The slots' requests run in some of
+them; the others are free (no cells at all) or parked: a finished prompt's cells kept under
+a sequence of their own, with the tokens they hold, so that a later prompt can continue or
+copy them (worker/prefix_reuse.py decides which). Parking a slot's contents costs nothing in
+cells: the slot's sequence id becomes the entry's, and the slot takes a free id. Every change
+to cells goes through worker/kv_cache.py, and the engine's invariant check covers parked
+entries and free ids as it covers slots.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Generic, Iterator, TypeVar
+
+from worker.kv_cache import KvCache
+from worker.prefix_reuse import eviction_order
+from worker.slots import Slot
+
+log = logging.getLogger("worker.kv")
+
+R = TypeVar("R")
+
+
+class Entries(Generic[R]):
+    def __init__(self, kv: KvCache, first_id: int, n_seq_max: int) -> None:
+        self.kv = kv
+        self.free: list[int] = list(range(n_seq_max - 1, first_id - 1, -1))  # pop() gives the lowest
+        self.parked: list[Slot[R]] = []
+        # What the entries did (GET /metrics): prompts whose prefix came from an entry, and
+        # the prompt tokens they did not decode; entries given up for room or ids.
+        self.hits = 0
+        self.tokens_saved = 0
+        self.evictions = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self.free) + len(self.parked)
+
+    def park(self, slot: Slot[R], clock: int) -> Slot[R] | None:
+        """Move `slot`'s contents into an entry of their own, and give the slot an empty
+        sequence. Returns the entry; None, the contents left in the slot, when the model
+        keeps no entries."""
+        if not self.capacity:
+            return None
+        if not self.free:
+            self.evict(eviction_order(self.parked)[0])
+        entry: Slot[R] = Slot(seq_id=slot.seq_id, cache=slot.cache, last_used=clock)
+        slot.seq_id, slot.cache = self.free.pop(), []
+        self.parked.append(entry)
+        return entry
+
+    def take(self, slot: Slot[R], entry: Slot[R], keep_old: bool, clock: int) -> None:
+        """Give `slot` the sequence of parked `entry`; what the slot held becomes the entry
+        when `keep_old`, else it is dropped and its id freed."""
+        self.parked.remove(entry)
+        slot.seq_id, entry.seq_id = entry.seq_id, slot.seq_id
+        slot.cache, entry.cache = entry.cache, slot.cache
+        entry.anchor = False
+        if keep_old and entry.cache:
+            entry.last_used = clock
+            self.parked.append(entry)
+        else:
+            self.kv.drop(entry)
+            self.free.append(entry.seq_id)
+
+    def anchor(self, source: Slot[R], n: int, clock: int) -> None:
+        """Keep the first `n` cells of `source` as an anchor entry, if a sequence id is free
+        (an anchor never evicts a conversation). The caller has checked `usable`."""
+        if not self.free:
+            return
+        entry: Slot[R] = Slot(seq_id=self.free.pop(), last_used=clock, anchor=True)
+        self.kv.copy_prefix(source, entry, n)
+        self.parked.append(entry)
+
+    def used(self, entry: Slot[R], tokens: int, clock: int) -> None:
+        """`entry` gave a prompt `tokens` of its cells."""
+        entry.last_used = clock
+        self.hits += 1
+        self.tokens_saved += tokens
+
+    def evict(self, entry: Slot[R]) -> None:
+        self.kv.drop(entry)
+        self.forget(entry)
+        self.evictions += 1
+
+    def forget(self, entry: Slot[R]) -> None:
+        """`entry`'s cells are gone (evicted, or dropped by the invariant check)."""
+        if entry in self.parked:
+            self.parked.remove(entry)
+            self.free.append(entry.seq_id)
+
+    def checked(self) -> Iterator[Slot[R]]:
+        """What the invariant check compares besides the slots: each parked entry, and each
+        free id as an empty sequence (it must hold no cells)."""
+        yield from self.parked
+        for seq in self.free:
+            yield Slot(seq_id=seq)
+
+    def clear(self) -> None:
+        for entry in list(self.parked):
+            self.kv.drop(entry)
+            self.forget(entry)
