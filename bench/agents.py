@@ -105,14 +105,18 @@ def one_turn(client: httpx.Client, url: str, messages: list[dict[str, str]], rep
     return ttft if ttft is not None else time.monotonic() - sent, "".join(text), usage
 
 
-def run_load(url: str, users: int, turns: int, system: str, reply: int) -> tuple[list[Turn], float]:
+def run_load(
+    url: str, users: int, turns: int, system: str, reply: int
+) -> tuple[list[Turn], float, dict[int, list[dict[str, str]]]]:
     results: list[Turn] = []
+    conversations: dict[int, list[dict[str, str]]] = {}
     lock = threading.Lock()
     errors: list[BaseException] = []
 
     def user(u: int) -> None:
         try:
             messages = [{"role": "system", "content": system}]
+            conversations[u] = messages
             for t in range(turns):
                 messages.append({"role": "user", "content": question(u, t)})
                 # A connection per turn: llama-server (cpp-httplib) may close a kept-alive
@@ -133,7 +137,48 @@ def run_load(url: str, users: int, turns: int, system: str, reply: int) -> tuple
         th.join()
     if errors:
         raise errors[0]
-    return results, time.monotonic() - start
+    return results, time.monotonic() - start, conversations
+
+
+def next_turns(url: str, conversations: dict[int, list[dict[str, str]]], users: list[int], turn: int, reply: int) -> list[Turn]:
+    """One more turn for each of `users`, one after the other (an idle server)."""
+    out = []
+    for u in users:
+        messages = conversations[u]
+        messages.append({"role": "user", "content": question(u, turn)})
+        with httpx.Client() as client:
+            ttft, answer, (prompt, decoded) = one_turn(client, url, messages, reply)
+        messages.append({"role": "assistant", "content": answer})
+        out.append(Turn(u, turn, ttft, prompt, decoded))
+    return out
+
+
+def after_reload(url: str, conversations: dict[int, list[dict[str, str]]], turns: int, reply: int) -> dict[str, Any]:
+    """Corral only: warm later turns on an idle server, then the same users' next turns
+    after the model was unloaded (its worker writes the hottest prompts to disk) and loaded
+    again (it reads them back). The load itself is timed apart: it is the model's, not the
+    cache's."""
+    users = sorted(conversations)[:3]
+    warm = next_turns(url, conversations, users, turns, reply)
+    httpx.post(url + "/models/unload", json={"model": "demo"}, timeout=60).raise_for_status()
+    deadline = time.monotonic() + 120
+    while httpx.get(url + "/admin/models/demo", timeout=10).json()["model"]["state"] != "stopped":
+        if time.monotonic() > deadline:
+            raise SystemExit("the model did not unload")
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    httpx.post(url + "/admin/models/demo/load", timeout=120).raise_for_status()
+    load_s = time.monotonic() - t0
+    cold = next_turns(url, conversations, users, turns + 1, reply)
+    median = statistics.median
+    return {
+        "warm_ttft_median_s": median(t.ttft for t in warm),
+        "reload_ttft_median_s": median(t.ttft for t in cold),
+        "ratio": median(t.ttft for t in cold) / median(t.ttft for t in warm),
+        "load_s": load_s,
+        "warm": [asdict(t) for t in warm],
+        "after_reload": [asdict(t) for t in cold],
+    }
 
 
 def summary(turns: list[Turn], wall: float) -> dict[str, Any]:
@@ -169,6 +214,7 @@ def serve_corral(model: Path, slots: int) -> tuple[subprocess.Popen[bytes], str]
     cfg.write_text(
         f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n'
         f'[models.demo]\npath = "{model}"\nslots = {slots}\nn_ctx = {N_CTX}\nchat_template = "gemma"\n'
+        f'prompt_cache_dir = "{tmp / "prompt-cache"}"\n'
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
@@ -192,11 +238,16 @@ def serve_llama(binary: Path, model: Path, slots: int) -> tuple[subprocess.Popen
     return proc, url
 
 
-def measure(proc: subprocess.Popen[bytes], url: str, args: argparse.Namespace, system: str) -> tuple[dict[str, Any], str]:
+def measure(
+    proc: subprocess.Popen[bytes], url: str, args: argparse.Namespace, system: str, reload: bool = False
+) -> tuple[dict[str, Any], str]:
     try:
         prompt = rendered(url, system)
-        turns, wall = run_load(url, args.users, args.turns, system, args.reply)
-        return summary(turns, wall), prompt
+        turns, wall, conversations = run_load(url, args.users, args.turns, system, args.reply)
+        out = summary(turns, wall)
+        if reload:
+            out["reload"] = after_reload(url, conversations, args.turns, args.reply)
+        return out, prompt
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -223,6 +274,16 @@ def report(doc: dict[str, Any]) -> str:
             f"{later['ttft_median_s']:.2f} s / {later['ttft_p95_s']:.2f} s | "
             f"{r['prompt_tokens_decoded']} / {r['prompt_tokens_sent']} ({r['decoded_fraction']:.0%}) | {r['wall_s']:.1f} s |"
         )
+    r = doc.get("corral", {}).get("reload")
+    if r:
+        decoded = sum(t["decoded"] for t in r["after_reload"])
+        sent = sum(t["prompt_tokens"] for t in r["after_reload"])
+        lines += [
+            "",
+            f"Corral, {len(r['warm'])} users' next turns on the idle server: TTFT median {r['warm_ttft_median_s']:.2f} s; "
+            f"their next turns after the model was unloaded and loaded again ({r['load_s']:.1f} s, not counted): "
+            f"{r['reload_ttft_median_s']:.2f} s ({r['ratio']:.2f}x), {decoded} of {sent} prompt tokens decoded.",
+        ]
     if "ratios" in doc:
         q = doc["ratios"]
         lines += [
@@ -247,7 +308,7 @@ def main() -> int:
     if not model.is_file():
         raise SystemExit(f"model not found: {model} (run `make model`)")
     system = system_prompt(args.system_words)
-    corral, corral_prompt = measure(*serve_corral(model, args.slots), args, system)
+    corral, corral_prompt = measure(*serve_corral(model, args.slots), args, system, reload=True)
     doc: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},

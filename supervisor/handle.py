@@ -148,6 +148,7 @@ class ModelHandle:
             kv_cells_used=pong.kv_cells_used if pong is not None else None,
             kv_repairs=pong.kv_repairs if pong is not None else None,
             kv_prefixes_refused=pong.kv_prefixes_refused if pong is not None else None,
+            prompt_cache=dict(pong.prompt_cache) if pong is not None else {},
             requests_per_minute=self.requests.count(time.monotonic()),
             tokens_generated=conn.tokens_generated if conn is not None else None,
         )

@@ -137,6 +137,9 @@ def _describe(code: int) -> str:
     return str(code)
 
 
+WORKER_PERSIST_SECONDS = 10.0
+
+
 async def stop_worker(conn: WorkerConnection, grace: float) -> None:
     """Ask the worker to finish and exit; SIGTERM, then SIGKILL if it will not.
 
@@ -149,7 +152,9 @@ async def stop_worker(conn: WorkerConnection, grace: float) -> None:
         conn.send(Shutdown(grace=grace))
     except WorkerCrashed:
         pass
-    with trio.move_on_after(grace + 1.0):
+    # The worker writes its hottest saved prompts to disk after the last request
+    # (worker/link.py, PERSIST_SECONDS), then exits.
+    with trio.move_on_after(grace + 1.0 + WORKER_PERSIST_SECONDS):
         await process.wait()
         return
     log.warning("%s: worker did not exit after Shutdown; sending SIGTERM", conn.name)

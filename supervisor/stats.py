@@ -4,7 +4,7 @@ connection. `/admin/models` encodes it as it is: the fields' order is the JSON's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from supervisor.lifecycle import State
 from worker.protocol import Ready
@@ -61,6 +61,9 @@ class ModelStats:
     kv_cells_used: int | None = None  # as of the last Pong
     kv_repairs: int | None = None  # as of the last Pong: worker/kv_cache.py
     kv_prefixes_refused: int | None = None
+    # The prompt cache's counters and sizes as of the last Pong (worker/engine.py,
+    # cache_counts); empty before one.
+    prompt_cache: dict[str, int] = field(default_factory=dict)
     # Requests that took a lease in the last 60 s (supervisor/request_rate.py); a request
     # that failed before reaching the worker is not counted.
     requests_per_minute: int = 0

@@ -24,6 +24,7 @@ from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
 from worker.outcomes import Requests
 from worker.prefix_reuse import Prefilling, Start, follow_target, plan_start, wants_anchor
+from worker.prompt_cache import PromptCache
 from worker.protocol import SamplingParams
 from worker.request import Request
 from worker.sampling import SamplerChain
@@ -42,10 +43,14 @@ class Admission:
         n_vocab: int,
         n_ctx_slot: int,
         active: Callable[[], int],
+        cache: PromptCache | None = None,
     ) -> None:
-        self.slots, self.kv, self.entries, self.requests = slots, kv, entries, requests
+        self.slots, self.kv, self.entries, self.requests, self.cache = slots, kv, entries, requests, cache
         self.n_vocab, self.n_ctx_slot, self.active = n_vocab, n_ctx_slot, active
         self.clock = 0  # a slot's or an entry's last use, for LRU choices
+        # Prompts admitted with some of their tokens read from the cache and without, and
+        # the tokens read (GET /metrics: worker/link.py sends them with each Pong).
+        self.reused = self.missed = self.tokens_reused = 0
 
     def admit(self) -> None:
         """Move waiting requests into idle slots, reusing the best cached prefix."""
@@ -62,6 +67,7 @@ class Admission:
             keep = self._start_in(slot, req)
             if req.sampler is None:
                 req.cached = keep
+                self._count(keep)
                 try:
                     req.sampler = SamplerChain(self._resolved(req.params), self.n_vocab)
                 except Exception as exc:
@@ -76,6 +82,13 @@ class Admission:
             if not req.t_admitted:  # a preempted request keeps its first start
                 req.t_admitted = time.perf_counter()
 
+    def _count(self, cached: int) -> None:
+        if cached > 0:
+            self.reused += 1
+            self.tokens_reused += cached
+        else:
+            self.missed += 1
+
     def _start_in(self, slot: Slot[Request], req: Request) -> int:
         """Make `slot`'s cache ready for `req`; returns the prompt tokens it need not
         decode."""
@@ -86,6 +99,10 @@ class Admission:
                 self._set_aside(slot)
                 req.follows = leader
                 return 0
+        if self.cache is not None:
+            # A saved prompt that serves this one better than the KV cache does comes back
+            # as a parked entry, which the choice below then takes.
+            self.cache.promote(req.tokens, [*self.slots, *self.entries.parked], self.clock)
         others = [s for s in self.slots if s is not slot]
         start = plan_start(slot, others, self.entries.parked, req.tokens, self.kv.usable, bool(self.entries.free))
         return self._perform(slot, start)
@@ -138,7 +155,7 @@ class Admission:
         assert f.slot is not None and leader.slot is not None
         n = len(leader.prompt)
         self.kv.copy_prefix(leader.slot, f.slot, n)
-        f.cached = n
+        self._copied(f, n)
         f.follows = None
 
     def copy_awaited(self, f: Request) -> None:
@@ -159,6 +176,13 @@ class Admission:
         if wants_anchor(self.entries.parked, f.tokens, n):
             self.entries.anchor(source, n, self.clock)
         self.kv.copy_prefix(source, f.slot, n)
+        self._copied(f, n)
+
+    def _copied(self, f: Request, n: int) -> None:
+        """`f`, admitted with `f.cached` tokens from the cache, got `n` at a step."""
+        self.tokens_reused += n - f.cached
+        if f.cached == 0:
+            self.reused, self.missed = self.reused + 1, self.missed - 1
         f.cached = n
 
     def _resolved(self, p: SamplingParams) -> SamplingParams:

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Union
 
 import llama_cpp
@@ -41,17 +43,18 @@ from worker.constraint import Constraints, tokenizer_for
 from worker.embeddings import EmbedLine
 from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
+from worker.kv_room import KvRoom
 from worker.logprobs import StepLogits, token_logprob
 from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
+from worker.prompt_cache import CacheOptions, PromptCache
 from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotFile, SlotState, Step, TokenEvent
 from worker.request import EmbedJob, Request
-from worker.prefix_reuse import eviction_order
 from worker.siblings import followers_to_detach
 from worker.slot_files import SlotFiles
 from worker.slots import Slot
-from worker.step_plan import Halve, Preempt, Purge, Remedy, make_room, plan_batch
+from worker.step_plan import Halve, plan_batch
 
 log = logging.getLogger("worker.engine")
 
@@ -59,8 +62,15 @@ Emit = Callable[[Frame], None]
 MAX_THREADS = 1024  # the config's bound; a frame asking for more is clamped, not obeyed
 
 
+@dataclass(frozen=True)
+class Persist:
+    """Write the hottest saved prompts to disk (a clean stop); `done` is set after."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 # What the engine's inbox carries: prepared work, and commands applied between steps.
-Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile]
+Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile, Persist]
 
 
 def _pending(slot: Slot[Request]) -> int:
@@ -74,7 +84,14 @@ def _pending(slot: Slot[Request]) -> int:
 
 
 class Engine:
-    def __init__(self, m: LoadedModel, emit: Emit, embeddings: bool = False, n_ctx_slot: int | None = None) -> None:
+    def __init__(
+        self,
+        m: LoadedModel,
+        emit: Emit,
+        embeddings: bool = False,
+        n_ctx_slot: int | None = None,
+        cache: CacheOptions | None = None,
+    ) -> None:
         self.m = m
         self.emit = emit
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
@@ -82,14 +99,19 @@ class Engine:
         self.kv = KvCache(m.memory, m.attention)
         # The sequences beyond the slots': finished prompts kept for later ones.
         self.entries: Entries[Request] = Entries(self.kv, m.n_slots, m.n_seq_max)
+        # Saved prompts beyond the KV cache: host memory, and disk across runs.
+        self.cache = PromptCache(m.ctx, self.kv, self.entries, cache or CacheOptions(ram_bytes=0))
+        self.entries.on_evict = lambda e: self.cache.spill(e, e.last_used)
         # With a unified KV cache one sequence may use every cell; the engine enforces the
         # per-request limit itself (`n_ctx_slot`, else all of it) and preempts when the
         # shared pool runs out.
         self.n_ctx_slot = min(m.n_ctx, n_ctx_slot or m.n_ctx)
         # Who waits, who runs, and how each ends (worker/outcomes.py).
         self.requests = Requests(m, self.n_ctx_slot, emit)
+        self.room = KvRoom(self.slots, self.kv, self.entries, self.cache, self.requests)
         self.admission = Admission(
-            self.slots, self.kv, self.entries, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active
+            self.slots, self.kv, self.entries, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active,
+            self.cache,
         )
         # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
         # evaluation of their prompt, and what prefix reuse saves.
@@ -135,6 +157,21 @@ class Engine:
         list lengths, each read whole."""
         return sum(len(s.cache) for s in self.slots)
 
+    def cache_counts(self) -> dict[str, int]:
+        """The prompt cache's counters and sizes, for Pong. Read from the link's thread: each
+        value is one int read whole, a step old at worst."""
+        e = self.entries
+        counts = {
+            "prompts_reused": self.admission.reused,
+            "prompts_missed": self.admission.missed,
+            "tokens_reused": self.admission.tokens_reused,
+            "parked": len(e.parked),
+            "parked_hits": e.hits,
+            "parked_evictions": e.evictions,
+        }
+        counts.update(self.cache.counts())
+        return counts
+
     @property
     def queued(self) -> int:
         """Requests waiting for a slot, or still being prepared."""
@@ -155,7 +192,19 @@ class Engine:
 
     # ---- the thread ---------------------------------------------------------------------------
 
+    def persist(self, timeout: float) -> bool:
+        """Have the engine thread write the hottest prompts to disk, and wait for it (a
+        clean stop, after the last request)."""
+        p = Persist()
+        self.inbox.put(p)
+        return p.done.wait(timeout)
+
     def run(self) -> None:
+        if self.embeds is None:
+            try:
+                self.admission.clock = self.cache.load()
+            except Exception:  # a bad cache folder costs its prompts, never the worker
+                log.exception("reading the saved prompts failed")
         self.prep.start()
         while True:  # the process ends it: the link exits once a Shutdown has drained
             busy = bool(self.requests.waiting) or self.active > 0 or (self.embeds is not None and not self.embeds.idle)
@@ -214,6 +263,12 @@ class Engine:
                 self.emit(Error(id=item.id, code="unsupported", message="an embedding model's slots hold no cache", param="model"))
             else:
                 self.slot_files.add(item)
+        elif isinstance(item, Persist):
+            try:
+                if self.embeds is None:
+                    self.cache.persist(self.slots, self.admission.clock)
+            finally:
+                item.done.set()
         elif isinstance(item, SetThreads):
             n = min(max(item.n_threads, 1), MAX_THREADS)
             self.m.set_threads(n)
@@ -239,7 +294,7 @@ class Engine:
     def _step(self) -> None:
         # Whatever admission, the last step or a bug did to the KV cache, nothing is decoded
         # from cells that are not what the slots' books say.
-        self.kv.check([*self.slots, *self.entries.checked()], self._dropped)
+        self.kv.check([*self.slots, *self.entries.checked()], self.room.dropped)
         for s in self.slots:
             f = s.request
             if f is not None and f.follows is not None:
@@ -256,9 +311,9 @@ class Engine:
             rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())
             if rc == 0:
                 break
-            remedy = self._make_room() if rc == 1 else None
+            remedy = self.room.make_room(self.batch.n) if rc == 1 else None
             if remedy is None:
-                self._fail_plan(plan, rc)
+                self.room.fail_plan([req for req, *_ in plan], rc)
                 return
             if isinstance(remedy, Halve):
                 budget = max(1, budget // 2)
@@ -314,70 +369,6 @@ class Engine:
             assert req.params.logprobs is not None
             lp = token_logprob(view, tok, req.params.logprobs, self.m.piece)
         self.requests.accept(req, tok, events, lp)
-
-    def _make_room(self) -> Remedy[Request]:
-        """After llama_decode returned 1 (no KV space): perform what make_room decides."""
-        remedy = make_room(
-            self.slots, self.batch.n,
-            lambda s: s.request is not None and (s.request.follows is not None or s.request.awaits is not None),
-            eviction_order(self.entries.parked),
-        )
-        if isinstance(remedy, Purge):
-            for s in remedy.slots:
-                if s in self.entries.parked:
-                    self.entries.evict(s)
-                else:
-                    self.kv.drop(s)
-        elif isinstance(remedy, Preempt):
-            victim = remedy.slot
-            req = victim.request
-            assert req is not None
-            self.kv.drop(victim)
-            victim.request = None
-            req.slot = None
-            req.follows = req.awaits = None
-            req.preempted = True
-            self.requests.kv_full = True
-            self.requests.waiting.appendleft(req)
-            log.info("KV cache full: preempted request %s (%d tokens, resumes later)", req.label, len(req.tokens))
-        return remedy
-
-    def _fail_plan(self, plan: list[tuple[Request, int, int, bool]], rc: int) -> None:
-        for req, *_ in plan:
-            if rc == 1:
-                # A single request filled the whole pool: that is its context limit. A decode
-                # that found no room placed nothing, so its cache is as the books say.
-                self.requests.finish(req, "length", events=None, flush=True, stop_type="limit")
-            else:
-                # llama.cpp keeps the ubatches that succeeded before one failed: the cells no
-                # longer match the books.
-                if req.slot is not None:
-                    self.kv.drop(req.slot)
-                self.requests.error(req, "internal", f"llama_decode failed with {rc}")
-
-    def _dropped(self, seq: Slot[Request]) -> None:
-        """The invariant check dropped `seq`'s cells: a slot's request decodes again, a
-        parked entry is gone."""
-        if seq.id >= 0:
-            self._redo(seq)
-        else:
-            self.entries.forget(seq)
-
-    def _redo(self, slot: Slot[Request]) -> None:
-        """`slot`'s cells were dropped by the invariant check: its request, if any, decodes
-        its tokens (prompt and output so far) again, as a preempted one does, and its
-        output goes on where it was."""
-        req = slot.request
-        if req is None or req.follows is not None:
-            return
-        if req.kv_redone:
-            # Dropped twice: something keeps breaking its cells, and a third try would only
-            # loop. It ends with an error rather than an answer from a wrong cache.
-            self.requests.error(req, "internal", "the KV cache did not hold this request's tokens (logged)")
-            return
-        req.kv_redone = True
-        req.cached = 0
-        log.error("request %s decodes its %d tokens again", req.label, len(req.tokens))
 
     def _fail_active(self, code: str, message: str) -> None:
         for s in self.slots:

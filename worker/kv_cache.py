@@ -92,6 +92,24 @@ class KvCache:
         llama_cpp.llama_memory_seq_cp(self.memory, source.seq_id, target.seq_id, 0, n)
         target.cache[:] = source.cache[:n]
 
+    def restore(self, slot: Slot[R], tokens: Sequence[int], write: Callable[[int], bool]) -> bool:
+        """Make `slot`'s sequence a saved one: `write(seq_id)` puts the saved cells into the
+        empty sequence (llama_state_seq_set_data); the books become `tokens` only when the
+        cells read span exactly those tokens, as the invariant demands. Otherwise (no room
+        for them, a state from another context) the sequence is left empty: False."""
+        self.drop(slot)
+        if not write(slot.seq_id):
+            self.drop(slot)
+            return False
+        pos_min, pos_max = self.span(slot)
+        problem = self.attention.problem(len(tokens), pos_min, pos_max)
+        if problem is not None:
+            log.warning("a saved prompt's cells do not match its %d tokens (%s): not restored", len(tokens), problem)
+            self.drop(slot)
+            return False
+        slot.cache[:] = tokens
+        return True
+
     def decoded(self, slot: Slot[R], tokens: Sequence[int]) -> None:
         """A decode that succeeded placed `tokens` after `slot`'s cached ones."""
         slot.cache.extend(tokens)

@@ -12,7 +12,7 @@ entries and free ids as it covers slots.
 from __future__ import annotations
 
 import logging
-from typing import Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterator, TypeVar
 
 from worker.kv_cache import KvCache
 from worker.prefix_reuse import eviction_order
@@ -33,6 +33,9 @@ class Entries(Generic[R]):
         self.hits = 0
         self.tokens_saved = 0
         self.evictions = 0
+        # Told of each entry about to be evicted, while its cells are still there (the
+        # prompt cache saves them to host memory: worker/prompt_cache.py).
+        self.on_evict: Callable[[Slot[R]], None] | None = None
 
     @property
     def capacity(self) -> int:
@@ -44,12 +47,25 @@ class Entries(Generic[R]):
         keeps no entries."""
         if not self.capacity:
             return None
-        if not self.free:
-            self.evict(eviction_order(self.parked)[0])
+        self._free_one()
         entry: Slot[R] = Slot(seq_id=slot.seq_id, cache=slot.cache, last_used=clock)
         slot.seq_id, slot.cache = self.free.pop(), []
         self.parked.append(entry)
         return entry
+
+    def new_entry(self, clock: int) -> Slot[R] | None:
+        """An empty parked entry, for cells about to be restored into it; None when the
+        model keeps no entries."""
+        if not self.capacity:
+            return None
+        self._free_one()
+        entry: Slot[R] = Slot(seq_id=self.free.pop(), last_used=clock)
+        self.parked.append(entry)
+        return entry
+
+    def _free_one(self) -> None:
+        if not self.free:
+            self.evict(eviction_order(self.parked)[0])
 
     def take(self, slot: Slot[R], entry: Slot[R], keep_old: bool, clock: int) -> None:
         """Give `slot` the sequence of parked `entry`; what the slot held becomes the entry
@@ -81,6 +97,8 @@ class Entries(Generic[R]):
         self.tokens_saved += tokens
 
     def evict(self, entry: Slot[R]) -> None:
+        if self.on_evict is not None:
+            self.on_evict(entry)
         self.kv.drop(entry)
         self.forget(entry)
         self.evictions += 1

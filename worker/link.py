@@ -16,11 +16,15 @@ import math
 import os
 import socket
 import time
+from pathlib import Path
 
 import trio
 
 from worker.engine import Engine
+from worker.model import LoadedModel
 from worker.preparer import Work
+from worker.prompt_cache import CacheOptions
+from worker.prompt_store import fingerprint
 from worker.protocol import (
     Cancel,
     SlotFile,
@@ -45,6 +49,10 @@ from worker.protocol import (
 )
 
 log = logging.getLogger("worker")
+
+# What a clean stop may spend writing saved prompts to disk; the supervisor waits this much
+# longer for a worker to exit (supervisor/launcher.py).
+PERSIST_SECONDS = 10.0
 
 
 class Link:
@@ -97,6 +105,7 @@ class Link:
                     kv_cells_used=e.kv_cells_used if e else 0,
                     kv_repairs=e.kv.repairs if e else 0,
                     kv_prefixes_refused=e.kv.prefixes_refused if e else 0,
+                    prompt_cache=e.cache_counts() if e else {},
                 )
             )
         elif isinstance(frame, SlotsQuery):
@@ -124,6 +133,10 @@ class Link:
                 await trio.sleep(0.1)
                 break
             await trio.sleep(0.05)
+        if self.engine is not None:
+            # A clean stop: the hottest prompts go to disk for the next run (within
+            # PERSIST_SECONDS, which the supervisor's stop allows for).
+            await trio.to_thread.run_sync(self.engine.persist, PERSIST_SECONDS, abandon_on_cancel=True)
         await self.flush_and_exit(0)
 
     async def flush_and_exit(self, code: int, timeout: float = 1.0) -> None:
@@ -166,7 +179,9 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
             await link.flush_and_exit(1, timeout=2.0)
             return
 
-        engine = Engine(model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot)
+        engine = Engine(
+            model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot, cache=cache_options(spec, model)
+        )
         for frame in link.early:
             engine.submit(frame)
         link.early.clear()
@@ -195,6 +210,24 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)
         await trio.to_thread.run_sync(engine.run, abandon_on_cancel=True)
+
+
+def cache_options(spec: WorkerSpec, model: LoadedModel) -> CacheOptions:
+    """The prompt cache's budgets and folder (`<prompt_cache_dir>/<model name>`), and the
+    fingerprint its files must carry to be read back."""
+    folder = None
+    if spec.prompt_cache_dir is not None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.name).lstrip(".") or "model"
+        folder = Path(spec.prompt_cache_dir) / safe
+    att = model.attention
+    layout = f"n_ctx={model.n_ctx} swa_full={spec.swa_full} n_swa={att.n_swa} gpu={spec.n_gpu_layers}"
+    return CacheOptions(
+        ram_bytes=spec.prompt_cache_bytes,
+        folder=folder,
+        disk_bytes=spec.prompt_cache_disk_bytes,
+        fingerprint=fingerprint(spec.path, model.template_source, llama_cpp_version(), layout),
+        persist_seconds=PERSIST_SECONDS - 1.0,
+    )
 
 
 def llama_cpp_version() -> str:

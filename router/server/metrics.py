@@ -114,6 +114,25 @@ _WORKER_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# (key of ModelStats.prompt_cache, counter or gauge, help): the prompt cache's series, each
+# `corral_model_prompt_cache_<key>` (worker/engine.py, cache_counts).
+_PROMPT_CACHE: tuple[tuple[str, bool, str], ...] = (
+    ("prompts_reused", True, "Prompts admitted with part of their tokens read from the cache (hits)."),
+    ("prompts_missed", True, "Prompts admitted with none of their tokens in any cache (misses)."),
+    ("tokens_reused", True, "Prompt tokens read from the cache instead of decoded (tokens saved)."),
+    ("parked", False, "Finished prompts kept in the KV cache under sequences of their own now."),
+    ("parked_hits", True, "Prompts whose prefix came from a parked entry."),
+    ("parked_evictions", True, "Parked entries given up for KV room or for their sequence."),
+    ("host_prompts", False, "Prompts saved in host memory now."),
+    ("host_bytes", False, "Bytes of KV cells saved in host memory now."),
+    ("host_evictions", True, "Saved prompts given up to stay within the host-memory budget."),
+    ("restored", True, "Saved prompts written back into the KV cache (from host memory or disk)."),
+    ("restore_failed", True, "Saved prompts llama.cpp would not take back (no room, or not matching)."),
+    ("tokens_restored", True, "Prompt tokens served from saved prompts written back from host memory."),
+    ("loaded_from_disk", False, "Saved prompts read from the cache folder when the model loaded."),
+)
+
+
 def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
     for name, key, doc in _WORKER_COUNTERS:
         family = CounterMetricFamily(name, doc, labels=["model"])
@@ -122,6 +141,15 @@ def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
             if value is not None:
                 family.add_metric([m.name], float(value))
         yield family
+    for key, counter, doc in _PROMPT_CACHE:
+        name = f"corral_model_prompt_cache_{key}"
+        cache: CounterMetricFamily | GaugeMetricFamily = (
+            CounterMetricFamily(name, doc, labels=["model"]) if counter else GaugeMetricFamily(name, doc, labels=["model"])
+        )
+        for m in stats:
+            if key in m.prompt_cache:
+                cache.add_metric([m.name], float(m.prompt_cache[key]))
+        yield cache
 
 
 def register(app: QuartTrio, supervisor: Supervisor) -> None:

@@ -133,6 +133,9 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.slots: must be 1..256, got {m.slots}"
         if m.cached_prompts is not None and not 0 <= m.cached_prompts <= 256 - m.slots:
             yield f"{at}.cached_prompts: must be 0..{max(0, 256 - m.slots)} (256 sequences less the slots), got {m.cached_prompts}"
+        for key in ("prompt_cache_bytes", "prompt_cache_disk_bytes"):
+            if getattr(m, key) < 0:
+                yield f"{at}.{key}: must be 0 or more bytes, got {getattr(m, key)}"
         if m.n_ctx < 16:
             yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
         if m.n_ctx_slot is not None and not 16 <= m.n_ctx_slot <= m.n_ctx:

@@ -85,9 +85,16 @@ def parse(
             max_queue=m.max_queue,
             queue_timeout=m.queue_timeout,
             **generation_defaults(m),
-            # The worker's options pass as written, except a template file's path: it is
-            # relative to the config file, which the worker knows nothing of.
-            **options_of(replace(m, chat_template=_template(m.chat_template, base_dir))),
+            # The worker's options pass as written, except paths (a template file, the prompt
+            # cache's folder): they are relative to the config file, which the worker knows
+            # nothing of.
+            **options_of(
+                replace(
+                    m,
+                    chat_template=_template(m.chat_template, base_dir),
+                    prompt_cache_dir=None if m.prompt_cache_dir is None else str(resolve_path(m.prompt_cache_dir, base_dir)),
+                )
+            ),
         )
         for name, m in file.models.items()
     }

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tests.e2e.kv_state import cache_positions
 from worker.engine import Engine
 from worker.model import LoadedModel, load
+from worker.prompt_cache import CacheOptions
 from worker.protocol import Cancel, Error, Frame, Generate, SamplingParams, Step, TokenLogprob, WorkerSpec
 
 
@@ -30,10 +31,10 @@ class Outcome:
 
 
 class EngineDriver:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, cache: CacheOptions | None = None) -> None:
         self.spec = spec
         self.model: LoadedModel = load(spec, lambda p: None)
-        self.engine = Engine(self.model, self._emit)
+        self.engine = Engine(self.model, self._emit, cache=cache)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._outcomes: dict[int, Outcome] = {}

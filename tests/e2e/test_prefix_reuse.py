@@ -16,6 +16,7 @@ slots, one long system prompt shared by all, each turn resending the whole conve
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -23,6 +24,9 @@ import pytest
 from tests.e2e.conftest import DEMO_MODEL
 from tests.e2e.engine_driver import EngineDriver
 from tests.e2e.test_kv_mixes import CANARY_TEXT, CANARY_TOKENS
+from worker.model import LoadedModel
+from worker.prompt_cache import CacheOptions
+from worker.prompt_store import fingerprint
 from worker.protocol import WorkerSpec
 
 USERS, TURNS, SLOTS, REPLY = 6, 3, 4, 8
@@ -90,3 +94,72 @@ def test_six_users_on_four_slots_decode_the_system_prompt_once_and_keep_their_co
     assert again.tokens[0] == fresh_canary.tokens[0]
     driver.wait_idle()
     assert driver.cell_problems() == []
+
+
+# ---- beyond the KV cache: host memory and disk (issue 24, item 3) ---------------------------------
+
+
+def _conversation(m: LoadedModel, tag: str) -> list[int]:
+    text = " ".join(f"{tag} fact {i}: the {tag} list has {i * 3} entries." for i in range(40))
+    return m.tokenize(f"<start_of_turn>user\n{text}\n", add_special=True, parse_special=True)
+
+
+def _continue(d: EngineDriver, history: list[int], more: str) -> tuple[list[int], int]:
+    """One more turn of a conversation: its whole prompt, and the tokens read from a cache."""
+    prompt = history + d.model.tokenize(more, add_special=False, parse_special=False)
+    o = d.run_alone(prompt, REPLY)
+    return prompt + o.tokens[0], o.cached[0]
+
+
+def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> None:
+    d = EngineDriver(
+        WorkerSpec(name="host", path=str(DEMO_MODEL), slots=2, cached_prompts=1, n_ctx=4096),
+        cache=CacheOptions(ram_bytes=1 << 30),
+    )
+    e = d.engine
+    canary = d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0]
+    a, _ = _continue(d, _conversation(d.model, "alpha"), "First question?")
+    # Three other conversations take both slots and the one parked entry: alpha's cells are
+    # given up, and saved to host memory first.
+    for tag in ("beta", "gamma", "delta"):
+        _continue(d, _conversation(d.model, tag), "A question?")
+    d.wait_idle()
+    assert e.cache.host.entries, "nothing was saved to host memory"
+    assert all(entry.cache[:20] != a[:20] for entry in (*e.slots, *e.entries.parked))
+    _, cached = _continue(d, a, "Second question?")
+    assert cached == len(a) - 1, "alpha's conversation was not restored whole"
+    assert e.cache.restored >= 1 and e.cache.tokens_restored >= len(a) - 1
+    d.wait_idle()
+    assert d.cell_problems() == []
+    assert e.kv.repairs == 0
+    assert d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0] == canary
+
+
+def test_the_hottest_conversations_outlive_the_worker_on_disk(tmp_path: Path) -> None:
+    spec = WorkerSpec(name="disk", path=str(DEMO_MODEL), slots=2, n_ctx=4096)
+    fp = fingerprint(spec.path, "gemma", "test", "layout")
+    options = CacheOptions(ram_bytes=1 << 30, folder=tmp_path / "disk", disk_bytes=1 << 30, fingerprint=fp)
+    first = EngineDriver(spec, cache=options)
+    a, _ = _continue(first, _conversation(first.model, "alpha"), "First question?")
+    b, _ = _continue(first, _conversation(first.model, "beta"), "First question?")
+    first.wait_idle()
+    assert first.engine.persist(30)
+    assert len(list((tmp_path / "disk").glob("*.prompt"))) >= 2
+
+    # The next run of the worker reads them back before its first request.
+    second = EngineDriver(spec, cache=options)
+    _, cached = _continue(second, a, "Second question?")
+    assert cached == len(a) - 1, "the first turn after a restart did not find its conversation"
+    _, cached = _continue(second, b, "Second question?")
+    assert cached == len(b) - 1
+    assert second.engine.cache.loaded_from_disk >= 2 and second.engine.cache.restored >= 2
+    second.wait_idle()
+    assert second.cell_problems() == []
+    assert second.engine.kv.repairs == 0
+
+    # Another template (or model file, or build) makes them worthless: removed, not served.
+    other = CacheOptions(ram_bytes=1 << 30, folder=tmp_path / "disk", disk_bytes=1 << 30, fingerprint="another")
+    third = EngineDriver(spec, cache=other)
+    _, cached = _continue(third, a, "Second question?")
+    assert cached < 10
+    assert third.engine.cache.loaded_from_disk == 0

@@ -368,6 +368,9 @@ class Pong(Frame):
     # prefixes the sliding window no longer held (decoded again): worker/kv_cache.py.
     kv_repairs: int = 0
     kv_prefixes_refused: int = 0
+    # The prompt cache's counters and sizes (Engine.cache_counts: parked entries, host
+    # memory, disk), each a running total or a size now; /metrics names each one.
+    prompt_cache: dict[str, int] = {}
 
 
 class Occupancy(Frame):

@@ -141,6 +141,13 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # still finds its cells. They share the n_ctx cells and give them up first when a
     # request needs room. None: twice the slots (at most 256 sequences in all).
     cached_prompts: int | None = None
+    # Saved prompts beyond the KV cache (worker/prompt_cache.py): bytes of host memory for
+    # the cells of entries the KV cache gave up, and a folder where the hottest prompts
+    # outlive the worker (an idle unload, a reload, a restart), with its byte budget. The
+    # worker keeps a model's files in a subfolder named after the model. None: nowhere.
+    prompt_cache_bytes: int = 1 << 30
+    prompt_cache_dir: str | None = None
+    prompt_cache_disk_bytes: int = 2 << 30
     n_ctx: int = 4096  # KV cells shared by all slots
     # The most one request may hold, prompt and output together. None: all n_ctx (one KV
     # pool for all slots, llama-server's --kv-unified). llama-server without it gives each
