@@ -78,11 +78,15 @@ def _usage(chunk: dict[str, Any]) -> tuple[int, int] | None:
     return prompt, prompt - cached
 
 
-def one_turn(client: httpx.Client, url: str, messages: list[dict[str, str]], reply: int) -> tuple[float, str, tuple[int, int]]:
-    body = {
-        "model": "demo", "messages": messages, "max_tokens": reply, "temperature": 0, "stream": True,
+def one_turn(
+    client: httpx.Client, url: str, messages: list[dict[str, str]], reply: int, temperature: float = 0.0,
+) -> tuple[float, str, tuple[int, int]]:
+    body: dict[str, Any] = {
+        "model": "demo", "messages": messages, "max_tokens": reply, "temperature": temperature, "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if temperature:
+        body["seed"] = 7
     sent = time.monotonic()
     ttft: float | None = None
     text: list[str] = []

@@ -171,6 +171,10 @@ def serve_corral(model: Path, threads: int | None = None) -> tuple[subprocess.Po
     cfg.write_text(
         f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n'
         f'[models.demo]\npath = "{model}"\nslots = {SLOTS}\nn_ctx = 4096\n'
+        # Decode speed token by token, as llama-server's (without --spec-type) is measured:
+        # the greedy, ignore_eos texts here repeat themselves, and drafts would multiply
+        # the figure (bench/speculative.py measures them).
+        + 'spec_type = "none"\n'
         + (f"threads = {threads}\n" if threads else "")
     )
     log = (tmp / "server.log").open("wb")

@@ -7,8 +7,10 @@ figures in the README). It also reads JSON schemas itself (no GBNF conversion), 
 (which forced tool calls use, with `%json { schema }` inside), and GBNF.
 
 Three pieces, each with its own cost and thread:
-- `Constraints.tokenizer()`: llguidance's view of the vocabulary, built once per model (about
-  a second on 262k tokens), lazily, by the first constrained request on a preparing thread.
+- `Constraints.tokenizer()`: llguidance's view of the vocabulary, built once per model (one
+  to two seconds on 262k tokens, holding the GIL throughout), while the model loads
+  (worker/link.py), before any stream can run; only if that failed, by the first
+  constrained request.
 - `Constraints.matcher(c)`: compiles one request's grammar, on a preparing thread before the
   request can take a slot; a grammar that does not compile is a RequestRejected naming the
   request parameter it came from.
@@ -139,9 +141,9 @@ class Matcher:
 class Constraints:
     """One model's constraint compiler. Thread-safe: the preparing threads call it.
 
-    `build` makes llguidance's tokenizer (in the worker, `tokenizer_for` over the model's
-    vocabulary); it is called once, by the first constrained request: it costs seconds on a
-    262k vocabulary, which a model that never sees one should not pay at load."""
+    `build` gives llguidance's tokenizer (in the worker, the one built at load, else
+    `tokenizer_for` over the model's vocabulary); it is called once, by the first
+    constrained request."""
 
     def __init__(self, build: Callable[[], llguidance.LLTokenizer], n_vocab: int) -> None:
         self._build, self._n_vocab = build, n_vocab

@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 import llama_cpp
 
@@ -53,8 +53,12 @@ from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotFil
 from worker.request import EmbedJob, Request
 from worker.siblings import followers_to_detach
 from worker.slot_files import SlotFiles
+from worker.speculation import Speculation
 from worker.slots import Slot
 from worker.step_plan import Halve, plan_batch
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 log = logging.getLogger("worker.engine")
 
@@ -68,6 +72,10 @@ class Persist:
 
     done: threading.Event = field(default_factory=threading.Event)
 
+
+# One request's share of a step: (request, tokens fed, batch index of its last one, wants
+# logits, draft tokens fed after them).
+Fed = tuple[Request, int, int, bool, list[int]]
 
 # What the engine's inbox carries: prepared work, and commands applied between steps.
 Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile, Persist]
@@ -91,6 +99,8 @@ class Engine:
         embeddings: bool = False,
         n_ctx_slot: int | None = None,
         cache: CacheOptions | None = None,
+        vocabulary: LLTokenizer | None = None,
+        draft_max: int = 0,
     ) -> None:
         self.m = m
         self.emit = emit
@@ -109,6 +119,8 @@ class Engine:
         # Who waits, who runs, and how each ends (worker/outcomes.py).
         self.requests = Requests(m, self.n_ctx_slot, emit)
         self.room = KvRoom(self.slots, self.kv, self.entries, self.cache, self.requests)
+        # Speculative decoding by n-gram lookup (worker/speculation.py); off at draft_max 0.
+        self.spec = Speculation(self.kv, 0 if embeddings else draft_max, self.n_ctx_slot)
         self.admission = Admission(
             self.slots, self.kv, self.entries, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active,
             self.cache,
@@ -119,8 +131,12 @@ class Engine:
         self.batch = BatchBuffer(m.n_batch)
         self.threads = m.threads  # read by the link for Pong
         self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
-        # Structured output: llguidance's tokenizer is built by the first constrained request.
-        self.constraints = Constraints(lambda: tokenizer_for(m.vocab, m.n_vocab, m.is_eog), m.n_vocab)
+        # Structured output: llguidance's view of the vocabulary, built while the model
+        # loaded (worker/link.py), else by the first constrained request.
+        self.constraints = Constraints(
+            (lambda: vocabulary) if vocabulary is not None else (lambda: tokenizer_for(m.vocab, m.n_vocab, m.is_eog)),
+            m.n_vocab,
+        )
         self.prep = Preparer(
             m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher
         )
@@ -156,21 +172,6 @@ class Engine:
         """Cells the slots' caches hold. Read from the link's thread for a Pong: a sum of
         list lengths, each read whole."""
         return sum(len(s.cache) for s in self.slots)
-
-    def cache_counts(self) -> dict[str, int]:
-        """The prompt cache's counters and sizes, for Pong. Read from the link's thread: each
-        value is one int read whole, a step old at worst."""
-        e = self.entries
-        counts = {
-            "prompts_reused": self.admission.reused,
-            "prompts_missed": self.admission.missed,
-            "tokens_reused": self.admission.tokens_reused,
-            "parked": len(e.parked),
-            "parked_hits": e.hits,
-            "parked_evictions": e.evictions,
-        }
-        counts.update(self.cache.counts())
-        return counts
 
     @property
     def queued(self) -> int:
@@ -277,18 +278,24 @@ class Engine:
 
     # ---- one step -----------------------------------------------------------------------------
 
-    def _build(self, budget: int) -> list[tuple[Request, int, int, bool]]:
-        """Fill the batch as plan_batch says. Returns (request, tokens fed, batch index of
-        its last token, wants logits)."""
+    def _build(self, budget: int, drafting: bool) -> list[Fed]:
+        """Fill the batch as plan_batch says; then, with `drafting`, give generating requests
+        the room left for n-gram drafts (speculative decoding), verified in this same step.
+        Returns (request, tokens fed, batch index of its last token, wants logits, draft)."""
         self.batch.clear()
-        plan: list[tuple[Request, int, int, bool]] = []
-        for chunk in plan_batch(self.slots, _pending, min(budget, self.batch.capacity)):
+        chunks = plan_batch(self.slots, _pending, min(budget, self.batch.capacity))
+        room = self.batch.capacity - sum(c.n for c in chunks) if drafting else 0
+        plan: list[Fed] = []
+        for chunk in chunks:
             slot, req = chunk.slot, chunk.slot.request
             assert req is not None
             start = len(slot.cache)
             tokens = req.tokens[start : start + chunk.n]
-            first = self.batch.add(tokens, start, slot.seq_id, "last" if chunk.complete else "none")
-            plan.append((req, chunk.n, first + chunk.n - 1, chunk.complete))
+            draft = self.spec.draft(req, room) if chunk.complete and req.n_gen > 0 else []
+            room -= len(draft)
+            logits = "all" if draft else "last" if chunk.complete else "none"
+            first = self.batch.add(tokens + draft, start, slot.seq_id, logits)
+            plan.append((req, chunk.n, first + chunk.n - 1, chunk.complete, draft))
         return plan
 
     def _step(self) -> None:
@@ -304,13 +311,17 @@ class Engine:
             if f is not None and f.awaits is not None:
                 self.admission.copy_awaited(f)
         budget = self.batch.capacity
+        drafting = True
         while True:
-            plan = self._build(budget)
+            plan = self._build(budget, drafting)
             if not plan:
                 return
             rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())
             if rc == 0:
                 break
+            if rc == 1 and drafting and any(fed[4] for fed in plan):
+                drafting = False  # drafts are the first thing to give up for KV room
+                continue
             remedy = self.room.make_room(self.batch.n) if rc == 1 else None
             if remedy is None:
                 self.room.fail_plan([req for req, *_ in plan], rc)
@@ -320,18 +331,20 @@ class Engine:
         events: list[TokenEvent] = []
         joined = {
             id(lead): [s.request for s in self.slots if s.request is not None and s.request.follows is lead]
-            for lead, _, _, wants in plan
+            for lead, _, _, wants, _ in plan
             if wants
         }
-        shared = {idx for req, _, idx, wants in plan if wants and joined[id(req)]}
+        shared = {idx for req, _, idx, wants, _ in plan if wants and joined[id(req)]}
         logits = StepLogits(self.m.ctx, self.m.n_vocab, shared)
-        for req, n_fed, last_idx, wants in plan:
+        for req, n_fed, last_idx, wants, draft in plan:
             slot = req.slot
             assert slot is not None and req.sampler is not None
             start = len(slot.cache)
-            self.kv.decoded(slot, req.tokens[start : start + n_fed])
+            self.kv.decoded(slot, req.tokens[start : start + n_fed] + draft)
             self.prompt_tokens_decoded += max(0, min(start + n_fed, len(req.prompt)) - start)
-            if wants:
+            if draft:
+                self.spec.verify(req, slot, start, last_idx, draft, lambda r, i: self._sample(r, i, logits, events))
+            elif wants:
                 followers = joined[id(req)]
                 for f in followers:  # before the leader's token can end it and free its slot
                     self.admission.join(req, f)

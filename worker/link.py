@@ -17,9 +17,11 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import trio
 
+from worker.constraint import tokenizer_for
 from worker.engine import Engine
 from worker.model import LoadedModel
 from worker.preparer import Work
@@ -47,6 +49,9 @@ from worker.protocol import (
     decode_to_worker,
     encode,
 )
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 log = logging.getLogger("worker")
 
@@ -105,7 +110,7 @@ class Link:
                     kv_cells_used=e.kv_cells_used if e else 0,
                     kv_repairs=e.kv.repairs if e else 0,
                     kv_prefixes_refused=e.kv.prefixes_refused if e else 0,
-                    prompt_cache=e.cache_counts() if e else {},
+                    prompt_cache=cache_counts(e) if e else {},
                 )
             )
         elif isinstance(frame, SlotsQuery):
@@ -149,7 +154,7 @@ class Link:
 
 
 async def serve(fd: int, spec: WorkerSpec) -> None:
-    from worker.model import LoadError, load
+    from worker.model import LoadError
 
     sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
     link = Link(trio.SocketStream(sock))
@@ -166,7 +171,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 link.emit(Loading(progress=round(p, 3)))
 
         try:
-            model = await trio.to_thread.run_sync(load, spec, progress, abandon_on_cancel=True)
+            model, vocabulary = await trio.to_thread.run_sync(load_with_vocabulary, spec, progress, abandon_on_cancel=True)
         except LoadError as exc:
             # The log gets the path; the Failed frame, which clients see, does not.
             log.error("load failed: %s", exc.detail)
@@ -180,7 +185,8 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
             return
 
         engine = Engine(
-            model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot, cache=cache_options(spec, model)
+            model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot, cache=cache_options(spec, model),
+            vocabulary=vocabulary, draft_max=spec.draft_max if spec.spec_type == "ngram" else 0,
         )
         for frame in link.early:
             engine.submit(frame)
@@ -210,6 +216,45 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)
         await trio.to_thread.run_sync(engine.run, abandon_on_cancel=True)
+
+
+def cache_counts(e: Engine) -> dict[str, int]:
+    """The prompt cache's and speculation's counters and sizes, for Pong. Read from this
+    thread, not the engine's: each value is one int read whole, a step old at worst."""
+    counts = {
+        "prompts_reused": e.admission.reused,
+        "prompts_missed": e.admission.missed,
+        "tokens_reused": e.admission.tokens_reused,
+        "parked": len(e.entries.parked),
+        "parked_hits": e.entries.hits,
+        "parked_evictions": e.entries.evictions,
+        "draft_tokens": e.spec.drafted,
+        "draft_accepted": e.spec.accepted,
+    }
+    counts.update(e.cache.counts())
+    return counts
+
+
+def load_with_vocabulary(spec: WorkerSpec, progress: Callable[[float], None]) -> tuple[LoadedModel, LLTokenizer | None]:
+    """Load the model, then, for a model that generates, build llguidance's view of its
+    vocabulary (structured output). It costs a second or two, most of it holding Python's
+    GIL (llguidance builds it in Rust without letting go): built here, before the worker is
+    ready, it delays no stream; built by the first constrained request, it stalled every
+    stream of the model for as long (bench/first_constraint.py). When it fails, the first
+    constrained request tries again."""
+    from worker.model import load
+
+    model = load(spec, progress)
+    if spec.embeddings:
+        return model, None
+    t0 = time.perf_counter()
+    try:
+        vocabulary = tokenizer_for(model.vocab, model.n_vocab, model.is_eog)
+    except Exception:
+        log.exception("building the structured-output vocabulary failed; the first constrained request retries")
+        return model, None
+    log.info("structured-output vocabulary built in %.2f s", time.perf_counter() - t0)
+    return model, vocabulary
 
 
 def cache_options(spec: WorkerSpec, model: LoadedModel) -> CacheOptions:

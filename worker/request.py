@@ -14,6 +14,7 @@ import msgspec
 
 from worker.logits import LogitBias, LogitsAdjustment
 from worker.logprobs import LogprobQueue
+from worker.ngram_draft import Drafter
 from worker.protocol import SamplingParams
 from worker.sampling import SamplerChain
 from worker.slots import Slot
@@ -64,6 +65,9 @@ class Request:
     awaits: Request | None = None
     await_n: int = 0
     logprobs: LogprobQueue | None = None
+    # Speculative decoding's n-gram drafts (worker/ngram_draft.py); None: this request
+    # decodes one token a step (speculation off, or it needs every token's logits alone).
+    drafter: Drafter | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)

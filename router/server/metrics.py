@@ -131,6 +131,11 @@ _PROMPT_CACHE: tuple[tuple[str, bool, str], ...] = (
     ("tokens_restored", True, "Prompt tokens served from saved prompts written back from host memory."),
     ("loaded_from_disk", False, "Saved prompts read from the cache folder when the model loaded."),
 )
+# Speculative decoding's, from the same Pong: `corral_model_speculative_<key>`.
+_SPECULATIVE: tuple[tuple[str, str], ...] = (
+    ("draft_tokens", "Draft tokens fed to the model for verification (n-gram lookup)."),
+    ("draft_accepted", "Draft tokens the model's own samples agreed with (each one a token sooner)."),
+)
 
 
 def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
@@ -150,6 +155,12 @@ def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
             if key in m.prompt_cache:
                 cache.add_metric([m.name], float(m.prompt_cache[key]))
         yield cache
+    for key, doc in _SPECULATIVE:
+        spec = CounterMetricFamily(f"corral_model_speculative_{key}", doc, labels=["model"])
+        for m in stats:
+            if key in m.prompt_cache:
+                spec.add_metric([m.name], float(m.prompt_cache[key]))
+        yield spec
 
 
 def register(app: QuartTrio, supervisor: Supervisor) -> None:

@@ -136,6 +136,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         for key in ("prompt_cache_bytes", "prompt_cache_disk_bytes"):
             if getattr(m, key) < 0:
                 yield f"{at}.{key}: must be 0 or more bytes, got {getattr(m, key)}"
+        if not 1 <= m.draft_max <= 256:
+            yield f"{at}.draft_max: must be 1..256, got {m.draft_max}"
         if m.n_ctx < 16:
             yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
         if m.n_ctx_slot is not None and not 16 <= m.n_ctx_slot <= m.n_ctx:

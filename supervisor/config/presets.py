@@ -46,6 +46,12 @@ def _str(v: str) -> str:
     return v.strip()
 
 
+def _spec_type(v: str) -> str:
+    """llama-server's n-gram kinds (ngram-simple, ngram-mod, ...) are Corral's "ngram"."""
+    v = v.strip().lower()
+    return "ngram" if v.startswith("ngram") else v
+
+
 def _words(v: str) -> list[str]:
     return [w.strip() for w in v.split(",") if w.strip()]
 
@@ -76,6 +82,8 @@ _KEYS: dict[str, _Key] = {
     "alias": _Key("aliases", _words),
     "tags": _Key("tags", _words),
     "swa-full": _Key("swa_full", _bool),
+    "spec-type": _Key("spec_type", _spec_type),
+    "spec-draft-n-max": _Key("draft_max", _int),
     "load-on-startup": _Key("preload", _bool),
     "chat-template-kwargs": _Key("chat_template_kwargs", json.loads),
 }

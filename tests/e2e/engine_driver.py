@@ -31,10 +31,10 @@ class Outcome:
 
 
 class EngineDriver:
-    def __init__(self, spec: WorkerSpec, cache: CacheOptions | None = None) -> None:
+    def __init__(self, spec: WorkerSpec, cache: CacheOptions | None = None, draft_max: int = 0) -> None:
         self.spec = spec
         self.model: LoadedModel = load(spec, lambda p: None)
-        self.engine = Engine(self.model, self._emit, cache=cache)
+        self.engine = Engine(self.model, self._emit, cache=cache, draft_max=draft_max)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._outcomes: dict[int, Outcome] = {}

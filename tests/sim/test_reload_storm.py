@@ -203,9 +203,11 @@ async def test_a_reload_answers_with_a_file_read_after_the_request(
 
 
 async def test_a_reload_of_generation_defaults_keeps_the_worker(tmp_path: Path, autojump_clock: object) -> None:
-    """A model's generation defaults (issue 22, item 1) and aliases are the router's: a
-    reload that changes only them applies at once, and the worker, with its request in
-    flight and its warm cache, keeps running. One that changes slots still restarts it."""
+    """A model's generation defaults (issue 22, item 1), its queue limits and aliases are
+    the router's: a reload that changes only them applies at once, and the worker, with its
+    request in flight and its warm cache, keeps running (issue 24, item 5: max_queue,
+    queue_timeout, max_tokens and the sampling defaults live). One that changes slots still
+    restarts it."""
     behaviours = {"c": Behaviour(tokens_per_sec=1.0)}
     sup, launcher, path, _ = file_supervisor(tmp_path, behaviours, reload_settle=0.5)
     async with running(sup):
@@ -218,13 +220,17 @@ async def test_a_reload_of_generation_defaults_keeps_the_worker(tmp_path: Path, 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_request)
             await until_state(c, State.READY)
-            changed = {"slots": 2, "temperature": 0.1, "seed": 7, "stop": ["END"], "aliases": ["cc"]}
+            changed = {
+                "slots": 2, "temperature": 0.1, "seed": 7, "stop": ["END"], "aliases": ["cc"], "max_tokens": 9,
+                "max_queue": 3, "queue_timeout": 2.5, "top_k": 5,
+            }
             write_config(path, {"a": {}, "b": {}, "c": changed}, reload_settle=0.5)
             assert (await sup.reload_settled()).changed == ("c",)
             await trio.sleep(1)  # the model's run loop adopts it
             assert c.state is State.READY and not c.leaving
             d = c.spec.defaults
-            assert (d.temperature, d.seed, d.stop) == (0.1, 7, ["END"])
+            assert (d.temperature, d.seed, d.stop, d.top_k) == (0.1, 7, ["END"], 5)
+            assert (c.spec.max_tokens, c.spec.max_queue, c.spec.queue_timeout) == (9, 3, 2.5)
             assert sup.resolve("cc") is c
         assert len(results) == 1 and results[0]
         assert [s.name for s in launcher.starts] == ["c"]

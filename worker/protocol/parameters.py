@@ -149,6 +149,14 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     prompt_cache_dir: str | None = None
     prompt_cache_disk_bytes: int = 2 << 30
     n_ctx: int = 4096  # KV cells shared by all slots
+    # Speculative decoding (llama-server's --spec-type, --spec-draft-n-max): "ngram" drafts
+    # the tokens that followed the earlier occurrence of the output's last few tokens in the
+    # prompt or the output (worker/ngram_draft.py) and verifies them in the same decode step
+    # as the other slots, at most draft_max a step; the output is the same. On by default:
+    # it measured 2.3x on code editing and 1.4x on sampled stories (bench/speculative.py).
+    # "none": one token a step.
+    spec_type: Literal["none", "ngram"] = "ngram"
+    draft_max: int = 16
     # The most one request may hold, prompt and output together. None: all n_ctx (one KV
     # pool for all slots, llama-server's --kv-unified). llama-server without it gives each
     # slot n_ctx / parallel; this says the same here, while the slots still share cells.
