@@ -31,9 +31,13 @@ class Outcome:
 
 
 class EngineDriver:
-    def __init__(self, spec: WorkerSpec, cache: CacheOptions | None = None, draft_max: int = 0) -> None:
+    def __init__(self, spec: WorkerSpec, cache: CacheOptions | None = None, draft_max: int | None = None) -> None:
+        """`draft_max` None: speculative decoding as the worker runs `spec` (on by default,
+        so that every test of the engine drives it too)."""
         self.spec = spec
         self.model: LoadedModel = load(spec, lambda p: None)
+        if draft_max is None:
+            draft_max = spec.draft_max if spec.spec_type == "ngram" else 0
         self.engine = Engine(self.model, self._emit, cache=cache, draft_max=draft_max)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -6,7 +6,8 @@ outgrow it, the cache fills, and the engine purges idle caches, halves batches a
 preempts. Each mix draws concurrent prompts that share the canary's template prefix (so the
 canary's prefix reuse is at stake), prompts that share a long system prompt (parked
 entries, anchors, and waiting for another request's prefill are at stake: issue 24), plain
-prompts, prompts near the limit, repeats and extensions of earlier prompts, n > 1 siblings, sampled and greedy requests, staggered
+prompts, prompts near the limit, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
+on, as in the worker, and gives back the cells of rejected drafts), n > 1 siblings, sampled and greedy requests, staggered
 starts and cancellations. After each mix:
 - the engine's own check, run before every decode, found nothing to repair;
 - every sequence's books (slots, parked entries, free ids) match the cells of both KV

@@ -39,7 +39,7 @@ def drivers() -> Iterator[tuple[EngineDriver, EngineDriver]]:
     if not DEMO_MODEL.is_file():
         pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
     spec = WorkerSpec(name="spec", path=str(DEMO_MODEL), slots=4, n_ctx=4096)
-    yield EngineDriver(spec), EngineDriver(spec, draft_max=8)
+    yield EngineDriver(spec, draft_max=0), EngineDriver(spec, draft_max=8)
 
 
 def prompts(d: EngineDriver) -> list[list[int]]:
