@@ -268,6 +268,8 @@ class Engine:
             try:
                 if self.embeds is None:
                     self.cache.persist(self.slots, self.admission.clock)
+            except Exception:  # a full disk or a folder gone costs the saved prompts only
+                log.exception("writing the saved prompts failed")
             finally:
                 item.done.set()
         elif isinstance(item, SetThreads):

@@ -141,7 +141,8 @@ class DiskStore:
     def save(self, hottest: Iterable[Saved]) -> tuple[int, int]:
         """Write `hottest` (most valuable first) until the budget is spent, and remove every
         other file of the folder. Returns (prompts, bytes) written."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        # Conversations are the users' own: only the server's user may read them.
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         written: set[str] = set()
         count = total = 0
         for item in hottest:
@@ -154,15 +155,15 @@ class DiskStore:
             written.add(name)
             count += 1
             total += len(item.data)
-        for path in self.folder.glob("*.prompt"):
+        for path in [*self.folder.glob("*.prompt"), *self.folder.glob("*.tmp")]:
             if path.name not in written:
-                path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)  # and what a write cut short left
         return count, total
 
     def _write(self, path: Path, item: Saved) -> None:
         header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(item.tokens), "used": item.used}).encode()
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(_MAGIC)
             f.write(len(header).to_bytes(4, "little"))
             f.write(header)

@@ -133,6 +133,10 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.slots: must be 1..256, got {m.slots}"
         if m.cached_prompts is not None and not 0 <= m.cached_prompts <= 256 - m.slots:
             yield f"{at}.cached_prompts: must be 0..{max(0, 256 - m.slots)} (256 sequences less the slots), got {m.cached_prompts}"
+        if m.prompt_cache_dir is not None:
+            problem = _folder_problem(resolve_path(m.prompt_cache_dir, base_dir))
+            if problem:
+                yield f"{at}.prompt_cache_dir: {problem}"
         for key in ("prompt_cache_bytes", "prompt_cache_disk_bytes"):
             if getattr(m, key) < 0:
                 yield f"{at}.{key}: must be 0 or more bytes, got {getattr(m, key)}"
@@ -210,3 +214,17 @@ def _generation_problems(at: str, m: ModelConfig) -> Iterator[str]:
         if any(not s for s in m.stop):
             yield f"{at}.stop: stop strings must not be empty"
 
+
+def _folder_problem(path: Path) -> str | None:
+    """Why the worker could not write saved prompts under `path`, or None: it must be a
+    folder, or be creatable under the nearest folder that exists, and writable."""
+    if path.exists() and not path.is_dir():
+        return f"{str(path)!r} exists and is not a folder"
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{str(existing)!r} is not a folder this server can write in"
+    return None

@@ -52,6 +52,12 @@ def _spec_type(v: str) -> str:
     return "ngram" if v.startswith("ngram") else v
 
 
+def _mib(v: str) -> int:
+    """llama-server's --cache-ram: MiB, -1 no limit (here: 1 TiB), 0 off."""
+    n = int(v)
+    return (1 << 40) if n < 0 else n << 20
+
+
 def _words(v: str) -> list[str]:
     return [w.strip() for w in v.split(",") if w.strip()]
 
@@ -84,6 +90,8 @@ _KEYS: dict[str, _Key] = {
     "swa-full": _Key("swa_full", _bool),
     "spec-type": _Key("spec_type", _spec_type),
     "spec-draft-n-max": _Key("draft_max", _int),
+    "cache-ram": _Key("prompt_cache_bytes", _mib),
+    "cram": _Key("prompt_cache_bytes", _mib),
     "load-on-startup": _Key("preload", _bool),
     "chat-template-kwargs": _Key("chat_template_kwargs", json.loads),
 }

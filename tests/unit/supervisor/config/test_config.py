@@ -577,3 +577,34 @@ def test_builtin_template_takes_only_the_generic_tool_format(base: Path) -> None
     msg = one_problem(MINIMAL + 'chat_template = "gemma"\ntool_format = "hermes"\n', base)
     assert msg.startswith("models.a.tool_format:") and "generic" in msg
     assert parse(MINIMAL + 'chat_template = "gemma"\ntool_format = "generic"\n', base).models["a"].tool_format == "generic"
+
+
+# ---- the prompt cache and speculative decoding (issue 24) -------------------------------------------
+
+
+def test_prompt_cache_and_speculation_defaults_and_paths(base: Path) -> None:
+    spec = parse(MINIMAL, base).models["a"]
+    assert (spec.cached_prompts, spec.prompt_cache_dir, spec.spec_type, spec.draft_max) == (None, None, "ngram", 16)
+    spec = parse(MINIMAL + 'prompt_cache_dir = "cache"\ncached_prompts = 0\nspec_type = "none"\n', base).models["a"]
+    # Relative to the config file, as a model's path is: the worker knows nothing of it.
+    assert spec.prompt_cache_dir == str((base / "cache").resolve())
+    assert (spec.cached_prompts, spec.spec_type) == (0, "none")
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("cached_prompts = -1", "models.a.cached_prompts: must be 0..252 (256 sequences less the slots), got -1"),
+        ("cached_prompts = 253", "models.a.cached_prompts: must be 0..252 (256 sequences less the slots), got 253"),
+        ("prompt_cache_bytes = -5", "models.a.prompt_cache_bytes: must be 0 or more bytes, got -5"),
+        ("prompt_cache_disk_bytes = -1", "models.a.prompt_cache_disk_bytes: must be 0 or more bytes, got -1"),
+        ("draft_max = 0", "models.a.draft_max: must be 1..256, got 0"),
+        ('prompt_cache_dir = "m.gguf"', "exists and is not a folder"),
+    ],
+)
+def test_prompt_cache_and_speculation_bad_values_name_their_key(base: Path, line: str, problem: str) -> None:
+    assert problem in one_problem(MINIMAL + line + "\n", base)
+
+
+def test_a_spec_type_that_is_neither_is_refused(base: Path) -> None:
+    assert "spec_type" in one_problem(MINIMAL + 'spec_type = "eagle"\n', base)

@@ -79,3 +79,14 @@ def test_per_model_keys_in_the_global_section_stay_comments() -> None:
     text = import_preset("[*]\nmodel = /x.gguf\nc = 2048\n", "p.ini")
     assert tomllib.loads(text)["model_defaults"] == {"n_ctx": 2048}
     assert "not translated: model = /x.gguf (p.ini:2): set per model" in text
+
+
+def test_speculation_and_the_host_prompt_cache_translate(tmp_path: Path) -> None:
+    """llama-server's --spec-type (its n-gram kinds are Corral's "ngram"),
+    --spec-draft-n-max and --cache-ram (MiB; -1 no limit) (issue 24)."""
+    model = write_gguf(tmp_path / "m.gguf")
+    ini = f"[a]\nmodel = {model}\nspec-type = ngram-simple\nspec-draft-n-max = 24\ncache-ram = 512\n"
+    data = tomllib.loads(import_preset(ini, "p.ini"))["models"]["a"]
+    assert (data["spec_type"], data["draft_max"], data["prompt_cache_bytes"]) == ("ngram", 24, 512 << 20)
+    off = tomllib.loads(import_preset(f"[a]\nmodel = {model}\nspec-type = none\ncache-ram = 0\n", "p.ini"))["models"]["a"]
+    assert (off["spec_type"], off["prompt_cache_bytes"]) == ("none", 0)
