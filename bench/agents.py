@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 
@@ -211,14 +211,16 @@ def rendered(url: str, system: str) -> str:
     return str(r.json()["prompt"])
 
 
-def serve_corral(model: Path, slots: int) -> tuple[subprocess.Popen[bytes], str]:
+def serve_corral(model: Path, slots: int, n_ctx: int = N_CTX, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """`corral serve` with the demo model as `demo` (the built-in Gemma format), a prompt
+    cache folder of its own, and `extra` lines in its table."""
     port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="corral-agents-"))
+    tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
     cfg = tmp / "config.toml"
     cfg.write_text(
         f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n'
-        f'[models.demo]\npath = "{model}"\nslots = {slots}\nn_ctx = {N_CTX}\nchat_template = "gemma"\n'
-        f'prompt_cache_dir = "{tmp / "prompt-cache"}"\n'
+        f'[models.demo]\npath = "{model}"\nslots = {slots}\nn_ctx = {n_ctx}\nchat_template = "gemma"\n'
+        f'prompt_cache_dir = "{tmp / "prompt-cache"}"\n{extra}'
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
@@ -229,12 +231,15 @@ def serve_corral(model: Path, slots: int) -> tuple[subprocess.Popen[bytes], str]
     return proc, url
 
 
-def serve_llama(binary: Path, model: Path, slots: int) -> tuple[subprocess.Popen[bytes], str]:
+def serve_llama(
+    binary: Path, model: Path, slots: int, n_ctx: int = N_CTX, extra: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """llama-server with the same model, slots and format (`-kvu`), and `extra` arguments."""
     port = free_port()
-    log = open(Path(tempfile.mkdtemp(prefix="llama-agents-")) / "server.log", "wb")
+    log = open(Path(tempfile.mkdtemp(prefix="llama-bench-")) / "server.log", "wb")
     proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--port", str(port), "-np", str(slots), "-c", str(N_CTX), "-kvu",
-         "--no-jinja", "--chat-template", "gemma", "-t", str(os.cpu_count()), "--no-webui"],
+        [str(binary), "-m", str(model), "--port", str(port), "-np", str(slots), "-c", str(n_ctx), "-kvu",
+         "--no-jinja", "--chat-template", "gemma", "-t", str(os.cpu_count()), "--no-webui", *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

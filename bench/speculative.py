@@ -26,7 +26,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,8 +33,9 @@ from typing import Any
 
 import httpx
 
+from bench import agents
 from bench.agents import one_turn
-from bench.throughput import DEFAULT_MODEL, OUT, ROOT, free_port, wait_healthy
+from bench.throughput import DEFAULT_MODEL, OUT
 
 N_CTX = 8192
 SLOTS = 4
@@ -76,34 +76,11 @@ def messages(edit: str) -> list[dict[str, str]]:
 
 
 def serve_corral(model: Path, spec_type: str, draft_max: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="corral-spec-"))
-    cfg = tmp / "config.toml"
-    cfg.write_text(
-        f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n'
-        f'[models.demo]\npath = "{model}"\nslots = {SLOTS}\nn_ctx = {N_CTX}\nchat_template = "gemma"\n'
-        f'spec_type = "{spec_type}"\ndraft_max = {draft_max}\n'
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
-        cwd=ROOT, stdout=(tmp / "server.log").open("wb"), stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url + "/health", proc)
-    return proc, url
+    return agents.serve_corral(model, SLOTS, N_CTX, f'spec_type = "{spec_type}"\ndraft_max = {draft_max}\n')
 
 
 def serve_llama(binary: Path, model: Path, spec: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    log = open(Path(tempfile.mkdtemp(prefix="llama-spec-")) / "server.log", "wb")
-    proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--port", str(port), "-np", str(SLOTS), "-c", str(N_CTX), "-kvu",
-         "--no-jinja", "--chat-template", "gemma", "-t", str(os.cpu_count()), "--no-webui", *spec],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url + "/health", proc)
-    return proc, url
+    return agents.serve_llama(binary, model, SLOTS, N_CTX, spec)
 
 
 def run(url: str, args: argparse.Namespace) -> dict[str, Any]:

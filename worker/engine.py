@@ -285,15 +285,18 @@ class Engine:
         the room left for n-gram drafts (speculative decoding), verified in this same step.
         Returns (request, tokens fed, batch index of its last token, wants logits, draft)."""
         self.batch.clear()
-        chunks = plan_batch(self.slots, _pending, min(budget, self.batch.capacity))
-        room = self.batch.capacity - sum(c.n for c in chunks) if drafting else 0
+        budget = min(budget, self.batch.capacity)
+        chunks = plan_batch(self.slots, _pending, budget)
+        room = budget - sum(c.n for c in chunks) if drafting else 0
         plan: list[Fed] = []
         for chunk in chunks:
             slot, req = chunk.slot, chunk.slot.request
             assert req is not None
             start = len(slot.cache)
             tokens = req.tokens[start : start + chunk.n]
-            draft = self.spec.draft(req, room) if chunk.complete and req.n_gen > 0 else []
+            # Only a request that feeds its one last sampled token drafts: not a preempted
+            # one prefilling its prompt and output again.
+            draft = self.spec.draft(req, room) if chunk.n == 1 and chunk.complete and req.n_gen > 0 else []
             room -= len(draft)
             logits = "all" if draft else "last" if chunk.complete else "none"
             first = self.batch.add(tokens + draft, start, slot.seq_id, logits)
