@@ -206,3 +206,17 @@ def test_reusable_random_invariants() -> None:
             assert keep == min(common_prefix(cache, prompt), len(prompt) - 1)
         else:
             assert keep == 0
+
+
+def test_common_prefix_of_long_sequences_agrees_with_naive_across_chunk_boundaries() -> None:
+    """The chunked comparison (256 tokens a slice) finds the first difference wherever it
+    falls: before, at and after a chunk's edge, in either argument, or nowhere."""
+    rng = random.Random(24)
+    base = [rng.randint(0, 5) for _ in range(1200)]
+    for at in (0, 1, 255, 256, 257, 511, 512, 700, 1023, 1199):
+        other = list(base)
+        other[at] += 1
+        assert common_prefix(base, other) == at == common_prefix(other, base)
+        assert common_prefix(base[: at + 3], other) == at
+    assert common_prefix(base, base[:900]) == 900
+    assert common_prefix(tuple(base), base) == 1200
