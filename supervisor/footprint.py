@@ -46,7 +46,7 @@ class Footprint:
         inline."""
         if self._estimate is None or self._estimate[0] is not spec:
             try:
-                n = estimate_bytes(spec.path, spec.n_ctx)
+                n = estimate_bytes(spec.path, spec.n_ctx, generates=not spec.embeddings)
             except OSError:
                 n = 0
             self._estimate = (spec, n)

@@ -233,13 +233,21 @@ def _has_kv_shape(meta: dict[str, Value]) -> bool:
 WORKER_BASE_BYTES = 96 * 1024 * 1024
 
 
-def estimate_bytes(path: Path, n_ctx: int) -> int:
+# What a generating worker builds at load for structured output: llguidance's view of the
+# vocabulary, measured at 111 MiB for gemma-3's 262,144 tokens (about 440 bytes a token).
+# The vocabulary's size is not read here (its array comes after the keys this reads, and
+# skipping 262k strings costs a read each), so the largest common vocabulary's is assumed.
+VOCABULARY_BYTES = 112 * 1024 * 1024
+
+
+def estimate_bytes(path: Path, n_ctx: int, generates: bool = False) -> int:
     """A model's memory before it has ever loaded: the file (weights are mapped and all
-    touched), its KV cache and a worker's fixed overhead. A file that is not GGUF counts
-    its size alone."""
+    touched), its KV cache and a worker's fixed overhead, and for a model that generates
+    (not an embedding model) the structured-output vocabulary. A file that is not GGUF
+    counts its size alone."""
     size = path.stat().st_size
     try:
         meta = read_metadata(path, _has_kv_shape)
     except (NotGGUF, OSError):
         return size
-    return size + kv_cache_bytes(meta, n_ctx) + WORKER_BASE_BYTES
+    return size + kv_cache_bytes(meta, n_ctx) + WORKER_BASE_BYTES + (VOCABULARY_BYTES if generates else 0)
