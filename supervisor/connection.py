@@ -113,6 +113,9 @@ class WorkerConnection:
         on_progress: Callable[[float], None] | None = None,
     ):
         self.name = name
+        # Its worker writes saved prompts to disk as it stops (prompt_cache_dir): a stop
+        # waits that much longer before it escalates (supervisor/launcher.py).
+        self.persists = False
         self._stream = stream
         self._on_close = on_close
         self._on_progress = on_progress  # each Loading frame's progress, while loading

@@ -65,6 +65,7 @@ async def open_worker(
         child.close()  # the worker holds its own copy; ours would hide its EOF
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
     conn = WorkerConnection(spec.name, stream, on_close, on_progress)
+    conn.persists = spec.prompt_cache_dir is not None and not spec.embeddings
     conn.process = process
     nursery.start_soon(conn.reader)
     nursery.start_soon(conn.writer)
@@ -152,9 +153,9 @@ async def stop_worker(conn: WorkerConnection, grace: float) -> None:
         conn.send(Shutdown(grace=grace))
     except WorkerCrashed:
         pass
-    # The worker writes its hottest saved prompts to disk after the last request
-    # (worker/link.py, PERSIST_SECONDS), then exits.
-    with trio.move_on_after(grace + 1.0 + WORKER_PERSIST_SECONDS):
+    # A worker with a prompt cache folder writes its hottest saved prompts there after the
+    # last request (worker/link.py, PERSIST_SECONDS), then exits.
+    with trio.move_on_after(grace + 1.0 + (WORKER_PERSIST_SECONDS if conn.persists else 0.0)):
         await process.wait()
         return
     log.warning("%s: worker did not exit after Shutdown; sending SIGTERM", conn.name)

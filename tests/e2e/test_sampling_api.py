@@ -271,7 +271,9 @@ def test_bad_logit_bias_and_logprobs_are_400s_naming_the_parameter(server: Serve
 
 
 def test_a_token_array_prompt_answers_as_its_text(server: Server, client: openai.OpenAI) -> None:
-    text = "Once upon a time"
+    # Counting, whose greedy tokens win by wide margins: "Once upon a time" tipped between
+    # "John" and "Lily" with the cells in other places (a fresh-clone run, issue 24).
+    text = "Counting: 1, 2, 3, 4,"
     tokens = tokenize(server, text, add_special=True)  # the BOS a text prompt gets too
     by_text = client.completions.create(model="chat", prompt=text, max_tokens=8, **GREEDY)
     by_tokens = client.completions.create(model="chat", prompt=tokens, max_tokens=8, **GREEDY)
