@@ -95,7 +95,7 @@ class Admission:
         if req.index > 0:
             leader = self.requests.leader(req)
             if leader is not None and leader.slot is not None and leader.n_gen == 0 and req.n_gen == 0:
-                # Its cells come from the leader once the prompt is decoded (Engine._join).
+                # Its cells come from the leader once the prompt is decoded (`join`).
                 self._set_aside(slot)
                 req.follows = leader
                 return 0

@@ -28,6 +28,7 @@ class Entries(Generic[R]):
         self.kv = kv
         self.free: list[int] = list(range(n_seq_max - 1, first_id - 1, -1))  # pop() gives the lowest
         self.parked: list[Slot[R]] = []
+        self._empty: dict[int, Slot[R]] = {}  # a free id's stand-in for the check (`checked`)
         # What the entries did (GET /metrics): prompts whose prefix came from an entry, and
         # the prompt tokens they did not decode; entries given up for room or ids.
         self.hits = 0
@@ -111,10 +112,14 @@ class Entries(Generic[R]):
 
     def checked(self) -> Iterator[Slot[R]]:
         """What the invariant check compares besides the slots: each parked entry, and each
-        free id as an empty sequence (it must hold no cells)."""
+        free id as an empty sequence (it must hold no cells). Called every step: the empty
+        stand-ins are made once."""
         yield from self.parked
         for seq in self.free:
-            yield Slot(seq_id=seq)
+            empty = self._empty.get(seq)
+            if empty is None:
+                empty = self._empty[seq] = Slot(seq_id=seq)
+            yield empty
 
     def clear(self) -> None:
         for entry in list(self.parked):

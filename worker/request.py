@@ -38,7 +38,7 @@ class Request:
     n_gen: int = 0
     cached: int = 0  # prompt tokens reused from the slot's cache
     preempted: bool = False
-    kv_redone: bool = False  # its cells were dropped by the KV check once (Engine._redo)
+    kv_redone: bool = False  # its cells were dropped by the KV check once (KvRoom._redo)
     sampler: SamplerChain | None = None
     # The grammar its output must match (params.constraint, compiled while preparing). It
     # lives as long as the request: a preempted request keeps it, and its generated tokens,
