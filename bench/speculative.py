@@ -146,7 +146,7 @@ def report(doc: dict[str, Any]) -> str:
         f"# Speculative decoding on a {'code-editing' if doc['load'] == 'code' else 'chat'} load",
         "",
         f"{what}; "
-        f"{doc['streams']} stream(s) at once, {doc['rounds']} rounds, greedy, at most {doc['max_tokens']} tokens; "
+        f"{doc['streams']} stream(s) at once, {doc['rounds']} rounds, {'greedy, ' if doc['load'] == 'code' else ''}at most {doc['max_tokens']} tokens; "
         f"demo model, {doc['cpus']} CPUs, {doc['date']}. `python -m bench.speculative {doc['command']}`",
         "",
         "| server | tokens/s without drafts | with n-gram drafts | speed-up |",
