@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from supervisor.lifecycle import State
-from supervisor.config.gguf_meta import WORKER_BASE_BYTES
+from supervisor.config.gguf_meta import VOCABULARY_BYTES, WORKER_BASE_BYTES
 from tests.harness import write_gguf
 from tests.process.support import StartLog, alive, generate, make_supervisor, running, wait_for
 
@@ -19,18 +19,19 @@ MiB = 1024 * 1024
 async def test_measured_rss_replaces_the_estimate_and_drives_eviction(
     tmp_path: Path, start_log: StartLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # "big" is a tiny file (estimated at a worker's base, 96 MiB) whose worker holds
-    # 300 MiB; "small" is a 150 MiB file (246 MiB). Judged by estimates both fit in
-    # 400 MiB; by RSS they do not.
+    # "big" is a tiny file (estimated at a worker's base, 96 MiB, and the structured-output
+    # vocabulary a generating worker builds, 112 MiB: 208 MiB) whose worker holds 300 MiB;
+    # "small" is a 150 MiB file (358 MiB). Judged by estimates both fit in 600 MiB; by RSS
+    # they do not.
     write_gguf(tmp_path / "small.gguf", 150 * MiB)
     monkeypatch.setenv("FAKE_ALLOC_MB__big", "300")
     sup = make_supervisor(
-        tmp_path, {"big": {}, "small": {"path": "small.gguf"}}, memory_budget="400MiB"
+        tmp_path, {"big": {}, "small": {"path": "small.gguf"}}, memory_budget="600MiB"
     )
     with trio.fail_after(20):
         async with running(sup):
             big, small = sup.resolve("big"), sup.resolve("small")
-            assert big.cost() == (tmp_path / "dummy.gguf").stat().st_size + WORKER_BASE_BYTES
+            assert big.cost() == (tmp_path / "dummy.gguf").stat().st_size + WORKER_BASE_BYTES + VOCABULARY_BYTES
             async with big.lease() as conn:
                 await generate(conn)
             assert big.rss is not None and big.cost() == big.rss > 300 * MiB
