@@ -6,6 +6,10 @@ Corral: `corral serve` with the demo model and 4 slots; for each concurrency C i
 and 8, C greedy completions of exactly `--tokens` new tokens (ignore_eos) are sent at once,
 `--rounds` times, through the HTTP endpoint. Aggregate tok/s = completion tokens / wall time.
 
+With `--llama-server PATH`, llama.cpp's own server answers the same requests in the same
+rounds: both servers are up, and each round takes them in turn, so that a slow spell on the
+shared machine falls on both; the ratio reported is the median of the rounds' pairs.
+
 Baseline: the same requests sent one at a time to the high-level `llama_cpp.Llama` in this
 process, which is what a Python user would reach for today. It runs after Corral has
 stopped, so the two never share the CPU.
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -49,6 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -71,9 +77,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bench_http(name: str, url: str, model: str, tokens: int, rounds: int) -> dict[int, float]:
-    """C greedy completions of `tokens` tokens at once, for each C, through an
-    OpenAI-compatible /v1/completions."""
+def _completions(url: str, model: str, tokens: int) -> tuple[httpx.Client, Any]:
     client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=16))
 
     def one(i: int) -> int:
@@ -85,18 +89,28 @@ def bench_http(name: str, url: str, model: str, tokens: int, rounds: int) -> dic
         return int(r.json()["usage"]["completion_tokens"])
 
     one(10_000)  # load the model and warm up
-    results: dict[int, float] = {}
+    return client, one
+
+
+def bench_http(targets: dict[str, str], model: str, tokens: int, rounds: int) -> dict[str, dict[int, list[float]]]:
+    """C greedy completions of `tokens` tokens at once, for each C, through each target's
+    OpenAI-compatible /v1/completions. With several targets, every round takes them in
+    turn (all are up, the idle ones cost nothing), so that a slow spell on a shared machine
+    falls on all of them alike. Returns each target's tok/s per C, round by round."""
+    ones = {name: _completions(url, model, tokens)[1] for name, url in targets.items()}
+    rates: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in targets}
     with concurrent.futures.ThreadPoolExecutor(max(CONCURRENCY)) as pool:
         for c in CONCURRENCY:
-            total, wall = 0, 0.0
             for r in range(rounds):
-                t0 = time.perf_counter()
-                total += sum(pool.map(one, range(r * 100 + c * 1000, r * 100 + c * 1000 + c)))
-                wall += time.perf_counter() - t0
-            assert total == c * rounds * tokens, f"expected {c * rounds * tokens} tokens, got {total}"
-            results[c] = total / wall
-            print(f"{name:<12} c={c}: {results[c]:6.1f} tok/s", flush=True)
-    return results
+                ids = range(r * 100 + c * 1000, r * 100 + c * 1000 + c)
+                for name, one in ones.items():
+                    t0 = time.perf_counter()
+                    total = sum(pool.map(one, ids))
+                    wall = time.perf_counter() - t0
+                    assert total == c * tokens, f"{name}: expected {c * tokens} tokens, got {total}"
+                    rates[name][c].append(total / wall)
+            print("  ".join(f"{name} c={c}: {statistics.median(rates[name][c]):6.1f} tok/s" for name in targets), flush=True)
+    return rates
 
 
 # Objects with a bounded string and a bounded integer, at least 20 of them: a realistic
@@ -232,10 +246,12 @@ def bench_structured(model: Path, tokens: int, rounds: int, threads: int | None)
     return 0
 
 
-def bench_corral(model: Path, tokens: int, rounds: int) -> dict[int, float]:
+@contextlib.contextmanager
+def corral_up(model: Path) -> Iterator[str]:
+    """A Corral serving the demo model; yields its completions URL."""
     proc, port = serve_corral(model)
     try:
-        return bench_http("corral", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
+        yield f"http://127.0.0.1:{port}/v1/completions"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -342,9 +358,10 @@ def choices_report(res: dict[str, Any]) -> str:
     ]) + "\n"
 
 
-def bench_llama_server(binary: Path, model: Path, tokens: int, rounds: int) -> dict[int, float]:
+@contextlib.contextmanager
+def llama_server_up(binary: Path, model: Path) -> Iterator[str]:
     """llama.cpp's own server, configured as the notes measured it: 4 slots sharing a
-    unified 4096-cell KV cache, no repacking, every core."""
+    unified 4096-cell KV cache, no repacking, every core. Yields its completions URL."""
     port = free_port()
     log = open(Path(tempfile.mkdtemp(prefix="llama-server-")) / "server.log", "wb")
     proc = subprocess.Popen(
@@ -354,7 +371,7 @@ def bench_llama_server(binary: Path, model: Path, tokens: int, rounds: int) -> d
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-        return bench_http("llama-server", f"http://127.0.0.1:{port}/v1/completions", "demo", tokens, rounds)
+        yield f"http://127.0.0.1:{port}/v1/completions"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -456,6 +473,7 @@ def report(
     tokens: int,
     rounds: int,
     server: dict[int, float] | None = None,
+    paired: dict[int, float] | None = None,
 ) -> str:
     lines = [
         f"Greedy completions of {tokens} new tokens, {rounds} rounds per level, demo model "
@@ -474,14 +492,17 @@ def report(
     if server is not None:
         lines += [
             "",
-            "Same run, llama.cpp's own llama-server (`-np 4 -kvu -nr`), same requests:",
+            "Same run, llama.cpp's own llama-server (`-np 4 -kvu -nr`), same requests, both servers "
+            "up and every round taking them in turn (Corral's column above is from those rounds; "
+            "tok/s are medians over rounds, the ratio the median of each round's pair):",
             "",
             "| concurrent requests | llama-server tok/s | its vs 1 stream | Corral / llama-server |",
             "|---:|---:|---:|---:|",
         ]
+        assert paired is not None
         for c in CONCURRENCY:
             lines.append(
-                f"| {c} | {server[c]:.1f} | {server[c] / server[1]:.2f}x | {corral[c] / server[c]:.2f}x |"
+                f"| {c} | {server[c]:.1f} | {server[c] / server[1]:.2f}x | {paired[c]:.2f}x |"
             )
     return "\n".join(lines) + "\n"
 
@@ -517,14 +538,23 @@ def main() -> int:
         print(md)
         if args.choices_only:
             return 0
-    corral = bench_corral(args.model.resolve(), args.tokens, args.rounds)
-    llama = bench_llama(args.model.resolve(), args.tokens, args.rounds)
-    raw = bench_raw(args.model.resolve(), args.tokens)
-    server = (
-        bench_llama_server(args.llama_server, args.model.resolve(), args.tokens, args.rounds)
-        if args.llama_server is not None
-        else None
-    )
+    model = args.model.resolve()
+    with contextlib.ExitStack() as up:
+        targets = {"corral": up.enter_context(corral_up(model))}
+        if args.llama_server is not None:
+            targets["llama-server"] = up.enter_context(llama_server_up(args.llama_server, model))
+        rates = bench_http(targets, "demo", args.tokens, args.rounds)
+    # Both servers stopped first: these two run in this process.
+    llama = bench_llama(model, args.tokens, args.rounds)
+    raw = bench_raw(model, args.tokens)
+    corral = {c: statistics.median(v) for c, v in rates["corral"].items()}
+    server = paired = None
+    if "llama-server" in rates:
+        server = {c: statistics.median(v) for c, v in rates["llama-server"].items()}
+        paired = {
+            c: statistics.median(a / b for a, b in zip(rates["corral"][c], rates["llama-server"][c]))
+            for c in CONCURRENCY
+        }
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -543,8 +573,10 @@ def main() -> int:
     if server is not None:
         doc["llama_server_tok_s"] = server
         doc["llama_server_scaling_vs_1"] = {c: server[c] / server[1] for c in CONCURRENCY}
+        doc["corral_vs_llama_server_median_of_pairs"] = paired
+        doc["rounds_tok_s"] = rates
     (OUT / "throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
-    md = report(corral, llama, raw, args.tokens, args.rounds, server)
+    md = report(corral, llama, raw, args.tokens, args.rounds, server, paired)
     (OUT / "throughput.md").write_text(md)
     print(md)
     return 0

@@ -164,9 +164,11 @@ class WorkerConnection:
         request_id: str | None = None,
         add_generation_prompt: bool = True,
         infill: Infill | None = None,
+        hold_events: bool = False,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
-        events."""
+        events. `hold_events`: the caller reads the answer whole and never ends a choice
+        early, so the worker may send each choice's events after its first at its end."""
         rid, recv = self._open()
         self._choices[rid] = n
         self.send(
@@ -174,6 +176,7 @@ class WorkerConnection:
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
                 request_id=request_id, add_generation_prompt=add_generation_prompt, infill=infill,
+                hold_events=hold_events,
             )
         )
         return RequestStream(self, rid, recv, n)

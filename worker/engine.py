@@ -41,6 +41,7 @@ from worker.admission import Admission
 from worker.batch import BatchBuffer
 from worker.constraint import Constraints, tokenizer_for
 from worker.embeddings import EmbedLine
+from worker.event_hold import EventHold
 from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
 from worker.kv_room import KvRoom
@@ -49,8 +50,8 @@ from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
 from worker.prompt_cache import CacheOptions, PromptCache
-from worker.protocol import Cancel, Error, Frame, Occupancy, SetThreads, SlotFile, SlotState, Step, TokenEvent
-from worker.request import EmbedJob, Request
+from worker.protocol import Cancel, Error, Frame, Generate, Occupancy, SetThreads, SlotFile, SlotState, Step, TokenEvent
+from worker.request import EmbedJob, Request, pending_tokens
 from worker.siblings import followers_to_detach
 from worker.slot_files import SlotFiles
 from worker.speculation import Speculation
@@ -59,6 +60,8 @@ from worker.step_plan import Halve, plan_batch
 
 if TYPE_CHECKING:
     from llguidance import LLTokenizer
+
+    from worker.draft_model import DraftModel
 
 log = logging.getLogger("worker.engine")
 
@@ -81,16 +84,6 @@ Fed = tuple[Request, int, int, bool, list[int]]
 Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile, Persist]
 
 
-def _pending(slot: Slot[Request]) -> int:
-    """The tokens of a slot's request that its cache does not hold yet (none for a sibling
-    that will share another request's prompt, nor for a request waiting to copy a prefix
-    another one is decoding)."""
-    assert slot.request is not None
-    if slot.request.follows is not None or slot.request.awaits is not None:
-        return 0
-    return len(slot.request.tokens) - len(slot.cache)
-
-
 class Engine:
     def __init__(
         self,
@@ -101,9 +94,11 @@ class Engine:
         cache: CacheOptions | None = None,
         vocabulary: LLTokenizer | None = None,
         draft_max: int = 0,
+        draft_model: DraftModel | None = None,
     ) -> None:
         self.m = m
-        self.emit = emit
+        self.hold = EventHold(emit)  # holds a whole answer's events for its end
+        self.emit = emit = self.hold
         self.inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
         self.slots: list[Slot[Request]] = [Slot(seq_id=i, id=i) for i in range(m.n_slots)]
         self.kv = KvCache(m.memory, m.attention)
@@ -119,8 +114,8 @@ class Engine:
         # Who waits, who runs, and how each ends (worker/outcomes.py).
         self.requests = Requests(m, self.n_ctx_slot, emit)
         self.room = KvRoom(self.slots, self.kv, self.entries, self.cache, self.requests)
-        # Speculative decoding by n-gram lookup (worker/speculation.py); off at draft_max 0.
-        self.spec = Speculation(self.kv, 0 if embeddings else draft_max, self.n_ctx_slot)
+        # Speculative decoding, by n-gram lookup or a draft model (worker/speculation.py).
+        self.spec = Speculation(self.kv, 0 if embeddings else draft_max, self.n_ctx_slot, draft_model)
         self.admission = Admission(
             self.slots, self.kv, self.entries, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active,
             self.cache,
@@ -154,12 +149,15 @@ class Engine:
         if isinstance(frame, Cancel):
             if frame.index is None:  # one choice ends only once it runs, in the engine
                 self.prep.cancel(frame.id)
+                self.hold.drop(frame.id)
             self.inbox.put(frame)
             if self.embeds is not None:  # after the put: the aborted engine finds the Cancel
                 self.embeds.cancel_soon(frame.id)
         elif isinstance(frame, (SetThreads, SlotFile)):
             self.inbox.put(frame)
         else:
+            if isinstance(frame, Generate) and frame.hold_events:
+                self.hold.hold(frame.id, frame.n)
             self.prep.submit(frame)
 
     @property
@@ -224,9 +222,8 @@ class Engine:
             self._report_occupancy()
 
     def _report_occupancy(self) -> None:
-        """Occupancy after every change, so that slots_busy agrees with in_flight. At most
-        one small frame per step, and none while the counts hold still. A request that is
-        still being prepared is noticed within the idle wait (0.5 s)."""
+        """Occupancy after every change (slots_busy agrees with in_flight): at most a small
+        frame a step, none while the counts hold still (a request being prepared: 0.5 s)."""
         counts = (self.active, self.queued)
         if counts != self._reported:
             self._reported = counts
@@ -286,7 +283,7 @@ class Engine:
         Returns (request, tokens fed, batch index of its last token, wants logits, draft)."""
         self.batch.clear()
         budget = min(budget, self.batch.capacity)
-        chunks = plan_batch(self.slots, _pending, budget)
+        chunks = plan_batch(self.slots, pending_tokens, budget)
         room = budget - sum(c.n for c in chunks) if drafting else 0
         plan: list[Fed] = []
         for chunk in chunks:
@@ -317,6 +314,7 @@ class Engine:
                 self.admission.copy_awaited(f)
         budget = self.batch.capacity
         drafting = True
+        self.spec.prepare(self.slots)
         while True:
             plan = self._build(budget, drafting)
             if not plan:

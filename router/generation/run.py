@@ -161,6 +161,10 @@ class Generation:
                 echo=job.echo,
                 add_generation_prompt=job.add_generation_prompt,
                 request_id=self._record.id if self._record is not None else None,
+                # A whole answer, with no tool calls whose repeats end a choice early
+                # (router/generation/stream.py): its tokens need not cross processes one
+                # by one.
+                hold_events=not job.stream and not tools.offered,
             )
             self._streams.append(stream)
             self._running.append(job.n)

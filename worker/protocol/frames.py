@@ -55,6 +55,10 @@ class Generate(Frame):
     echo: bool = False
     # The HTTP request's id (x-request-id), for the worker's log lines about it.
     request_id: str | None = None
+    # The client reads the answer whole (no stream, no tool calls the router may end
+    # early): events after each choice's first may wait for its final one
+    # (worker/event_hold.py).
+    hold_events: bool = False
 
 
 class Embed(Frame):
