@@ -2,7 +2,7 @@
 against llama-server's own, each against itself without, in one run.
 
   python -m bench.speculative [--rounds 2] [--streams 1] [--max-tokens 200] [--draft-max 16]
-                              [--llama-server PATH]
+                              [--llama-server PATH] [--draft-layers N | --draft-model PATH]
 
 The load: a Python file of about 60 lines, then an edit to make ("rename this function,
 write the whole file again"), a streamed greedy answer of at most `--max-tokens` tokens;
@@ -15,7 +15,12 @@ other with the same model, slots and the demo model's built-in Gemma format:
 - llama-server (built from the same llama.cpp), without speculation and with
   `--spec-type ngram-simple` (its n-gram lookup, also no second model, its defaults).
 
-Results go to bench/results/speculative.json and bench/results/speculative.md.
+With `--draft-model PATH` (or `--draft-layers N`: the demo model's first N layers, made by
+bench/cut_layers.py), a draft model drafts instead: Corral with `draft_model = PATH`,
+llama-server with `-md PATH --spec-type draft-simple` (its defaults otherwise).
+
+Results go to bench/results/speculative.json and bench/results/speculative.md (a suffix
+names the load, the streams and a draft model).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -75,8 +81,11 @@ def messages(edit: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"```python\n{CODE}```\n{edit}. Write the whole file again, nothing else."}]
 
 
-def serve_corral(model: Path, spec_type: str, draft_max: int) -> tuple[subprocess.Popen[bytes], str]:
-    return agents.serve_corral(model, SLOTS, N_CTX, f'spec_type = "{spec_type}"\ndraft_max = {draft_max}\n')
+def serve_corral(
+    model: Path, spec_type: str, draft_max: int, draft: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    extra = f'draft_model = "{draft}"\n' if draft is not None else ""
+    return agents.serve_corral(model, SLOTS, N_CTX, f'spec_type = "{spec_type}"\ndraft_max = {draft_max}\n' + extra)
 
 
 def serve_llama(binary: Path, model: Path, spec: list[str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -149,7 +158,7 @@ def report(doc: dict[str, Any]) -> str:
         f"{doc['streams']} stream(s) at once, {doc['rounds']} rounds, {'greedy, ' if doc['load'] == 'code' else ''}at most {doc['max_tokens']} tokens; "
         f"demo model, {doc['cpus']} CPUs, {doc['date']}. `python -m bench.speculative {doc['command']}`",
         "",
-        "| server | tokens/s without drafts | with n-gram drafts | speed-up |",
+        f"| server | tokens/s without drafts | with {doc.get('drafts', 'n-gram')} drafts | speed-up |",
         "|---|---:|---:|---:|",
     ]
     for name in ("corral", "llama-server"):
@@ -177,6 +186,8 @@ def main() -> int:
     ap.add_argument("--load", choices=["code", "chat"], default="code",
                     help="chat: a story each, nothing to copy (what drafts cost where they cannot help)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--draft-model", type=Path, default=None, help="draft with this model instead of n-grams")
+    ap.add_argument("--draft-layers", type=int, default=None, help="draft with the model's first N layers")
     args = ap.parse_args()
     global LOAD
     LOAD = args.load
@@ -185,17 +196,26 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "command": " ".join(sys.argv[1:]),
         "load": args.load, "rounds": args.rounds, "streams": args.streams, "max_tokens": args.max_tokens, "code_lines": CODE.count("\n") + 1,
     }
+    draft = args.draft_model.resolve() if args.draft_model else None
+    if args.draft_layers:
+        from bench.cut_layers import cut
+
+        draft = cut(model, Path(tempfile.mkdtemp(prefix="draft-")) / f"first{args.draft_layers}.gguf", args.draft_layers)
+    if draft is not None:
+        doc["drafts"] = f"draft-model ({draft.name})"
     off = measure(*serve_corral(model, "none", args.draft_max), args)
-    on = measure(*serve_corral(model, "ngram", args.draft_max), args)
+    on = measure(*serve_corral(model, "ngram", args.draft_max, draft), args)
     doc["corral"] = {"off": off, "on": on, "speedup": on["tokens_per_s"] / off["tokens_per_s"]}
     doc["same_text"] = [r["text"] for r in off["requests"]] == [r["text"] for r in on["requests"]]
     if args.llama_server is not None:
         loff = measure(*serve_llama(args.llama_server, model, []), args)
         # Its n-gram lookup with its own defaults (a 12-token lookup, 48-token drafts).
-        lon = measure(*serve_llama(args.llama_server, model, ["--spec-type", "ngram-simple"]), args)
+        spec = ["--spec-type", "ngram-simple"] if draft is None else ["-md", str(draft), "--spec-type", "draft-simple"]
+        lon = measure(*serve_llama(args.llama_server, model, spec), args)
         doc["llama-server"] = {"off": loff, "on": lon, "speedup": lon["tokens_per_s"] / loff["tokens_per_s"]}
     args.out.mkdir(parents=True, exist_ok=True)
     name = "speculative" + ("" if args.load == "code" else f"-{args.load}") + ("" if args.streams == 1 else f"-{args.streams}")
+    name += "" if draft is None else "-draft"
     (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = report(doc)
     (args.out / f"{name}.md").write_text(md)

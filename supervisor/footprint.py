@@ -3,10 +3,12 @@ estimate from its GGUF file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 
 from supervisor.config import ModelSpec
-from supervisor.config.gguf_meta import estimate_bytes
+from supervisor.config.gguf_meta import draft_bytes, estimate_bytes
 
 
 def process_rss(pid: int | None) -> int | None:
@@ -47,6 +49,8 @@ class Footprint:
         if self._estimate is None or self._estimate[0] is not spec:
             try:
                 n = estimate_bytes(spec.path, spec.n_ctx, generates=not spec.embeddings)
+                if spec.draft_model is not None and spec.spec_type != "none":
+                    n += draft_bytes(Path(spec.draft_model), spec.n_ctx)
             except OSError:
                 n = 0
             self._estimate = (spec, n)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import trio
 
+from worker import draft_model
 from worker.constraint import tokenizer_for
 from worker.engine import Engine
 from worker.model import LoadedModel
@@ -172,6 +173,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
 
         try:
             model, vocabulary = await trio.to_thread.run_sync(load_with_vocabulary, spec, progress, abandon_on_cancel=True)
+            draft = await trio.to_thread.run_sync(draft_model.for_spec, spec, model, abandon_on_cancel=True)
         except LoadError as exc:
             # The log gets the path; the Failed frame, which clients see, does not.
             log.error("load failed: %s", exc.detail)
@@ -186,7 +188,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
 
         engine = Engine(
             model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot, cache=cache_options(spec, model),
-            vocabulary=vocabulary, draft_max=spec.draft_max if spec.spec_type == "ngram" else 0,
+            vocabulary=vocabulary, draft_max=0 if spec.spec_type == "none" else spec.draft_max, draft_model=draft,
         )
         for frame in link.early:
             engine.submit(frame)

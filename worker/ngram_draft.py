@@ -72,11 +72,16 @@ class Drafter:
         self.pause = 0
         self._backoff = 0
 
-    def draft(self, tokens: Sequence[int], room: int) -> list[int]:
+    def allowance(self, room: int) -> int:
+        """How many tokens this step's draft may have (0 while paused; counts the pause)."""
         if self.pause > 0:
             self.pause -= 1
-            return []
-        return self.index.lookup(tokens, min(self.length, room))
+            return 0
+        return min(self.length, room)
+
+    def draft(self, tokens: Sequence[int], room: int) -> list[int]:
+        n = self.allowance(room)
+        return self.index.lookup(tokens, n) if n > 0 else []
 
     def verified(self, drafted: int, accepted: int) -> None:
         """The model agreed with the first `accepted` of `drafted` tokens."""

@@ -68,6 +68,7 @@ class Request:
     # Speculative decoding's n-gram drafts (worker/ngram_draft.py); None: this request
     # decodes one token a step (speculation off, or it needs every token's logits alone).
     drafter: Drafter | None = None
+    model_draft: list[int] = field(default_factory=list)  # a draft model's, for this step
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -120,3 +121,13 @@ class EmbedJob:
     inputs: list[list[int]]
     scores: bool = False  # a reranker's: read the scores, not a normalised vector
     normalize: int = 2  # Embed.normalize
+
+
+def pending_tokens(slot: Slot[Request]) -> int:
+    """The tokens of a slot's request that its cache does not hold yet (none for a sibling
+    that will share another request's prompt, nor for a request waiting to copy a prefix
+    another one is decoding)."""
+    assert slot.request is not None
+    if slot.request.follows is not None or slot.request.awaits is not None:
+        return 0
+    return len(slot.request.tokens) - len(slot.cache)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from supervisor.capacity import parse_size
+from supervisor.config import gguf_meta
 from supervisor.config.key_paths import quote
 from supervisor.config.schema import ConfigFile, ModelConfig, listen_hosts
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
@@ -142,6 +143,15 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
                 yield f"{at}.{key}: must be 0 or more bytes, got {getattr(m, key)}"
         if not 1 <= m.draft_max <= 256:
             yield f"{at}.draft_max: must be 1..256, got {m.draft_max}"
+        if m.spec_type == "draft" and m.draft_model is None:
+            yield f'{at}.spec_type: "draft" needs draft_model, the path of a smaller model with the same vocabulary'
+        if m.draft_model is not None:
+            if (why := gguf_meta.problem(resolve_path(m.draft_model, base_dir))) is not None:
+                yield f"{at}.draft_model: {why}"
+            if m.embeddings:
+                yield f"{at}.draft_model: an embedding model generates nothing to draft"
+        if not 0.0 <= m.draft_p_min <= 1.0:
+            yield f"{at}.draft_p_min: must be 0..1, got {m.draft_p_min}"
         if m.n_ctx < 16:
             yield f"{at}.n_ctx: must be at least 16, got {m.n_ctx}"
         if m.n_ctx_slot is not None and not 16 <= m.n_ctx_slot <= m.n_ctx:

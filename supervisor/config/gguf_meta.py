@@ -240,6 +240,15 @@ WORKER_BASE_BYTES = 96 * 1024 * 1024
 VOCABULARY_BYTES = 112 * 1024 * 1024
 
 
+def draft_bytes(path: Path, n_ctx: int) -> int:
+    """A draft model's share of a worker's memory: its file and its KV cache."""
+    size = path.stat().st_size
+    try:
+        return size + kv_cache_bytes(read_metadata(path, _has_kv_shape), n_ctx)
+    except (NotGGUF, OSError):
+        return size
+
+
 def estimate_bytes(path: Path, n_ctx: int, generates: bool = False) -> int:
     """A model's memory before it has ever loaded: the file (weights are mapped and all
     touched), its KV cache and a worker's fixed overhead, and for a model that generates

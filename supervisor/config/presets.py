@@ -47,9 +47,10 @@ def _str(v: str) -> str:
 
 
 def _spec_type(v: str) -> str:
-    """llama-server's n-gram kinds (ngram-simple, ngram-mod, ...) are Corral's "ngram"."""
+    """llama-server's n-gram kinds (ngram-simple, ngram-mod, ...) are Corral's "ngram", its
+    draft-simple Corral's "draft" (other draft-* kinds are refused by the config check)."""
     v = v.strip().lower()
-    return "ngram" if v.startswith("ngram") else v
+    return "ngram" if v.startswith("ngram") else "draft" if v == "draft-simple" else v
 
 
 def _mib(v: str) -> int:
@@ -90,6 +91,8 @@ _KEYS: dict[str, _Key] = {
     "swa-full": _Key("swa_full", _bool),
     "spec-type": _Key("spec_type", _spec_type),
     "spec-draft-n-max": _Key("draft_max", _int),
+    "spec-draft-model": _Key("draft_model", _str),
+    "spec-draft-p-min": _Key("draft_p_min", _float),
     "cache-ram": _Key("prompt_cache_bytes", _mib),
     "cram": _Key("prompt_cache_bytes", _mib),
     "load-on-startup": _Key("preload", _bool),
@@ -100,6 +103,8 @@ _ALIASES = {
     "m": "model", "c": "ctx-size", "np": "parallel", "b": "batch-size", "t": "threads",
     "ngl": "n-gpu-layers", "gpu-layers": "n-gpu-layers", "s": "seed", "n": "n-predict",
     "predict": "n-predict", "r": "reverse-prompt", "embeddings": "embedding", "a": "alias",
+    "md": "spec-draft-model", "model-draft": "spec-draft-model", "draft-p-min": "spec-draft-p-min",
+    "LLAMA_ARG_SPEC_DRAFT_MODEL": "spec-draft-model", "LLAMA_ARG_SPEC_DRAFT_P_MIN": "spec-draft-p-min",
     "LLAMA_ARG_MODEL": "model", "LLAMA_ARG_CTX_SIZE": "ctx-size", "LLAMA_ARG_N_PARALLEL": "parallel",
     "LLAMA_ARG_BATCH": "batch-size", "LLAMA_ARG_THREADS": "threads", "LLAMA_ARG_N_GPU_LAYERS": "n-gpu-layers",
     "LLAMA_ARG_CHAT_TEMPLATE": "chat-template", "LLAMA_ARG_CHAT_TEMPLATE_FILE": "chat-template-file",

@@ -5,12 +5,14 @@ can look at the engine's slots and the KV cache's cells between them."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
 from dataclasses import dataclass, field
 
 from tests.e2e.kv_state import cache_positions
+from worker import draft_model
 from worker.engine import Engine
 from worker.model import LoadedModel, load
 from worker.prompt_cache import CacheOptions
@@ -37,17 +39,20 @@ class EngineDriver:
         self.spec = spec
         self.model: LoadedModel = load(spec, lambda p: None)
         if draft_max is None:
-            draft_max = spec.draft_max if spec.spec_type == "ngram" else 0
-        self.engine = Engine(self.model, self._emit, cache=cache, draft_max=draft_max)
+            draft_max = 0 if spec.spec_type == "none" else spec.draft_max
+        self.draft = draft_model.for_spec(spec, self.model)  # with spec.draft_model
+        self.engine = Engine(self.model, self._emit, cache=cache, draft_max=draft_max, draft_model=self.draft)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._outcomes: dict[int, Outcome] = {}
+        self.frames_with: collections.Counter[int] = collections.Counter()  # Step frames per request id
         # The engine thread runs until the process ends, as in the worker.
         threading.Thread(target=self.engine.run, name="engine", daemon=True).start()
 
     def _emit(self, frame: Frame) -> None:
         with self._lock:
             if isinstance(frame, Step):
+                self.frames_with.update({ev.id for ev in frame.events})
                 for ev in frame.events:
                     o = self._outcomes.get(ev.id)
                     if o is None:
@@ -74,6 +79,7 @@ class EngineDriver:
         seed: int | None = None,
         n: int = 1,
         logprobs: int | None = None,
+        hold: bool = False,
     ) -> tuple[int, Outcome]:
         rid = next(self._ids)
         outcome = Outcome(n=n)
@@ -82,7 +88,7 @@ class EngineDriver:
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs
         )
-        self.engine.submit(Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n))
+        self.engine.submit(Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n, hold_events=hold))
         return rid, outcome
 
     def cancel(self, rid: int) -> None:
@@ -138,6 +144,13 @@ class EngineDriver:
                     ok = bool(cells) and cells == list(range(cells[0], n)) and cells[0] <= att.lowest_needed(n)
                 if not ok:
                     problems.append(f"slot {slot.seq_id}: {n} tokens, sliding-window cells {_runs(cells)}")
+        if self.draft is not None:
+            # The draft model's sequences: each book against its full-attention cells.
+            problems += self.draft.problems()
+            for seq, book in enumerate(self.draft.books):
+                full = cache_positions(self.draft.ctx, seq)[0]
+                if full != list(range(len(book))):
+                    problems.append(f"draft sequence {seq}: {len(book)} tokens, cells {_runs(full)}")
         return problems
 
 

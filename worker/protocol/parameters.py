@@ -155,8 +155,14 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # as the other slots, at most draft_max a step; the output is the same. On by default:
     # it measured 2.3x on code editing and 1.4x on sampled stories (bench/speculative.py).
     # "none": one token a step.
-    spec_type: Literal["none", "ngram"] = "ngram"
+    spec_type: Literal["none", "ngram", "draft"] = "ngram"
     draft_max: int = 16
+    # A smaller model with the same vocabulary that drafts instead of n-gram lookup
+    # (llama-server's --model-draft, --spec-type draft-simple; worker/draft_model.py) unless
+    # spec_type is "none"; its draft stops at a token whose probability, as the draft model
+    # sees it, is under draft_p_min (llama-server's --draft-p-min).
+    draft_model: str | None = None
+    draft_p_min: float = 0.0
     # The most one request may hold, prompt and output together. None: all n_ctx (one KV
     # pool for all slots, llama-server's --kv-unified). llama-server without it gives each
     # slot n_ctx / parallel; this says the same here, while the slots still share cells.

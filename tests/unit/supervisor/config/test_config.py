@@ -599,11 +599,19 @@ def test_prompt_cache_and_speculation_defaults_and_paths(base: Path) -> None:
         ("prompt_cache_bytes = -5", "models.a.prompt_cache_bytes: must be 0 or more bytes, got -5"),
         ("prompt_cache_disk_bytes = -1", "models.a.prompt_cache_disk_bytes: must be 0 or more bytes, got -1"),
         ("draft_max = 0", "models.a.draft_max: must be 1..256, got 0"),
+        ('spec_type = "draft"', 'models.a.spec_type: "draft" needs draft_model'),
+        ('draft_model = "missing.gguf"', "models.a.draft_model: "),
+        ("draft_p_min = 1.5", "models.a.draft_p_min: must be 0..1, got 1.5"),
         ('prompt_cache_dir = "m.gguf"', "exists and is not a folder"),
     ],
 )
 def test_prompt_cache_and_speculation_bad_values_name_their_key(base: Path, line: str, problem: str) -> None:
     assert problem in one_problem(MINIMAL + line + "\n", base)
+
+
+def test_a_draft_model_path_is_relative_to_the_config(base: Path) -> None:
+    spec = parse(MINIMAL + 'draft_model = "m.gguf"\ndraft_p_min = 0.5\n', base).models["a"]
+    assert (spec.draft_model, spec.draft_p_min) == (str((base / "m.gguf").resolve()), 0.5)
 
 
 def test_a_spec_type_that_is_neither_is_refused(base: Path) -> None:

@@ -88,5 +88,8 @@ def test_speculation_and_the_host_prompt_cache_translate(tmp_path: Path) -> None
     ini = f"[a]\nmodel = {model}\nspec-type = ngram-simple\nspec-draft-n-max = 24\ncache-ram = 512\n"
     data = tomllib.loads(import_preset(ini, "p.ini"))["models"]["a"]
     assert (data["spec_type"], data["draft_max"], data["prompt_cache_bytes"]) == ("ngram", 24, 512 << 20)
+    draft = f"[a]\nmodel = {model}\nmd = {model}\nspec-type = draft-simple\ndraft-p-min = 0.6\n"
+    data = tomllib.loads(import_preset(draft, "p.ini"))["models"]["a"]
+    assert (data["spec_type"], data["draft_model"], data["draft_p_min"]) == ("draft", str(model), 0.6)
     off = tomllib.loads(import_preset(f"[a]\nmodel = {model}\nspec-type = none\ncache-ram = 0\n", "p.ini"))["models"]["a"]
     assert (off["spec_type"], off["prompt_cache_bytes"]) == ("none", 0)

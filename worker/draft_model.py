@@ -1,0 +1,228 @@
+"""Speculative decoding with a draft model: a smaller model with the same vocabulary
+guesses the next tokens, which the engine's step verifies as it does n-gram drafts
+(worker/speculation.py).
+
+The draft model has a context of its own, with one sequence per slot, and a book of the
+tokens each sequence's cells hold. Before each step it is brought to what the slot's
+request holds now: the longest common prefix of the book and the request's tokens stays,
+the rest of the cells are removed and the missing tokens decoded. So whatever happened to
+the slot since (a new request, a preemption, a prefix copied from a parked entry, drafts
+the model rejected), the draft context follows from the tokens alone and never from the
+main cache's bookkeeping. Then every drafting sequence drafts together, one batched decode
+of the draft model per draft token, greedily, and stops where the draft model's own
+probability for its choice falls under `p_min` (llama-server's --draft-p-min), since such
+a guess is seldom accepted and costs a position in the main batch.
+
+Invariant (checked before each use, and by the tests after every step): a sequence's
+cells hold exactly the positions 0 .. len(book) - 1. A sequence found otherwise is
+cleared and counted in `repairs`; a decode that fails clears the whole draft context.
+Either costs drafts, never output: the main model decides every token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+from worker.batch import BatchBuffer
+from worker.model import LoadError, LoadedModel
+from worker.protocol import WorkerSpec
+from worker.slots import common_prefix
+
+log = logging.getLogger("worker.draft_model")
+
+
+@dataclass(frozen=True)
+class Want:
+    """One slot's request asks for up to `limit` draft tokens after `tokens`."""
+
+    seq: int
+    tokens: Sequence[int]
+    limit: int
+
+
+class DraftModel:
+    def __init__(
+        self, model: llama_cpp.llama_model_p, ctx: llama_cpp.llama_context_p, n_vocab: int, sequences: int,
+        n_batch: int, p_min: float,
+    ) -> None:
+        self.model, self.ctx, self.n_vocab, self.p_min = model, ctx, n_vocab, p_min
+        self.memory = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.books: list[list[int]] = [[] for _ in range(sequences)]
+        self.batch = BatchBuffer(n_batch)
+        self.repairs = 0  # sequences found disagreeing with their book, and cleared
+        self.decoded = 0  # tokens the draft model decoded (catching up and drafting)
+
+    @classmethod
+    def load(cls, path: str, main: LoadedModel, sequences: int, threads: int, p_min: float) -> DraftModel:
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.use_extra_bufts = False  # as the main model: repacking crashes on AMX CPUs
+        model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            raise LoadError("llama.cpp could not load the draft model (draft_model)", f"could not load draft_model {path}")
+        try:
+            problem = vocabulary_problem(main, llama_cpp.llama_model_get_vocab(model))
+            if problem:
+                raise LoadError(f"draft_model: {problem}", f"draft_model {path}: {problem}")
+            cparams = llama_cpp.llama_context_default_params()
+            cparams.n_ctx = main.n_ctx
+            cparams.n_seq_max = sequences
+            cparams.n_threads = cparams.n_threads_batch = threads
+            cparams.kv_unified = True
+            cparams.swa_full = True  # a rejected draft's cells must be removable one by one
+            cparams.n_batch = main.n_batch
+            cparams.n_ubatch = min(main.n_batch, 512)
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+            if not ctx:
+                raise LoadError("llama.cpp could not create the draft model's context", "draft context failed")
+        except BaseException:
+            llama_cpp.llama_model_free(model)
+            raise
+        return cls(model, ctx, main.n_vocab, sequences, int(llama_cpp.llama_n_batch(ctx)), p_min)
+
+    def close(self) -> None:
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+    # ---- the books --------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Each sequence whose cells are not its book's positions 0 .. len - 1."""
+        return [problem for _, problem in self._mismatched()]
+
+    def _mismatched(self) -> list[tuple[int, str]]:
+        out = []
+        for seq, book in enumerate(self.books):
+            lo = int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq))
+            hi = int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+            want = (0, len(book) - 1) if book else (-1, -1)
+            if (lo, hi) != want:
+                out.append((seq, f"draft sequence {seq}: cells {lo}..{hi}, book {want[0]}..{want[1]}"))
+        return out
+
+    def _clear(self, seq: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self.books[seq] = []
+
+    def _reset(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self.books = [[] for _ in self.books]
+
+    def _trim(self, seq: int, keep: int) -> None:
+        book = self.books[seq]
+        if keep >= len(book):
+            return
+        if keep == 0 or not llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, -1):
+            self._clear(seq)
+        else:
+            del book[keep:]
+
+    # ---- drafting ---------------------------------------------------------------------------
+
+    def draft(self, wants: Sequence[Want]) -> dict[int, list[int]]:
+        """Draft for each want; a sequence still catching up on a long prompt (more than
+        one batch of it) drafts from a later step on."""
+        for seq, problem in self._mismatched():
+            log.error("%s; clearing it", problem)
+            self.repairs += 1
+            self._clear(seq)
+        # The cells of slots that do not draft now go first when these would not fit.
+        asked = {w.seq for w in wants}
+        need = sum(len(w.tokens) + w.limit for w in wants)
+        if sum(map(len, self.books)) + need > self.n_ctx:
+            for seq in range(len(self.books)):
+                if seq not in asked:
+                    self._clear(seq)
+        # Catch up: the cells follow the request's tokens but its last, which is fed with
+        # logits (as the main model's step feeds it).
+        self.batch.clear()
+        room = self.batch.capacity
+        ready: dict[int, int] = {}  # seq -> batch index of its logits
+        for w in wants:
+            if w.limit <= 0 or not w.tokens:
+                continue
+            self._trim(w.seq, min(common_prefix(self.books[w.seq], w.tokens), len(w.tokens) - 1))
+            book = self.books[w.seq]  # after the trim, which may have started it anew
+            missing = list(w.tokens[len(book):])
+            take = min(len(missing), room)
+            if take <= 0:
+                continue
+            last = self.batch.add(missing[:take], len(book), w.seq, "last" if take == len(missing) else "none")
+            room -= take
+            book.extend(missing[:take])
+            if take == len(missing):
+                ready[w.seq] = last + take - 1
+        drafts: dict[int, list[int]] = {seq: [] for seq in ready}
+        limits = {w.seq: w.limit for w in wants}
+        while self.batch.n:
+            if not self._decode():
+                return {}
+            logits = {seq: self._best(i) for seq, i in ready.items()}
+            self.batch.clear()
+            nxt: dict[int, int] = {}
+            for seq, (tok, p) in logits.items():
+                if p < self.p_min:
+                    continue
+                drafts[seq].append(tok)
+                if len(drafts[seq]) < limits[seq]:  # its logits are wanted: feed it
+                    book = self.books[seq]
+                    nxt[seq] = self.batch.add([tok], len(book), seq, "last")
+                    book.append(tok)
+            ready = nxt
+        return {seq: d for seq, d in drafts.items() if d}
+
+    def _decode(self) -> bool:
+        rc = llama_cpp.llama_decode(self.ctx, self.batch.struct())
+        if rc != 0:
+            # Full, or anything else: the draft context starts over; the output never
+            # depended on it.
+            log.warning("draft model decode failed (%d); clearing its context", rc)
+            self._reset()
+            return False
+        self.decoded += self.batch.n
+        return True
+
+    def _best(self, index: int) -> tuple[int, float]:
+        """The draft model's greedy token at batch `index`, and its probability."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)
+        row = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        tok = int(row.argmax())
+        if self.p_min <= 0.0:
+            return tok, 1.0  # no softmax over the vocabulary for a bound that takes all
+        top = float(row[tok])
+        return tok, float(1.0 / np.exp(row - top, dtype=np.float32).sum())
+
+
+def for_spec(spec: WorkerSpec, main: LoadedModel) -> DraftModel | None:
+    """The worker's draft model, loaded after the main one; None where it drafts without one."""
+    if spec.draft_model is None or spec.spec_type == "none" or spec.embeddings:
+        return None
+    draft = DraftModel.load(spec.draft_model, main, main.n_slots, main.threads, spec.draft_p_min)
+    log.info("draft model %s loaded (p_min %.2f)", spec.draft_model, spec.draft_p_min)
+    return draft
+
+
+def vocabulary_problem(main: LoadedModel, vocab: llama_cpp.llama_vocab_p) -> str | None:
+    """Why a draft model's tokens cannot stand for the main model's, if they cannot: its
+    drafts are token ids the main model verifies, so every id must be the same text (as
+    llama-server's common_speculative_are_compatible requires, less its tolerance of
+    extra tokens at the end)."""
+    n = int(llama_cpp.llama_vocab_n_tokens(vocab))
+    if n != main.n_vocab:
+        return f"its vocabulary has {n} tokens, the model's {main.n_vocab}"
+    if llama_cpp.llama_vocab_type(vocab) != llama_cpp.llama_vocab_type(main.vocab):
+        return "its tokenizer is of another kind than the model's"
+    for name in ("bos", "eos"):
+        fn = getattr(llama_cpp, f"llama_vocab_{name}")
+        if fn(vocab) != fn(main.vocab):
+            return f"its {name.upper()} token differs from the model's"
+    for t in range(n):
+        if llama_cpp.llama_vocab_get_text(vocab, t) != llama_cpp.llama_vocab_get_text(main.vocab, t):
+            return f"token {t} differs from the model's"
+    return None
