@@ -29,3 +29,4 @@ class Asks:
     settings: SupervisorConfig | None = None
     reset: bool = False
     threads: int | None | Unset = UNSET
+    cache_bytes: int | None | Unset = UNSET  # None: the model's own prompt_cache_bytes

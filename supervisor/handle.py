@@ -80,6 +80,10 @@ class ModelHandle:
         self.footprint = Footprint()
         self.threads: int | None = None  # the share of the cores given by the supervisor
         self.worker_threads: int | None = None  # what the running worker was told to use
+        # Its share of prompt_cache_budget (None: no global bound), and what the running
+        # worker was told.
+        self.cache_bytes: int | None = None
+        self.worker_cache_bytes: int | None = None
         self._next_spec: ModelSpec | None = None  # from a reload, adopted once stopped
         self._hung = False  # its worker was killed for missing pings: replace it at once
         self._backoff_until = 0.0
@@ -249,6 +253,14 @@ class ModelHandle:
         if self._asks.threads is UNSET and n == self.threads:
             return
         self._asks.threads = n
+        self._poke()
+
+    def assign_cache_bytes(self, n: int | None) -> None:
+        """The supervisor's share of prompt_cache_budget for this model (None: its own
+        prompt_cache_bytes alone); applied as assign_threads applies a share of the cores."""
+        if self._asks.cache_bytes is UNSET and n == self.cache_bytes:
+            return
+        self._asks.cache_bytes = n
         self._poke()
 
     def retire(self) -> None:

@@ -33,12 +33,15 @@ class LoadFailed(Exception):
     pass
 
 
-def worker_spec(spec: ModelSpec, threads: int | None = None) -> WorkerSpec:
+def worker_spec(spec: ModelSpec, threads: int | None = None, cache_bytes: int | None = None) -> WorkerSpec:
     """What the worker needs to know of a model's config; `threads` overrides the
-    config's (the supervisor's share of the cores when the config sets none)."""
+    config's (the supervisor's share of the cores when the config sets none), and
+    `cache_bytes` its prompt_cache_bytes (its share of prompt_cache_budget)."""
     options = options_of(spec)
     if threads is not None:
         options["threads"] = threads
+    if cache_bytes is not None:
+        options["prompt_cache_bytes"] = cache_bytes
     return WorkerSpec(name=spec.name, path=str(spec.path), **options)
 
 

@@ -29,7 +29,7 @@ from supervisor.handle import ModelHandle
 from supervisor.launcher import LoadFailed, worker_spec
 from supervisor.lease import LoadAttempt
 from supervisor.lifecycle import State, check
-from worker.protocol import SetThreads
+from worker.protocol import SetCacheBudget, SetThreads
 
 log = logging.getLogger("corral.supervisor")
 
@@ -131,9 +131,10 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
                 await h.planner.settled()
                 _apply_asks(h)
                 h.worker_threads = h.threads or h.spec.threads
+                h.worker_cache_bytes = h.cache_bytes
                 with trio.fail_after(h.settings.start_timeout or float("inf")):
                     conn = await h.launcher.start(
-                        nursery, worker_spec(h.spec, h.worker_threads), h._poke,
+                        nursery, worker_spec(h.spec, h.worker_threads, h.worker_cache_bytes), h._poke,
                         on_progress=partial(_progress, h),
                     )
         except (LoadFailed, trio.TooSlowError, OSError) as exc:
@@ -347,6 +348,9 @@ def _apply_asks(h: ModelHandle) -> None:
     if not isinstance(asks.threads, Unset):
         h.threads = asks.threads
         _tell_threads(h)
+    if not isinstance(asks.cache_bytes, Unset):
+        h.cache_bytes = asks.cache_bytes
+    _tell_cache_bytes(h)
     if asks.reset:
         h._announce()  # reset() waits for this (and only this: announcing wakes every waiter)
 
@@ -361,6 +365,20 @@ def _tell_threads(h: ModelHandle) -> None:
         try:
             conn.send(SetThreads(n_threads=n))
             h.worker_threads = n
+        except WorkerCrashed:
+            pass
+
+
+def _tell_cache_bytes(h: ModelHandle) -> None:
+    """Tell a running worker its share of prompt_cache_budget, if that changed."""
+    n, conn = h.cache_bytes, h.conn
+    if (
+        n is not None and n != h.worker_cache_bytes and conn is not None
+        and conn.ready is not None and h.state in (State.READY, State.DRAINING)
+    ):
+        try:
+            conn.send(SetCacheBudget(n_bytes=n))
+            h.worker_cache_bytes = n
         except WorkerCrashed:
             pass
 

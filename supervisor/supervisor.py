@@ -24,6 +24,7 @@ from supervisor.config import models_dir
 from supervisor.config import (
     Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes, with_server, without_file,
 )
+from supervisor.cache_shares import divide_bytes
 from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
 from supervisor.events import EventBus
@@ -115,6 +116,15 @@ class Supervisor:
         shares = divide_cores(self.cores, together)
         for h in self._every_handle():
             h.assign_threads(shares.get(h.name))
+        budget = parse_size(self.config.supervisor.prompt_cache_budget)
+        caching = {
+            h.name: h.spec.prompt_cache_bytes
+            for h in self._every_handle()
+            if h.name in together and not h.spec.embeddings
+        }
+        cache = divide_bytes(budget, caching) if budget > 0 else {}
+        for h in self._every_handle():
+            h.assign_cache_bytes(cache.get(h.name))
 
     # ---- reloads ------------------------------------------------------------------------------
 

@@ -125,6 +125,7 @@ from worker.protocol import (  # noqa: E402
     ProtocolError,
     Ready,
     Render,
+    SetCacheBudget,
     SetThreads,
     Shutdown,
     SlotsQuery,
@@ -420,6 +421,8 @@ def reader(
                     out.send(Pong(seq=frame.seq, active=active, queued=queued, threads=threads))
                 elif isinstance(frame, SetThreads):
                     engine.threads = frame.n_threads
+                elif isinstance(frame, SetCacheBudget):
+                    pass  # it saves no prompts
                 elif isinstance(frame, SlotsQuery):
                     # Answered here, as the real worker's reader does; a racy read is fine.
                     busy = {i: r for i, r in enumerate(list(engine.active))}

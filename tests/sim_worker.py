@@ -40,6 +40,7 @@ from worker.protocol import (
     Pong,
     Ready,
     Render,
+    SetCacheBudget,
     SetThreads,
     Shutdown,
     SlotsQuery,
@@ -64,6 +65,8 @@ class Start:
     threads: int | None
     conn: WorkerConnection
     set_threads: list[int] = field(default_factory=list)  # SetThreads frames received
+    prompt_cache_bytes: int = 0  # what the worker was started with
+    cache_budgets: list[int] = field(default_factory=list)  # SetCacheBudget frames received
 
 
 class SimLauncher:
@@ -84,7 +87,7 @@ class SimLauncher:
     ) -> WorkerConnection:
         ours, theirs = trio.testing.memory_stream_pair()
         conn = WorkerConnection(spec.name, ours, on_close, on_progress)
-        record = Start(spec.name, trio.current_time(), spec.threads, conn)
+        record = Start(spec.name, trio.current_time(), spec.threads, conn, prompt_cache_bytes=spec.prompt_cache_bytes)
         self.starts.append(record)
         nursery.start_soon(conn.reader)
         nursery.start_soon(conn.writer)
@@ -175,6 +178,8 @@ async def _simulate(
                             scope.cancel()
                     elif isinstance(frame, SetThreads):
                         record.set_threads.append(frame.n_threads)
+                    elif isinstance(frame, SetCacheBudget):
+                        record.cache_budgets.append(frame.n_bytes)
                     elif isinstance(frame, Shutdown) and not b.ignore_shutdown:
                         nursery.cancel_scope.cancel()
             nursery.cancel_scope.cancel()

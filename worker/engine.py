@@ -50,7 +50,9 @@ from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
 from worker.prompt_cache import CacheOptions, PromptCache
-from worker.protocol import Cancel, Error, Frame, Generate, Occupancy, SetThreads, SlotFile, SlotState, Step, TokenEvent
+from worker.protocol import (
+    Cancel, Error, Frame, Generate, Occupancy, SetCacheBudget, SetThreads, SlotFile, SlotState, Step, TokenEvent,
+)
 from worker.request import EmbedJob, Request, pending_tokens
 from worker.siblings import followers_to_detach
 from worker.slot_files import SlotFiles
@@ -81,7 +83,7 @@ class Persist:
 Fed = tuple[Request, int, int, bool, list[int]]
 
 # What the engine's inbox carries: prepared work, and commands applied between steps.
-Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SlotFile, Persist]
+Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SetCacheBudget, SlotFile, Persist]
 
 
 class Engine:
@@ -142,7 +144,7 @@ class Engine:
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
-    def submit(self, frame: Work | Cancel | SetThreads | SlotFile) -> None:
+    def submit(self, frame: Work | Cancel | SetThreads | SetCacheBudget | SlotFile) -> None:
         """Hand a frame from the supervisor to the engine; never blocks. Requests go to the
         preparing threads first; a Cancel goes to both, which drops the request wherever it
         is."""
@@ -153,7 +155,7 @@ class Engine:
             self.inbox.put(frame)
             if self.embeds is not None:  # after the put: the aborted engine finds the Cancel
                 self.embeds.cancel_soon(frame.id)
-        elif isinstance(frame, (SetThreads, SlotFile)):
+        elif isinstance(frame, (SetThreads, SetCacheBudget, SlotFile)):
             self.inbox.put(frame)
         else:
             if isinstance(frame, Generate) and frame.hold_events:
@@ -269,6 +271,8 @@ class Engine:
                 log.exception("writing the saved prompts failed")
             finally:
                 item.done.set()
+        elif isinstance(item, SetCacheBudget):
+            self.cache.set_ram_bytes(max(0, item.n_bytes))
         elif isinstance(item, SetThreads):
             n = min(max(item.n_threads, 1), MAX_THREADS)
             self.m.set_threads(n)

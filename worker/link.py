@@ -41,6 +41,7 @@ from worker.protocol import (
     Pong,
     ProtocolError,
     Ready,
+    SetCacheBudget,
     SetThreads,
     Shutdown,
     SlotsQuery,
@@ -68,7 +69,7 @@ class Link:
         self._token = trio.lowlevel.current_trio_token()
         self.engine: Engine | None = None
         # Frames that arrive while the model loads wait here; the engine adopts the queue.
-        self.early: list[Work | Cancel | SetThreads | SlotFile] = []
+        self.early: list[Work | Cancel | SetThreads | SetCacheBudget | SlotFile] = []
         self.draining = False
 
     def emit(self, frame: Frame) -> None:

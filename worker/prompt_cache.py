@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -62,6 +62,11 @@ class PromptCache:
         self.loaded_from_disk = 0
 
     # ---- between the KV cache and host memory --------------------------------------------------
+
+    def set_ram_bytes(self, n: int) -> None:
+        """The host memory budget changed (the supervisor's share of prompt_cache_budget)."""
+        self.options = replace(self.options, ram_bytes=n)
+        self.host.resize(n)
 
     def spill(self, seq: Slot[Request], used: int) -> None:
         """`seq`'s cells are about to be dropped: keep them in host memory."""

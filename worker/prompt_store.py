@@ -101,6 +101,13 @@ class HostCache:
             self.evictions += 1
         return True
 
+    def resize(self, budget: int) -> None:
+        """A new budget (the supervisor's share): the least recently used go until it holds."""
+        self.budget = budget
+        while self.entries and self.bytes > budget:
+            self._remove(self.entries[0])
+            self.evictions += 1
+
     def take(self, item: Saved) -> None:
         """`item` goes back into the KV cache."""
         self._remove(item)

@@ -77,10 +77,11 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         yield f"supervisor.health_misses: must be at least 1, got {sup.health_misses}"
     if sup.max_loaded_models < 0:
         yield f"supervisor.max_loaded_models: must be >= 0 (0 = no limit), got {sup.max_loaded_models}"
-    try:
-        parse_size(sup.memory_budget)
-    except ValueError as exc:
-        yield f"supervisor.memory_budget: {exc}"
+    for key in ("memory_budget", "prompt_cache_budget"):
+        try:
+            parse_size(getattr(sup, key))
+        except ValueError as exc:
+            yield f"supervisor.{key}: {exc}"
     pinned = [name for name, m in file.models.items() if m.pinned]
     if sup.max_loaded_models > 0 and len(pinned) > sup.max_loaded_models:
         yield (

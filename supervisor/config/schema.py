@@ -116,6 +116,10 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # has loaded, then its worker's resident memory.
     max_loaded_models: int = 0  # 0: no limit
     memory_budget: int | str = 0  # bytes, or "12GiB", "8GB", ...; 0: no limit
+    # Host memory for every loaded model's saved prompts together (each model's own bound is
+    # its prompt_cache_bytes): shared among the models loaded together, re-divided as they
+    # load and unload (supervisor/cache_shares.py). Bytes or "4GiB"; 0: no global bound.
+    prompt_cache_budget: int | str = 0
     load_wait: Seconds = 60.0
     # A reload (SIGHUP, POST /admin/reload) applies the file once it has stayed the same
     # for this long, so a file caught mid-write is never applied half-written.

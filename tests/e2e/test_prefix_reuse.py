@@ -16,6 +16,7 @@ slots, one long system prompt shared by all, each turn resending the whole conve
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -27,7 +28,7 @@ from tests.e2e.test_kv_mixes import CANARY_TEXT, CANARY_TOKENS
 from worker.model import LoadedModel
 from worker.prompt_cache import CacheOptions
 from worker.prompt_store import fingerprint
-from worker.protocol import WorkerSpec
+from worker.protocol import SetCacheBudget, WorkerSpec
 
 USERS, TURNS, SLOTS, REPLY = 6, 3, 4, 8
 
@@ -133,6 +134,22 @@ def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> No
     assert d.cell_problems() == []
     assert e.kv.repairs == 0
     assert d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0] == canary
+    # The supervisor's share of prompt_cache_budget shrinks to nothing: what host memory
+    # held goes at once, and nothing more is kept.
+    for tag in ("epsilon", "zeta", "eta"):
+        _continue(d, _conversation(d.model, tag), "A question?")
+    d.wait_idle()
+    assert e.cache.host.bytes > 0
+    e.submit(SetCacheBudget(n_bytes=0))
+    d.wait_idle()
+    deadline = time.monotonic() + 10
+    while e.cache.host.bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert e.cache.host.bytes == 0 and not e.cache.host.entries
+    for tag in ("theta", "iota", "kappa"):
+        _continue(d, _conversation(d.model, tag), "A question?")
+    d.wait_idle()
+    assert e.cache.host.bytes == 0
 
 
 def test_the_hottest_conversations_outlive_the_worker_on_disk(tmp_path: Path) -> None:

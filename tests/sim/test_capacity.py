@@ -238,6 +238,40 @@ async def test_cores_are_divided_among_the_models_loaded_together(tmp_path: Path
         assert launcher.starts_of("d")[0].set_threads == []  # its own setting, never touched
 
 
+async def test_the_prompt_cache_budget_is_shared_among_the_models_loaded_together(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """supervisor.prompt_cache_budget (issue 24): 3 GiB for all; "b" asks only 512 MiB of
+    its own, so "a" and "c" share the rest; a share follows the set of loaded models, told
+    to a running worker (SetCacheBudget) as a share of the cores is."""
+    gib = 1 << 30
+    models: dict[str, dict[str, object]] = {"a": {}, "b": {"prompt_cache_bytes": gib // 2}, "c": {}}
+    sup, launcher = sim_supervisor(tmp_path, models, prompt_cache_budget="3GiB")
+    async with running(sup):
+        await complete(sup, "a")
+        assert launcher.starts_of("a")[0].prompt_cache_bytes == gib  # its own bound (1 GiB) is under 3 GiB
+        await complete(sup, "b")
+        assert launcher.starts_of("b")[0].prompt_cache_bytes == gib // 2
+        await complete(sup, "c")
+        assert launcher.starts_of("c")[0].prompt_cache_bytes == gib  # (3 - 0.5) / 2 > 1 GiB: its own
+        assert launcher.starts_of("a")[0].cache_budgets == []  # nothing changed for it
+    models = {"a": {"prompt_cache_bytes": 2 * gib}, "b": {"prompt_cache_bytes": gib // 2}, "c": {"prompt_cache_bytes": 2 * gib}}
+    sup, launcher = sim_supervisor(tmp_path, models, prompt_cache_budget="3GiB")
+    async with running(sup):
+        await complete(sup, "a")
+        assert launcher.starts_of("a")[0].prompt_cache_bytes == 2 * gib
+        await complete(sup, "b")
+        await complete(sup, "c")
+        started = {n: launcher.starts_of(n)[0] for n in "abc"}
+        told = {n: (s.cache_budgets or [s.prompt_cache_bytes])[-1] for n, s in started.items()}
+        assert told == {"a": 5 * gib // 4, "b": gib // 2, "c": 5 * gib // 4}
+        assert sum(told.values()) <= 3 * gib
+        sup.resolve("c").request_unload()
+        await until_state(sup.resolve("c"), State.STOPPED)
+        await trio.sleep(1)
+        assert started["a"].cache_budgets[-1] == 2 * gib  # back to its own bound
+
+
 async def test_a_reload_that_raises_the_limit_lets_the_queue_move(tmp_path: Path, autojump_clock: object) -> None:
     models: dict[str, dict[str, object]] = {"a": {}, "b": {}}
     sup, launcher = sim_supervisor(tmp_path, models, max_loaded_models=1, load_wait=600)

@@ -153,6 +153,14 @@ class SetThreads(Frame):
     n_threads: int
 
 
+class SetCacheBudget(Frame):
+    """Keep at most this many bytes of saved prompts in host memory from now on (the
+    supervisor's share of prompt_cache_budget, re-divided as models load and unload); the
+    least recently used go first."""
+
+    n_bytes: int
+
+
 # ---- worker -> supervisor ---------------------------------------------------------------------
 
 
@@ -387,7 +395,8 @@ class Occupancy(Frame):
 
 
 ToWorker = Union[
-    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, Detokenize, Render, SlotsQuery, SlotFile
+    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, SetCacheBudget, Detokenize, Render, SlotsQuery,
+    SlotFile
 ]
 FromWorker = Union[
     Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong, Occupancy,

@@ -24,6 +24,17 @@ def test_host_memory_keeps_within_its_budget_least_recently_used_first_out() -> 
     assert not host.put(saved([4], size=26)), "a prompt over the whole budget is not kept"
 
 
+def test_a_smaller_budget_gives_up_the_least_recently_used_at_once() -> None:
+    """The supervisor's share of prompt_cache_budget shrank (SetCacheBudget)."""
+    host = HostCache(300)
+    for i in range(3):
+        assert host.put(saved([i, i + 1], 100, used=i))
+    host.resize(150)
+    assert [s.used for s in host.entries] == [2] and host.bytes == 100 and host.evictions == 2
+    host.resize(1000)  # a larger one keeps what there is and takes more
+    assert host.put(saved([7, 8], 500, used=9)) and host.bytes == 600
+
+
 def test_a_saved_prompt_that_another_continues_is_not_kept_twice() -> None:
     host = HostCache(budget=100)
     short, long = saved([1, 2], used=1), saved([1, 2, 3], used=2)
