@@ -2,7 +2,7 @@
 
 The model's run loop (supervisor/model_loop.py) is the single writer of its state, spec and
 settings. Everyone else is a client. `respec()`, `adopt_settings()`, `reset()`,
-`assign_threads()`, `request_unload()`, `retire()` and `request_shutdown()` leave a request
+`assign_shares()`, `request_unload()`, `retire()` and `request_shutdown()` leave a request
 and wake the loop, which applies it where a change is safe. `acquire()` never branches on a
 state it read earlier: it either takes the ready worker in the same scheduler tick that it
 checked it (so an idle stop cannot slip in between), or waits on the shared load attempt and
@@ -80,9 +80,7 @@ class ModelHandle:
         self.footprint = Footprint()
         self.threads: int | None = None  # the share of the cores given by the supervisor
         self.worker_threads: int | None = None  # what the running worker was told to use
-        # Its share of prompt_cache_budget (None: no global bound), and what the running
-        # worker was told.
-        self.cache_bytes: int | None = None
+        self.cache_bytes: int | None = None  # its share of prompt_cache_budget, as threads
         self.worker_cache_bytes: int | None = None
         self._next_spec: ModelSpec | None = None  # from a reload, adopted once stopped
         self._hung = False  # its worker was killed for missing pings: replace it at once
@@ -245,23 +243,13 @@ class ModelHandle:
             await self._state_changed.wait()
         return True
 
-    def assign_threads(self, n: int | None) -> None:
-        """The supervisor's share of the cores for this model (None: it has its own
-        `threads`). Never blocks: the run loop tells a running worker at once, a loading
-        one when it is ready. The planner re-assigns every model after every change, so
-        an unchanged share is not even a wake-up."""
-        if self._asks.threads is UNSET and n == self.threads:
-            return
-        self._asks.threads = n
-        self._poke()
-
-    def assign_cache_bytes(self, n: int | None) -> None:
-        """The supervisor's share of prompt_cache_budget for this model (None: its own
-        prompt_cache_bytes alone); applied as assign_threads applies a share of the cores."""
-        if self._asks.cache_bytes is UNSET and n == self.cache_bytes:
-            return
-        self._asks.cache_bytes = n
-        self._poke()
+    def assign_shares(self, threads: int | None, cache_bytes: int | None) -> None:
+        """Shares of the cores (None: own `threads`) and of prompt_cache_budget (None: none).
+        Never blocks: the run loop tells a running worker at once, a loading one when ready."""
+        asks, now = self._asks, (threads, cache_bytes)
+        if (asks.threads, asks.cache_bytes) != (UNSET, UNSET) or now != (self.threads, self.cache_bytes):
+            asks.threads, asks.cache_bytes = now
+            self._poke()
 
     def retire(self) -> None:
         """The model left the config (reload): drain, stop, and end the run loop."""

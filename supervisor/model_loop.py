@@ -7,7 +7,7 @@ it to leave, and then stops the worker. Failed starts back off and retry, then g
 (FAILED) until a reset.
 
 Other tasks never write to the handle's lifecycle fields: they leave requests on it
-(supervisor/handle.py: `respec`, `adopt_settings`, `reset`, `assign_threads`, unloads,
+(supervisor/handle.py: `respec`, `adopt_settings`, `reset`, `assign_shares`, unloads,
 retirement, shutdown) and poke it. This loop applies them when it wakes, at the points
 where a change of state is safe. The handle's fields that start with `_` are shared with
 this module only.

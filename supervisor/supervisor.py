@@ -114,17 +114,12 @@ class Supervisor:
             if h.state in (State.STARTING, State.READY, State.DRAINING)
         }
         shares = divide_cores(self.cores, together)
-        for h in self._every_handle():
-            h.assign_threads(shares.get(h.name))
+        # The host memory for saved prompts, among the generating models loaded together.
         budget = parse_size(self.config.supervisor.prompt_cache_budget)
-        caching = {
-            h.name: h.spec.prompt_cache_bytes
-            for h in self._every_handle()
-            if h.name in together and not h.spec.embeddings
-        }
+        caching = {h.name: h.spec.prompt_cache_bytes for h in self._every_handle() if h.name in together and not h.spec.embeddings}
         cache = divide_bytes(budget, caching) if budget > 0 else {}
         for h in self._every_handle():
-            h.assign_cache_bytes(cache.get(h.name))
+            h.assign_shares(shares.get(h.name), cache.get(h.name))
 
     # ---- reloads ------------------------------------------------------------------------------
 

@@ -55,9 +55,7 @@ class Generate(Frame):
     echo: bool = False
     # The HTTP request's id (x-request-id), for the worker's log lines about it.
     request_id: str | None = None
-    # The client reads the answer whole (no stream, no tool calls the router may end
-    # early): events after each choice's first may wait for its final one
-    # (worker/event_hold.py).
+    # A whole answer (no stream, no tools): events may wait for the end (worker/event_hold.py).
     hold_events: bool = False
 
 
@@ -154,9 +152,8 @@ class SetThreads(Frame):
 
 
 class SetCacheBudget(Frame):
-    """Keep at most this many bytes of saved prompts in host memory from now on (the
-    supervisor's share of prompt_cache_budget, re-divided as models load and unload); the
-    least recently used go first."""
+    """Keep at most this many bytes of saved prompts in host memory (the supervisor's share
+    of prompt_cache_budget, re-divided as models load and unload), dropping the oldest."""
 
     n_bytes: int
 
@@ -395,8 +392,7 @@ class Occupancy(Frame):
 
 
 ToWorker = Union[
-    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, SetCacheBudget, Detokenize, Render, SlotsQuery,
-    SlotFile
+    Generate, Embed, Tokenize, Cancel, Ping, Shutdown, SetThreads, SetCacheBudget, Detokenize, Render, SlotsQuery, SlotFile
 ]
 FromWorker = Union[
     Loading, Ready, Failed, Step, EmbedResult, TokenizeResult, Error, Pong, Occupancy,

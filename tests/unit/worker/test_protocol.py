@@ -44,6 +44,7 @@ TO_WORKER: list[p.Frame] = [
     p.Shutdown(),
     p.Shutdown(grace=0.5),
     p.SetThreads(n_threads=3),
+    p.SetCacheBudget(n_bytes=1 << 30),
     p.Generate(id=10, params=p.SamplingParams(timings_per_token=True), prompt_parts=[2, "text", 3]),
     p.Tokenize(id=11, text="x", parse_special=False, with_pieces=True),
     p.Detokenize(id=12, tokens=[2, 106, 0]),
