@@ -95,15 +95,16 @@ def _completions(url: str, model: str, tokens: int) -> tuple[httpx.Client, Any]:
 def bench_http(targets: dict[str, str], model: str, tokens: int, rounds: int) -> dict[str, dict[int, list[float]]]:
     """C greedy completions of `tokens` tokens at once, for each C, through each target's
     OpenAI-compatible /v1/completions. With several targets, every round takes them in
-    turn (all are up, the idle ones cost nothing), so that a slow spell on a shared machine
-    falls on all of them alike. Returns each target's tok/s per C, round by round."""
+    turn (all are up, the idle ones cost nothing; the order flips each round), so that a
+    slow spell on a shared machine falls on all of them alike. Returns each target's tok/s per C, round by round."""
     ones = {name: _completions(url, model, tokens)[1] for name, url in targets.items()}
     rates: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in targets}
     with concurrent.futures.ThreadPoolExecutor(max(CONCURRENCY)) as pool:
         for c in CONCURRENCY:
             for r in range(rounds):
                 ids = range(r * 100 + c * 1000, r * 100 + c * 1000 + c)
-                for name, one in ones.items():
+                # Odd rounds take the targets in the other order: neither always goes first.
+                for name, one in (list(ones.items()) if r % 2 == 0 else list(ones.items())[::-1]):
                     t0 = time.perf_counter()
                     total = sum(pool.map(one, ids))
                     wall = time.perf_counter() - t0
