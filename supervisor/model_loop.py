@@ -172,7 +172,7 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
         h._attempt = None
         attempt.finish()
         _apply_asks(h)  # what was asked during the load applies to this worker
-        _tell_threads(h)
+        _tell_shares(h)
         nursery.start_soon(_watch_health, h, conn)
         try:
             reason = await _serve(h, conn)
@@ -347,40 +347,28 @@ def _apply_asks(h: ModelHandle) -> None:
         _check_file(h)  # still or newly broken: FAILED at once, not at the next request
     if not isinstance(asks.threads, Unset):
         h.threads = asks.threads
-        _tell_threads(h)
     if not isinstance(asks.cache_bytes, Unset):
         h.cache_bytes = asks.cache_bytes
-    _tell_cache_bytes(h)
+    _tell_shares(h)
     if asks.reset:
         h._announce()  # reset() waits for this (and only this: announcing wakes every waiter)
 
 
-def _tell_threads(h: ModelHandle) -> None:
-    """Tell a running worker its share of the cores, if that changed."""
-    n, conn = h.threads, h.conn
-    if (
-        n is not None and n != h.worker_threads and conn is not None
-        and conn.ready is not None and h.state in (State.READY, State.DRAINING)
-    ):
-        try:
-            conn.send(SetThreads(n_threads=n))
-            h.worker_threads = n
-        except WorkerCrashed:
-            pass
-
-
-def _tell_cache_bytes(h: ModelHandle) -> None:
-    """Tell a running worker its share of prompt_cache_budget, if that changed."""
-    n, conn = h.cache_bytes, h.conn
-    if (
-        n is not None and n != h.worker_cache_bytes and conn is not None
-        and conn.ready is not None and h.state in (State.READY, State.DRAINING)
-    ):
-        try:
-            conn.send(SetCacheBudget(n_bytes=n))
-            h.worker_cache_bytes = n
-        except WorkerCrashed:
-            pass
+def _tell_shares(h: ModelHandle) -> None:
+    """Tell a running worker its shares of the cores and of prompt_cache_budget, where
+    they changed."""
+    conn = h.conn
+    if conn is None or conn.ready is None or h.state not in (State.READY, State.DRAINING):
+        return
+    try:
+        if h.threads is not None and h.threads != h.worker_threads:
+            conn.send(SetThreads(n_threads=h.threads))
+            h.worker_threads = h.threads
+        if h.cache_bytes is not None and h.cache_bytes != h.worker_cache_bytes:
+            conn.send(SetCacheBudget(n_bytes=h.cache_bytes))
+            h.worker_cache_bytes = h.cache_bytes
+    except WorkerCrashed:
+        pass
 
 
 def _progress(h: ModelHandle, progress: float) -> None:
