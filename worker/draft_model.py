@@ -13,10 +13,16 @@ of the draft model per draft token, greedily, and stops where the draft model's 
 probability for its choice falls under `p_min` (llama-server's --draft-p-min), since such
 a guess is seldom accepted and costs a position in the main batch.
 
+The draft context shares no cells between sequences (the main cache's copies do), so
+the slots' tokens may not all fit in it: a step drafts for the requests that fit, those
+with the least to catch up first, and the books of slots that draft nothing this step give
+up their cells first.
+
 Invariant (checked before each use, and by the tests after every step): a sequence's
-cells hold exactly the positions 0 .. len(book) - 1. A sequence found otherwise is
-cleared and counted in `repairs`; a decode that fails clears the whole draft context.
-Either costs drafts, never output: the main model decides every token.
+cells end at position len(book) - 1 and reach down to what its next token needs (all of
+them; only the last window's for a sliding-window model: worker/kv_rules.py). A sequence
+found otherwise is cleared and counted in `repairs`; a decode that fails clears the whole
+draft context. Either costs drafts, never output: the main model decides every token.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import llama_cpp
 import numpy as np
 
 from worker.batch import BatchBuffer
-from worker.model import LoadError, LoadedModel
+from worker.kv_rules import Attention
+from worker.model import LoadError, LoadedModel, model_attention
 from worker.protocol import WorkerSpec
 from worker.slots import common_prefix
 
@@ -52,6 +59,7 @@ class DraftModel:
         n_batch: int, p_min: float,
     ) -> None:
         self.model, self.ctx, self.n_vocab, self.p_min = model, ctx, n_vocab, p_min
+        self.attention: Attention = model_attention(model)
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
         self.books: list[list[int]] = [[] for _ in range(sequences)]
@@ -96,14 +104,18 @@ class DraftModel:
         """Each sequence whose cells are not its book's positions 0 .. len - 1."""
         return [problem for _, problem in self._mismatched()]
 
+    def _span(self, seq: int) -> tuple[int, int]:
+        return (
+            int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq)),
+            int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq)),
+        )
+
     def _mismatched(self) -> list[tuple[int, str]]:
         out = []
         for seq, book in enumerate(self.books):
-            lo = int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq))
-            hi = int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
-            want = (0, len(book) - 1) if book else (-1, -1)
-            if (lo, hi) != want:
-                out.append((seq, f"draft sequence {seq}: cells {lo}..{hi}, book {want[0]}..{want[1]}"))
+            problem = self.attention.problem(len(book), *self._span(seq))
+            if problem is not None:
+                out.append((seq, f"draft sequence {seq}: {problem}"))
         return out
 
     def _clear(self, seq: int) -> None:
@@ -118,7 +130,9 @@ class DraftModel:
         book = self.books[seq]
         if keep >= len(book):
             return
-        if keep == 0 or not llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, -1):
+        # A sliding-window sequence may no longer hold the window a shorter prefix needs.
+        usable = self.attention.keepable(keep, len(book), self._span(seq)[0])
+        if keep == 0 or not usable or not llama_cpp.llama_memory_seq_rm(self.memory, seq, keep, -1):
             self._clear(seq)
         else:
             del book[keep:]
@@ -132,13 +146,7 @@ class DraftModel:
             log.error("%s; clearing it", problem)
             self.repairs += 1
             self._clear(seq)
-        # The cells of slots that do not draft now go first when these would not fit.
-        asked = {w.seq for w in wants}
-        need = sum(len(w.tokens) + w.limit for w in wants)
-        if sum(map(len, self.books)) + need > self.n_ctx:
-            for seq in range(len(self.books)):
-                if seq not in asked:
-                    self._clear(seq)
+        wants = self._fitting(wants)
         # Catch up: the cells follow the request's tokens but its last, which is fed with
         # logits (as the main model's step feeds it).
         self.batch.clear()
@@ -176,6 +184,23 @@ class DraftModel:
                     book.append(tok)
             ready = nxt
         return {seq: d for seq, d in drafts.items() if d}
+
+    def _fitting(self, wants: Sequence[Want]) -> list[Want]:
+        """The wants whose tokens and drafts fit in the draft context together, the least to
+        catch up first; the cells of every other sequence go when the rest would not fit."""
+        order = sorted(wants, key=lambda w: len(w.tokens) - common_prefix(self.books[w.seq], w.tokens))
+        chosen: list[Want] = []
+        total = 0
+        for w in order:
+            if w.limit > 0 and total + len(w.tokens) + w.limit <= self.n_ctx:
+                chosen.append(w)
+                total += len(w.tokens) + w.limit
+        seqs = {w.seq for w in chosen}
+        if total + sum(len(b) for s, b in enumerate(self.books) if s not in seqs) > self.n_ctx:
+            for s in range(len(self.books)):
+                if s not in seqs:
+                    self._clear(s)
+        return chosen
 
     def _decode(self) -> bool:
         rc = llama_cpp.llama_decode(self.ctx, self.batch.struct())

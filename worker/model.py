@@ -309,7 +309,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         template_source=template_source,
         bos_text=bos_text,
         eos_text=eos_text,
-        attention=_attention(model),
+        attention=model_attention(model),
         n_cls_out=max(1, int(llama_cpp.llama_model_n_cls_out(model))),
         fim=FimTokens(
             pre=int(llama_cpp.llama_vocab_fim_pre(vocab)),
@@ -321,7 +321,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     )
 
 
-def _attention(model: llama_cpp.llama_model_p) -> Attention:
+def model_attention(model: llama_cpp.llama_model_p) -> Attention:
     """How far back the model's layers look (worker/kv_rules.py). llama.cpp's API gives the
     window's size and whether the memory is recurrent, not the window's kind: llama4 is the
     one generative architecture with a chunked window (src/models/llama4.cpp); the

@@ -148,9 +148,14 @@ class EngineDriver:
             # The draft model's sequences: each book against its full-attention cells.
             problems += self.draft.problems()
             for seq, book in enumerate(self.draft.books):
-                full = cache_positions(self.draft.ctx, seq)[0]
-                if full != list(range(len(book))):
-                    problems.append(f"draft sequence {seq}: {len(book)} tokens, cells {_runs(full)}")
+                n = len(book)
+                full, *sliding = cache_positions(self.draft.ctx, seq)
+                if full != list(range(n)):
+                    problems.append(f"draft sequence {seq}: {n} tokens, cells {_runs(full)}")
+                for cells in sliding:
+                    needed = self.draft.attention.lowest_needed(n) if n else 0
+                    if n and not (cells and cells == list(range(cells[0], n)) and cells[0] <= needed):
+                        problems.append(f"draft sequence {seq}: {n} tokens, sliding-window cells {_runs(cells)}")
         return problems
 
 

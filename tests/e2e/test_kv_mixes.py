@@ -120,6 +120,7 @@ class Mixer:
     def run(self, mix: list[Ask]) -> None:
         d = self.d
         repairs = d.engine.kv.repairs
+        draft_repairs = d.draft.repairs if d.draft is not None else 0
         earlier: list[list[int]] = []
         timeline = sorted(enumerate(mix), key=lambda p: p[1].delay)
         t0 = time.monotonic()
@@ -145,7 +146,7 @@ class Mixer:
         d.wait_idle()
         assert d.engine.kv.repairs == repairs, "the engine's KV check had to repair a slot (see the log)"
         assert d.engine.hold.holding == 0, "events of an ended request are still held"
-        assert d.draft is None or d.draft.repairs == 0, "a draft sequence disagreed with its book"
+        assert d.draft is None or d.draft.repairs == draft_repairs, "a draft sequence disagreed with its book (see the log)"
         assert d.cell_problems() == []
         again = d.run_alone(self.canary, CANARY_TOKENS).tokens[0]
         assert again == self.fresh, "the canary's greedy answer changed after the mix"
@@ -176,7 +177,7 @@ def draft_mixer() -> Iterator[Mixer]:
 
 
 @settings(
-    max_examples=max(1, MIXES // 2),
+    max_examples=max(1, MIXES // 4),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
