@@ -27,7 +27,6 @@ draft context. Either costs drafts, never output: the main model decides every t
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import numpy as np
 
 from worker.batch import BatchBuffer
 from worker.kv_rules import Attention
+from worker.logits import logits_at
 from worker.model import LoadError, LoadedModel, model_attention
 from worker.protocol import WorkerSpec
 from worker.slots import common_prefix
@@ -94,14 +94,10 @@ class DraftModel:
             raise
         return cls(model, ctx, main.n_vocab, sequences, int(llama_cpp.llama_n_batch(ctx)), p_min)
 
-    def close(self) -> None:
-        llama_cpp.llama_free(self.ctx)
-        llama_cpp.llama_model_free(self.model)
-
     # ---- the books --------------------------------------------------------------------------
 
     def problems(self) -> list[str]:
-        """Each sequence whose cells are not its book's positions 0 .. len - 1."""
+        """Each sequence whose cells disagree with its book (the invariant above)."""
         return [problem for _, problem in self._mismatched()]
 
     def _span(self, seq: int) -> tuple[int, int]:
@@ -146,16 +142,14 @@ class DraftModel:
             log.error("%s; clearing it", problem)
             self.repairs += 1
             self._clear(seq)
-        wants = self._fitting(wants)
+        fitting = self._fitting(wants)
         # Catch up: the cells follow the request's tokens but its last, which is fed with
         # logits (as the main model's step feeds it).
         self.batch.clear()
         room = self.batch.capacity
         ready: dict[int, int] = {}  # seq -> batch index of its logits
-        for w in wants:
-            if w.limit <= 0 or not w.tokens:
-                continue
-            self._trim(w.seq, min(common_prefix(self.books[w.seq], w.tokens), len(w.tokens) - 1))
+        for w, shared in fitting:
+            self._trim(w.seq, min(shared, len(w.tokens) - 1))
             book = self.books[w.seq]  # after the trim, which may have started it anew
             missing = list(w.tokens[len(book):])
             take = min(len(missing), room)
@@ -167,7 +161,7 @@ class DraftModel:
             if take == len(missing):
                 ready[w.seq] = last + take - 1
         drafts: dict[int, list[int]] = {seq: [] for seq in ready}
-        limits = {w.seq: w.limit for w in wants}
+        limits = {w.seq: w.limit for w, _ in fitting}
         while self.batch.n:
             if not self._decode():
                 return {}
@@ -185,17 +179,18 @@ class DraftModel:
             ready = nxt
         return {seq: d for seq, d in drafts.items() if d}
 
-    def _fitting(self, wants: Sequence[Want]) -> list[Want]:
+    def _fitting(self, wants: Sequence[Want]) -> list[tuple[Want, int]]:
         """The wants whose tokens and drafts fit in the draft context together, the least to
-        catch up first; the cells of every other sequence go when the rest would not fit."""
-        order = sorted(wants, key=lambda w: len(w.tokens) - common_prefix(self.books[w.seq], w.tokens))
-        chosen: list[Want] = []
+        catch up first, each with the tokens its book shares with it; the cells of every
+        other sequence go when the rest would not fit."""
+        shared = [(w, common_prefix(self.books[w.seq], w.tokens)) for w in wants if w.limit > 0 and w.tokens]
+        chosen: list[tuple[Want, int]] = []
         total = 0
-        for w in order:
-            if w.limit > 0 and total + len(w.tokens) + w.limit <= self.n_ctx:
-                chosen.append(w)
+        for w, n in sorted(shared, key=lambda p: len(p[0].tokens) - p[1]):
+            if total + len(w.tokens) + w.limit <= self.n_ctx:
+                chosen.append((w, n))
                 total += len(w.tokens) + w.limit
-        seqs = {w.seq for w in chosen}
+        seqs = {w.seq for w, _ in chosen}
         if total + sum(len(b) for s, b in enumerate(self.books) if s not in seqs) > self.n_ctx:
             for s in range(len(self.books)):
                 if s not in seqs:
@@ -215,8 +210,7 @@ class DraftModel:
 
     def _best(self, index: int) -> tuple[int, float]:
         """The draft model's greedy token at batch `index`, and its probability."""
-        ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)
-        row = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        row = logits_at(self.ctx, index, self.n_vocab)
         tok = int(row.argmax())
         if self.p_min <= 0.0:
             return tok, 1.0  # no softmax over the vocabulary for a bound that takes all

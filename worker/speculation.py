@@ -3,7 +3,8 @@
 A generating request feeds its last sampled token and, where there is room left in the
 batch, up to `draft_max` draft tokens after it (worker/ngram_draft.py guesses them from the
 prompt and the output so far; with a draft model, worker/draft_model.py drafts for every
-generating request at once in `prepare`, before the step is built), all with logits. After the one llama_decode of the step,
+generating request at once in `prepare`, before the step is built), all with logits.
+After the one llama_decode of the step,
 `verify` samples at the last token's index and then at each draft token's, in order, while
 the model agrees with the draft. Each sample is drawn exactly as it would be without a
 draft, by the same chain from the logits of the same context, so the output is identical,
@@ -20,15 +21,14 @@ logprobs) decode one token a step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from worker.kv_cache import KvCache
 from worker.ngram_draft import Drafter
 from worker.request import Request, pending_tokens
 from worker.slots import Slot
 
-if TYPE_CHECKING:
-    from worker.draft_model import DraftModel
+from worker.draft_model import DraftModel, Want
 
 
 class Speculation:
@@ -51,15 +51,12 @@ class Speculation:
         this step, drafted together (the step then takes what fits)."""
         if self.model is None or self.draft_max <= 0:
             return
-        from worker.draft_model import Want
-
-        for s in slots:  # a draft not fed last step (no room) is stale now
-            if s.request is not None:
-                s.request.model_draft = []
         asking: dict[int, Request] = {}
         wants = []
         for s in slots:
             req = s.request
+            if req is not None:
+                req.model_draft = []  # a draft not fed last step (no room) is stale now
             if req is None or req.n_gen == 0 or pending_tokens(s) != 1 or (d := self._drafter(req)) is None:
                 continue
             limit = d.allowance(self._limit(req, self.draft_max))
