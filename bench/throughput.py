@@ -20,6 +20,13 @@ server, for C sequences. It shows how far batching can scale on the machine at h
 
 Results go to bench/results/throughput.json and bench/results/throughput.md.
 
+  python -m bench.throughput --llama-server PATH --pairs 1,4 --rounds 40
+
+Only the paired rounds against llama-server, at the levels given, with a 95% bootstrap
+interval for the median of the pairs' ratios and the count of rounds Corral won: enough
+rounds to tell "ahead" from "level" on a noisy machine. Results go to
+bench/results/throughput-pairs.json and .md.
+
   python -m bench.throughput --structured [--tokens 128] [--rounds 2]
 
 Structured output instead: one `corral serve`, and at 1 and 4 concurrent streams the same
@@ -46,6 +53,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -92,15 +100,17 @@ def _completions(url: str, model: str, tokens: int) -> tuple[httpx.Client, Any]:
     return client, one
 
 
-def bench_http(targets: dict[str, str], model: str, tokens: int, rounds: int) -> dict[str, dict[int, list[float]]]:
+def bench_http(
+    targets: dict[str, str], model: str, tokens: int, rounds: int, levels: tuple[int, ...] = CONCURRENCY
+) -> dict[str, dict[int, list[float]]]:
     """C greedy completions of `tokens` tokens at once, for each C, through each target's
     OpenAI-compatible /v1/completions. With several targets, every round takes them in
     turn (all are up, the idle ones cost nothing; the order flips each round), so that a
     slow spell on a shared machine falls on all of them alike. Returns each target's tok/s per C, round by round."""
     ones = {name: _completions(url, model, tokens)[1] for name, url in targets.items()}
-    rates: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CONCURRENCY} for name in targets}
-    with concurrent.futures.ThreadPoolExecutor(max(CONCURRENCY)) as pool:
-        for c in CONCURRENCY:
+    rates: dict[str, dict[int, list[float]]] = {name: {c: [] for c in levels} for name in targets}
+    with concurrent.futures.ThreadPoolExecutor(max(levels)) as pool:
+        for c in levels:
             for r in range(rounds):
                 ids = range(r * 100 + c * 1000, r * 100 + c * 1000 + c)
                 # Odd rounds take the targets in the other order: neither always goes first.
@@ -454,6 +464,46 @@ def bench_raw(model: Path, tokens: int) -> dict[int, float]:
     return results
 
 
+def median_interval(ratios: list[float], seed: int = 0, draws: int = 4000) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval for the median of `ratios`: whether a median
+    ratio of 1.01 on a noisy machine says "ahead" or only "level"."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
+def bench_pairs(binary: Path, model: Path, tokens: int, rounds: int, levels: tuple[int, ...]) -> str:
+    """Only the paired rounds against llama-server, at the given levels, many rounds: the
+    median of the pairs' ratios and its bootstrap interval."""
+    with contextlib.ExitStack() as up:
+        targets = {"corral": up.enter_context(corral_up(model)),
+                   "llama-server": up.enter_context(llama_server_up(binary, model))}
+        rates = bench_http(targets, "demo", tokens, rounds, levels)
+    lines = [
+        f"Paired rounds, Corral against llama-server (`-np 4 -kvu -nr`), greedy completions of "
+        f"{tokens} new tokens, {rounds} rounds per level (the order flips each round), demo model, "
+        f"{os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M')}.",
+        "",
+        "| concurrent requests | Corral tok/s | llama-server tok/s | Corral / llama-server, median of pairs "
+        "| 95% interval | rounds Corral ahead |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    doc: dict[str, object] = {"tokens": tokens, "rounds": rounds, "rates": rates}
+    for c in levels:
+        ratios = [a / b for a, b in zip(rates["corral"][c], rates["llama-server"][c])]
+        lo, hi = median_interval(ratios)
+        ahead = sum(r > 1.0 for r in ratios)
+        lines.append(
+            f"| {c} | {statistics.median(rates['corral'][c]):.1f} | {statistics.median(rates['llama-server'][c]):.1f} "
+            f"| {statistics.median(ratios):.3f}x | {lo:.3f}-{hi:.3f} | {ahead} of {len(ratios)} |"
+        )
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "throughput-pairs.json").write_text(json.dumps(doc, indent=2) + "\n")
+    md = "\n".join(lines) + "\n"
+    (OUT / "throughput-pairs.md").write_text(md)
+    return md
+
+
 def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -517,6 +567,10 @@ def main() -> int:
         "--llama-server", type=Path, default=None,
         help="a llama-server binary to measure the same way, for a same-machine reference",
     )
+    ap.add_argument(
+        "--pairs", type=str, default=None, metavar="C[,C...]",
+        help="with --llama-server: only the paired rounds at these concurrencies, with a bootstrap interval",
+    )
     ap.add_argument("--structured", action="store_true", help="constrained vs unconstrained, in one Corral")
     ap.add_argument(
         "--threads", type=int, default=None,
@@ -528,6 +582,12 @@ def main() -> int:
     args = ap.parse_args()
     if not args.model.is_file():
         raise SystemExit(f"model not found: {args.model} (run `make model`)")
+    if args.pairs is not None:
+        if args.llama_server is None:
+            raise SystemExit("--pairs needs --llama-server")
+        levels = tuple(int(c) for c in args.pairs.split(","))
+        print(bench_pairs(args.llama_server, args.model.resolve(), args.tokens, args.rounds, levels))
+        return 0
     if args.structured:
         return bench_structured(args.model.resolve(), args.tokens, args.rounds, args.threads)
     if args.choices or args.choices_only:
