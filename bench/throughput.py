@@ -189,7 +189,7 @@ def bench_structured_http(url: str, model: str, tokens: int, rounds: int) -> dic
     return rates
 
 
-def serve_corral(model: Path, threads: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+def serve_corral(model: Path, threads: int | None = None, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
     cfg = tmp / "config.toml"
@@ -201,6 +201,7 @@ def serve_corral(model: Path, threads: int | None = None) -> tuple[subprocess.Po
         # the figure (bench/speculative.py measures them).
         + 'spec_type = "none"\n'
         + (f"threads = {threads}\n" if threads else "")
+        + extra
     )
     log = (tmp / "server.log").open("wb")
     proc = subprocess.Popen(
@@ -258,9 +259,10 @@ def bench_structured(model: Path, tokens: int, rounds: int, threads: int | None)
 
 
 @contextlib.contextmanager
-def corral_up(model: Path) -> Iterator[str]:
-    """A Corral serving the demo model; yields its completions URL."""
-    proc, port = serve_corral(model)
+def corral_up(model: Path, extra: str = "") -> Iterator[str]:
+    """A Corral serving the demo model (`extra`: more lines for its model table); yields its
+    completions URL."""
+    proc, port = serve_corral(model, extra=extra)
     try:
         yield f"http://127.0.0.1:{port}/v1/completions"
     finally:
@@ -472,23 +474,26 @@ def median_interval(ratios: list[float], seed: int = 0, draws: int = 4000) -> tu
     return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
-def bench_pairs(binary: Path, model: Path, tokens: int, rounds: int, levels: tuple[int, ...]) -> str:
+def bench_pairs(
+    binary: Path, model: Path, tokens: int, rounds: int, levels: tuple[int, ...], options: list[str]
+) -> str:
     """Only the paired rounds against llama-server, at the given levels, many rounds: the
     median of the pairs' ratios and its bootstrap interval."""
     with contextlib.ExitStack() as up:
-        targets = {"corral": up.enter_context(corral_up(model)),
+        targets = {"corral": up.enter_context(corral_up(model, "".join(o + "\n" for o in options))),
                    "llama-server": up.enter_context(llama_server_up(binary, model))}
         rates = bench_http(targets, "demo", tokens, rounds, levels)
     lines = [
         f"Paired rounds, Corral against llama-server (`-np 4 -kvu -nr`), greedy completions of "
         f"{tokens} new tokens, {rounds} rounds per level (the order flips each round), demo model, "
-        f"{os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"{os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M')}"
+        + (f", Corral's model table adding `{'`, `'.join(options)}`" if options else "") + ".",
         "",
         "| concurrent requests | Corral tok/s | llama-server tok/s | Corral / llama-server, median of pairs "
         "| 95% interval | rounds Corral ahead |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
-    doc: dict[str, object] = {"tokens": tokens, "rounds": rounds, "rates": rates}
+    doc: dict[str, object] = {"tokens": tokens, "rounds": rounds, "corral_options": options, "rates": rates}
     for c in levels:
         ratios = [a / b for a, b in zip(rates["corral"][c], rates["llama-server"][c])]
         lo, hi = median_interval(ratios)
@@ -571,6 +576,10 @@ def main() -> int:
         "--pairs", type=str, default=None, metavar="C[,C...]",
         help="with --llama-server: only the paired rounds at these concurrencies, with a bootstrap interval",
     )
+    ap.add_argument(
+        "--corral-option", action="append", default=[], metavar="'KEY = VALUE'",
+        help="--pairs: a line added to Corral's model table (an A/B of one setting), repeatable",
+    )
     ap.add_argument("--structured", action="store_true", help="constrained vs unconstrained, in one Corral")
     ap.add_argument(
         "--threads", type=int, default=None,
@@ -586,7 +595,7 @@ def main() -> int:
         if args.llama_server is None:
             raise SystemExit("--pairs needs --llama-server")
         levels = tuple(int(c) for c in args.pairs.split(","))
-        print(bench_pairs(args.llama_server, args.model.resolve(), args.tokens, args.rounds, levels))
+        print(bench_pairs(args.llama_server, args.model.resolve(), args.tokens, args.rounds, levels, args.corral_option))
         return 0
     if args.structured:
         return bench_structured(args.model.resolve(), args.tokens, args.rounds, args.threads)
