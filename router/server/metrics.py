@@ -70,6 +70,7 @@ class SupervisorCollector(Collector):
                 if isinstance(value, (int, float)):
                     family.add_metric([m.name], float(value))
             yield family
+        yield from _scheduling(stats)
         restarts = CounterMetricFamily(
             "corral_model_restarts", "Worker starts after the first one.", labels=["model"]
         )
@@ -95,6 +96,38 @@ class SupervisorCollector(Collector):
             "corral_config_error", "1 while the last reload's config was invalid (the old one runs).",
             value=1.0 if sup.config_error else 0.0,
         )
+
+
+def _scheduling(stats: list[ModelStats]) -> Iterable[Metric]:
+    """The three gauges an inference scheduler reads to pick a pod: the Kubernetes Gateway
+    API Inference Extension's model server protocol (TotalQueuedRequests,
+    TotalRunningRequests, KVCacheUtilization as a fraction; vLLM's num_requests_waiting,
+    num_requests_running and kv_cache_usage_perc), per model. deploy/k8s/ names them in
+    the endpoint picker's flags."""
+    waiting = GaugeMetricFamily(
+        "corral_model_requests_waiting",
+        "Requests waiting for a slot: in the router's line and inside the worker (TotalQueuedRequests).",
+        labels=["model"],
+    )
+    running = GaugeMetricFamily(
+        "corral_model_requests_running",
+        "Sequences decoding now, one per choice of each request (TotalRunningRequests).",
+        labels=["model"],
+    )
+    kv = GaugeMetricFamily(
+        "corral_model_kv_cache_usage_ratio",
+        "KV cells the slots hold over the cells of the model's context, 0 to 1 (KVCacheUtilization); "
+        "0 while the model is not loaded.",
+        labels=["model"],
+    )
+    for m in stats:
+        waiting.add_metric([m.name], float(m.waiting))  # the line counts those the worker holds ahead of a slot
+        running.add_metric([m.name], float(m.slots_busy))
+        used = m.kv_cells_used if m.loaded is not None and m.kv_cells_used is not None else 0
+        kv.add_metric([m.name], min(1.0, used / m.loaded.n_ctx) if m.loaded is not None and m.loaded.n_ctx else 0.0)
+    yield waiting
+    yield running
+    yield kv
 
 
 # (metric, ModelStats field, help): counters the running worker reports in its pings.

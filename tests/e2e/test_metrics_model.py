@@ -45,3 +45,12 @@ def test_a_repeated_prompt_counts_cached_tokens_and_the_slots_hold_kv_cells(serv
         time.sleep(0.5)
         cells = _metric(httpx.get(server.url + "/metrics").text, "corral_model_kv_cells_used", "chat-b")
     assert cells is not None and cells >= usages[1]["prompt_tokens"]
+    # The same cells as the fraction a scheduler reads (KVCacheUtilization), of the model's
+    # n_ctx as /admin/models reports it; nothing waits or runs once both answers are in.
+    n_ctx = httpx.get(server.url + "/admin/models/chat-b").json()["model"]["loaded"]["n_ctx"]
+    text = httpx.get(server.url + "/metrics").text
+    ratio = _metric(text, "corral_model_kv_cache_usage_ratio", "chat-b")
+    cells = _metric(text, "corral_model_kv_cells_used", "chat-b")
+    assert cells is not None and ratio == min(1.0, cells / n_ctx) and 0 < ratio <= 1
+    assert _metric(text, "corral_model_requests_waiting", "chat-b") == 0
+    assert _metric(text, "corral_model_requests_running", "chat-b") == 0

@@ -3,6 +3,7 @@ with prometheus-client's own parser (the real server on a socket, fake workers).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -72,3 +73,33 @@ async def test_n_requests_count_n_times_everywhere(tmp_path: Path, monkeypatch: 
     assert _value(m, "corral_prompt_tokens_total", model="e") == 4  # three words and BOS
     # Histogram buckets are cumulative and end with every observation.
     assert _value(m, "corral_time_to_first_token_seconds_bucket", model="a", le="+Inf") == N
+
+
+async def test_a_scheduler_reads_the_queue_the_running_and_the_kv_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gateway API Inference Extension's model server protocol, per model, as gauges:
+    TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization (a fraction)."""
+    monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "5")
+    sup = Supervisor(make_config(tmp_path, {"a": {"slots": 1}, "b": {}}), worker_command=WORKER_COMMAND)
+    with trio.fail_after(60):
+        async with serving_http(sup) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as c:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):
+                        nursery.start_soon(partial(
+                            c.post, "/v1/chat/completions",
+                            json={"model": "a", "messages": [{"role": "user", "content": "w"}], "max_tokens": 200},
+                        ))
+                    # Until one decodes and the worker holds the next one ahead of its slot
+                    # (the slot line's lookahead), which the line counts already.
+                    while True:
+                        m = _samples((await c.get("/metrics")).text)
+                        if _value(m, "corral_model_requests_running", model="a") == 1 and _value(m, "corral_model_worker_queued", model="a") == 1:
+                            break
+                        await trio.sleep(0.05)
+                    assert _value(m, "corral_model_requests_waiting", model="a") == 2
+                    assert _value(m, "corral_model_requests_waiting", model="b") == 0
+                    assert _value(m, "corral_model_requests_running", model="b") == 0
+                    assert ("corral_model_kv_cache_usage_ratio", (("model", "b"),)) in m  # 0, not absent, while unloaded
+                    assert _value(m, "corral_model_kv_cache_usage_ratio", model="b") == 0
+                    assert 0 <= _value(m, "corral_model_kv_cache_usage_ratio", model="a") <= 1
+                    nursery.cancel_scope.cancel()
