@@ -23,7 +23,7 @@ from router.api.dialect import Dialect, Server
 from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
 from router.server import (
-    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, site_guard,
+    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, readiness, site_guard,
 )
 from router.server.errors import Rendered, http_problem
 from supervisor.config import Config, ConfigError
@@ -108,6 +108,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     @app.get("/health")
     @app.get("/v1/health")  # llama-server's second name for it
     async def health() -> Response:
+        model = request.args.get("model")
+        if model is not None:  # one model's readiness, for a balancer (router/server/readiness.py)
+            return readiness.model_health(supervisor, model)
         return Response(_json.encode({"status": "ok"}), content_type="application/json")
 
     spec = _json.encode(openapi_document())  # built from the dialects' request types, once

@@ -84,7 +84,7 @@ class ModelHandle:
         self.worker_cache_bytes: int | None = None
         self._next_spec: ModelSpec | None = None  # from a reload, adopted once stopped
         self._hung = False  # its worker was killed for missing pings: replace it at once
-        self._backoff_until = 0.0
+        self.backoff_until = 0.0
         self._load_scope: trio.CancelScope | None = None
         self._queue_scope: trio.CancelScope | None = None
 
@@ -317,7 +317,7 @@ class ModelHandle:
     def _gave_up(self) -> WorkerUnavailable:
         wait = self.settings.load_wait
         if self.state is State.BACKOFF:
-            left = max(self._backoff_until - trio.current_time(), 1.0)
+            left = max(self.backoff_until - trio.current_time(), 1.0)
             return WorkerUnavailable(
                 f"model {self.name!r} is backing off after {self.failures} failed start(s) "
                 f"(last error: {self.last_error}); the next try is in {left:.0f}s",

@@ -290,7 +290,7 @@ def _failed_start(h: ModelHandle, reason: str, permanent: bool = False) -> None:
             h._attempt = None
     else:
         delay = _backoff_delay(h)
-        h._backoff_until = trio.current_time() + delay
+        h.backoff_until = trio.current_time() + delay
         _set(h, State.BACKOFF, f"{reason}; retry {h.failures}/{retries} in {delay:g}s")
 
 
@@ -302,7 +302,7 @@ def _backoff_delay(h: ModelHandle) -> float:
 async def _backoff(h: ModelHandle) -> None:
     """Wait out the backoff delay (only shutdown cuts it short), then start again if a
     request is waiting, or rest in STOPPED until one arrives."""
-    with trio.move_on_at(h._backoff_until):
+    with trio.move_on_at(h.backoff_until):
         while not (h._shutdown or h._retire):
             await _sleep_until_poked(h)
     if h._shutdown or h._retire:

@@ -239,3 +239,36 @@ async def test_an_empty_tools_array_is_a_chat_without_tools(tmp_path: Path, auto
             body, want = await r.get_json(), await plain.get_json()
             assert body["choices"][0]["message"] == want["choices"][0]["message"]
             assert body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_health_of_one_model_is_503_while_it_cannot_serve(tmp_path: Path, autojump_clock: object) -> None:
+    """/health?model=NAME for a balancer: 200 while the model can serve (an unloaded one
+    loads on demand), 503 while backing off (with Retry-After) or failed, 404 for a model
+    it does not serve."""
+    sup, _ = sim_supervisor(
+        tmp_path, {"a": {"aliases": ["alpha"]}, "bad": {}}, {"bad": Behaviour(exit_at_start=True)},
+        start_retries=2, backoff_base=40, load_wait=5,
+    )
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.get("/health?model=alpha")
+        assert r.status_code == 200
+        assert await r.get_json() == {"status": "ok", "model": "a", "state": "stopped"}
+        assert (await client.get("/health?model=bad")).status_code == 200  # not tried yet
+        assert (await client.post("/v1/chat/completions", json={**CHAT, "model": "bad"})).status_code == 503
+        r = await client.get("/health?model=bad")
+        assert r.status_code == 503 and (await r.get_json())["state"] == "backoff"
+        assert 1 <= int(r.headers["retry-after"]) <= 40
+        while sup.resolve("bad").state is not State.FAILED:  # the retries run on demand
+            await client.post("/v1/chat/completions", json={**CHAT, "model": "bad"})
+        r = await client.get("/health?model=bad")
+        assert r.status_code == 503
+        assert await r.get_json() == {"status": "unavailable", "model": "bad", "state": "failed"}
+        assert "retry-after" not in r.headers
+        r = await client.get("/health?model=nope")
+        assert r.status_code == 404
+        assert "nope" in (await r.get_json())["error"]["message"]
+        assert (await client.get("/health")).status_code == 200  # the server itself answers
+        assert (await client.post("/v1/chat/completions", json={**CHAT, "model": "a"})).status_code == 200
+        r = await client.get("/health?model=a")
+        assert r.status_code == 200 and (await r.get_json())["state"] == "ready"
