@@ -1,0 +1,1 @@
+"""Models served elsewhere: which replica takes a request, and whether each is in rotation."""
