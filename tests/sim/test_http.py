@@ -4,6 +4,7 @@ simulated workers, the virtual clock."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -243,10 +244,11 @@ async def test_an_empty_tools_array_is_a_chat_without_tools(tmp_path: Path, auto
 
 async def test_health_of_one_model_is_503_while_it_cannot_serve(tmp_path: Path, autojump_clock: object) -> None:
     """/health?model=NAME for a balancer: 200 while the model can serve (an unloaded one
-    loads on demand), 503 while backing off (with Retry-After) or failed, 404 for a model
-    it does not serve."""
+    loads on demand), 503 while loading, backing off (with Retry-After) or failed, 404 for
+    a model it does not serve."""
     sup, _ = sim_supervisor(
-        tmp_path, {"a": {"aliases": ["alpha"]}, "bad": {}}, {"bad": Behaviour(exit_at_start=True)},
+        tmp_path, {"a": {"aliases": ["alpha"]}, "bad": {}, "slow": {}},
+        {"bad": Behaviour(exit_at_start=True), "slow": Behaviour(load_delay=30)},
         start_retries=2, backoff_base=40, load_wait=5,
     )
     client = create_app(sup, sup.config).test_client()
@@ -269,6 +271,13 @@ async def test_health_of_one_model_is_503_while_it_cannot_serve(tmp_path: Path, 
         assert r.status_code == 404
         assert "nope" in (await r.get_json())["error"]["message"]
         assert (await client.get("/health")).status_code == 200  # the server itself answers
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(client.post, "/v1/chat/completions", json={**CHAT, "model": "slow"}))
+            await sup.resolve("slow").wait_for_state(State.STARTING)
+            r = await client.get("/health?model=slow")
+            assert r.status_code == 503 and (await r.get_json())["state"] == "starting"
+        r = await client.get("/health?model=slow")
+        assert r.status_code == 200 and (await r.get_json())["state"] == "ready"
         assert (await client.post("/v1/chat/completions", json={**CHAT, "model": "a"})).status_code == 200
         r = await client.get("/health?model=a")
         assert r.status_code == 200 and (await r.get_json())["state"] == "ready"
