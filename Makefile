@@ -25,18 +25,27 @@ bench: setup model
 setup: $(STAMP)
 
 # Debian packages the tests drive, installed where missing: chromium (the dashboard is tested
-# in a headless browser), systemd (systemd-analyze checks the example unit) and npm (Claude
-# Code and Codex CLI are installed from npm and run against Corral).
+# in a headless browser), systemd (systemd-analyze checks the example unit), npm (Claude
+# Code and Codex CLI are installed from npm and run against Corral) and nginx (in front of
+# two Corral processes, deploy/nginx/). nginx is wanted for its binary only: while apt runs,
+# a policy-rc.d (if there is none) keeps Debian from starting it as a service on port 80.
 system-packages:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+		guard=""; \
+		if [ ! -e /usr/sbin/policy-rc.d ]; then \
+			printf '#!/bin/sh\nexit 101\n' | $$sudo tee /usr/sbin/policy-rc.d >/dev/null && \
+			$$sudo chmod 755 /usr/sbin/policy-rc.d && guard=1; \
+		fi; \
 		$$sudo apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+		rc=$$?; [ -z "$$guard" ] || $$sudo rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
 $(STAMP): pyproject.toml
