@@ -69,9 +69,6 @@ def pick(replicas: Sequence[Replica], key: str, tried: frozenset[str] = frozense
     bound = math.ceil(SLACK * (sum(r.in_flight for r in pool) + 1) / len(pool))
     by_name = {r.name: r for r in pool}
     order = [by_name[n] for n in rank(key, list(by_name))]
-    for r in order:
-        if r.in_flight + 1 <= bound:
-            return r
-    # Unreachable: some replica is at or below the average, and the bound is above it. Kept
-    # so that a change to the bound cannot make pick() return None while replicas have room.
-    return min(order, key=lambda r: r.in_flight)
+    # One always qualifies: the least busy replica is at or below the average, and the bound
+    # is above it (the test checks that a pick exists whenever a replica can take it).
+    return next(r for r in order if r.in_flight + 1 <= bound)
