@@ -26,15 +26,16 @@ setup: $(STAMP)
 
 # Debian packages the tests drive, installed where missing: chromium (the dashboard is tested
 # in a headless browser), systemd (systemd-analyze checks the example unit), npm (Claude
-# Code and Codex CLI are installed from npm and run against Corral) and nginx (in front of
-# two Corral processes, deploy/nginx/). nginx is wanted for its binary only: while apt runs,
-# a policy-rc.d (if there is none) keeps Debian from starting it as a service on port 80.
+# Code and Codex CLI are installed from npm and run against Corral), nginx and haproxy (each
+# in front of two Corral processes, deploy/). Those two are wanted for their binaries only:
+# while apt runs, a policy-rc.d (if there is none) keeps Debian from starting them as services.
 system-packages:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing="$$missing haproxy"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \

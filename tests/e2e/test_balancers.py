@@ -1,9 +1,10 @@
-"""deploy/nginx/corral-replicas.conf, run by the real nginx in front of two Corral processes
-(issue 25): a stream's events reach the client as Corral sends them, a session stays on one
-host, requests without a session spread, and a host that goes away is routed around.
+"""deploy/nginx/ and deploy/haproxy/, run by the real nginx and HAProxy in front of two Corral
+processes (issue 25): a stream's events reach the client as Corral sends them, a session
+stays on one host, requests without a session spread, and a host that goes away is routed
+around. Each configuration runs as it stands in deploy/, with only the addresses changed.
 
-nginx is Debian's (`make system-packages` installs it); without it these tests are
-skipped, saying so."""
+Both are Debian's (`make system-packages` installs them); a balancer that is not installed
+is skipped, saying so."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,12 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ROOT, Server, free_port, start_server, stop_server
 
-CONF = ROOT / "deploy" / "nginx" / "corral-replicas.conf"
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
-
-pytestmark = pytest.mark.skipif(
-    NGINX is None, reason="nginx is not installed (Debian's nginx: `make system-packages` installs it)"
-)
+PLACEHOLDERS = ("127.0.0.1:8081", "127.0.0.1:8082")
 
 BACKEND = """
 [server]
@@ -42,25 +39,11 @@ chat_template = "gemma"
 """
 
 
-def requests_served(server: Server) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "corral_requests_total" and s.labels.get("endpoint") == "/v1/chat/completions"
-    )
+def binary(name: str) -> str | None:
+    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}",) if os.access(p, os.X_OK)), None)
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[Server]]]:
-    backs = [start_server(tmp_path_factory.mktemp(f"back{i}"), BACKEND) for i in range(2)]
-    tmp = tmp_path_factory.mktemp("nginx")
-    port = free_port()
-    conf = CONF.read_text()
-    for placeholder, back in zip(("127.0.0.1:8081", "127.0.0.1:8082"), backs):
-        assert placeholder in conf
-        conf = conf.replace(placeholder, back.url.removeprefix("http://"))
+def nginx_args(tmp: Path, port: int, conf: str) -> list[str]:
     assert "listen 8080;" in conf
     (tmp / "corral.conf").write_text(conf.replace("listen 8080;", f"listen 127.0.0.1:{port};"))
     temp_paths = "\n".join(
@@ -72,24 +55,63 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
         + "events { worker_connections 64; }\n"
         + f"http {{\n    access_log {tmp}/access.log;\n{temp_paths}\n    include {tmp}/corral.conf;\n}}\n"
     )
-    args = [str(NGINX), "-p", str(tmp), "-c", str(tmp / "nginx.conf")]
-    check = subprocess.run([*args, "-t"], capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return [str(binary("nginx")), "-p", str(tmp), "-c", str(tmp / "nginx.conf")]
+
+
+def haproxy_args(tmp: Path, port: int, conf: str) -> list[str]:
+    assert "bind 127.0.0.1:8080" in conf
+    (tmp / "haproxy.cfg").write_text(conf.replace("bind 127.0.0.1:8080", f"bind 127.0.0.1:{port}"))
+    return [str(binary("haproxy")), "-db", "-f", str(tmp / "haproxy.cfg")]  # -db: in the foreground
+
+
+BALANCERS = {
+    "nginx": (ROOT / "deploy" / "nginx" / "corral-replicas.conf", nginx_args, "-t", signal.SIGQUIT),
+    "haproxy": (ROOT / "deploy" / "haproxy" / "corral-replicas.cfg", haproxy_args, "-c", signal.SIGUSR1),
+}
+
+
+def requests_served(server: Server) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "corral_requests_total" and s.labels.get("endpoint") == "/v1/chat/completions"
+    )
+
+
+@pytest.fixture(scope="module", params=sorted(BALANCERS))
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[Server]]]:
+    name = request.param
+    conf_path, make_args, check_flag, stop_signal = BALANCERS[name]
+    if binary(name) is None:
+        pytest.skip(f"{name} is not installed (Debian's {name}: `make system-packages` installs it)")
+    backs = [start_server(tmp_path_factory.mktemp(f"{name}-back{i}"), BACKEND) for i in range(2)]
+    tmp = tmp_path_factory.mktemp(name)
+    port = free_port()
+    conf = conf_path.read_text()
+    for placeholder, back in zip(PLACEHOLDERS, backs):
+        assert placeholder in conf
+        conf = conf.replace(placeholder, back.url.removeprefix("http://"))
+    args = make_args(tmp, port, conf)
+    check = subprocess.run([*args, check_flag], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    log = (tmp / "balancer.log").open("wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 10
-        while True:
+        deadline = time.monotonic() + 15
+        while True:  # up, and (HAProxy) both backends in rotation after their first check
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                if all(httpx.get(url + "/health", timeout=1).status_code == 200 for _ in range(4)):
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, (tmp / "error.log").read_text()
-            time.sleep(0.1)
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp / "balancer.log").read_text()
+            time.sleep(0.2)
         yield url, backs
     finally:
-        proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
+        proc.send_signal(stop_signal)  # each one's graceful stop
         proc.wait(timeout=10)
         for back in backs:
             if back.process.poll() is None:
@@ -121,7 +143,7 @@ def arrivals(url: str) -> list[float]:
 
 def test_a_stream_reaches_the_client_as_corral_sends_it(fleet: tuple[str, list[Server]]) -> None:
     url, backs = fleet
-    for times in (arrivals(backs[0].url), arrivals(url)):  # direct, then through nginx
+    for times in (arrivals(backs[0].url), arrivals(url)):  # direct, then through the balancer
         # Buffered, the events would reach the client in a burst at the end; passed on as
         # they come, they arrive all along the generation: a good part in its first half,
         # at many separate moments.
