@@ -145,11 +145,11 @@ def test_a_stream_reaches_the_client_as_corral_sends_it(fleet: tuple[str, list[S
     url, backs = fleet
     for times in (arrivals(backs[0].url), arrivals(url)):  # direct, then through the balancer
         # Buffered, the events would reach the client in a burst at the end; passed on as
-        # they come, they arrive all along the generation: a good part in its first half,
-        # at many separate moments.
+        # they come, they arrive all along the generation: most of them well before the
+        # last one, at many separate moments. (Not "half of them in the first half": on a
+        # busy machine the prompt alone can take half the time.)
         assert len(times) >= 40, times
-        half = (times[0] + times[-1]) / 2
-        assert sum(t < half for t in times) >= len(times) // 4, times
+        assert sum(t < times[-1] - 0.1 for t in times) >= len(times) // 2, times
         assert len({round(t, 2) for t in times}) >= 10, times
 
 
