@@ -126,9 +126,13 @@ def test_a_forced_stream_assembles_into_the_same_kind_of_calls(client: openai.Op
 
 
 def test_a_named_function_with_default_parallel_calls(client: openai.OpenAI) -> None:
-    for _ in range(3):
+    # Seeded: at the default temperature about 1 request in 80 samples a `city` string that
+    # runs to max_tokens, which is "length" with the cut call dropped (as designed, and
+    # tested below), and made this test fail one run in 25.
+    for seed in range(3):
         r = client.chat.completions.create(
-            model="gemma", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}
+            model="gemma", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+            seed=seed,
         )
         assert r.choices[0].finish_reason == "tool_calls"
         calls = r.choices[0].message.tool_calls or []
