@@ -102,8 +102,7 @@ def _scheduling(stats: list[ModelStats]) -> Iterable[Metric]:
     """The three gauges an inference scheduler reads to pick a pod: the Kubernetes Gateway
     API Inference Extension's model server protocol (TotalQueuedRequests,
     TotalRunningRequests, KVCacheUtilization as a fraction; vLLM's num_requests_waiting,
-    num_requests_running and kv_cache_usage_perc), per model. deploy/k8s/ names them in
-    the endpoint picker's flags."""
+    num_requests_running and kv_cache_usage_perc), per model."""
     waiting = GaugeMetricFamily(
         "corral_model_requests_waiting",
         "Requests waiting for a slot: in the router's line and inside the worker (TotalQueuedRequests).",
@@ -123,8 +122,8 @@ def _scheduling(stats: list[ModelStats]) -> Iterable[Metric]:
     for m in stats:
         waiting.add_metric([m.name], float(m.waiting))  # the line counts those the worker holds ahead of a slot
         running.add_metric([m.name], float(m.slots_busy))
-        used = m.kv_cells_used if m.loaded is not None and m.kv_cells_used is not None else 0
-        kv.add_metric([m.name], min(1.0, used / m.loaded.n_ctx) if m.loaded is not None and m.loaded.n_ctx else 0.0)
+        n_ctx = m.loaded.n_ctx if m.loaded is not None else 0
+        kv.add_metric([m.name], min(1.0, (m.kv_cells_used or 0) / n_ctx) if n_ctx else 0.0)
     yield waiting
     yield running
     yield kv
