@@ -177,9 +177,11 @@ def test_nothing_imports_the_command_line() -> None:
 # Inside the router: the server's plumbing knows no generation and no dialect; the
 # generation logic knows no dialect; a dialect knows no other, except that llama-server's
 # own routes take OpenAI's chat shapes (as llama-server's do) and read them with openai/'s
-# decoders.
+# decoders. The choice among a model's replicas elsewhere (upstream/) is plumbing too: it
+# knows no generation and no dialect.
 ROUTER_LAYERS: dict[str, tuple[str, ...]] = {
     "router.server": ("router.generation", "router.api", "router.app"),
+    "router.upstream": ("router.generation", "router.api", "router.app"),
     "router.generation": ("router.api", "router.app"),
     "router.api": ("router.app",),
 }
@@ -194,10 +196,10 @@ def dialects() -> list[str]:
     )
 
 
-def test_the_router_shows_the_server_the_generation_and_a_folder_per_dialect() -> None:
+def test_the_router_shows_the_server_the_generation_the_upstreams_and_a_folder_per_dialect() -> None:
     router = ROOT / "router"
     folders = sorted(p.name for p in router.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert folders == ["api", "generation", "server"]
+    assert folders == ["api", "generation", "server", "upstream"]
     assert sorted(p.name for p in router.glob("*.py")) == ["__init__.py", "app.py"]
     assert {"router.api.openai", "router.api.llama"} <= set(dialects())
 

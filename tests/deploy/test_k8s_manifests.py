@@ -17,7 +17,7 @@ from kubernetes_validate.utils import ValidationError
 
 from supervisor.config.reading import parse
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 # The oldest Kubernetes the manifests are for: preStop's `sleep` action is on by default
 # from 1.30 (PodLifecycleSleepAction).
