@@ -366,6 +366,7 @@ class Engine:
                         self._sample(r, last_idx, logits, events)
         if events:
             self.emit(Step(events=events))
+        self.cache.step(self.slots)  # after the step's tokens went out: it may save an idle entry
 
     def _sample(self, req: Request, batch_index: int, logits: StepLogits, events: list[TokenEvent]) -> None:
         """Sample `req`'s next token at `batch_index`: its bias and grammar mask edit the

@@ -76,7 +76,7 @@ class Entries(Generic[R]):
         slot.cache, entry.cache = entry.cache, slot.cache
         entry.anchor = False
         if keep_old and entry.cache:
-            entry.last_used = clock
+            entry.last_used, entry.idle_steps = clock, 0
             self.parked.append(entry)
         else:
             self.kv.drop(entry)
@@ -93,9 +93,14 @@ class Entries(Generic[R]):
 
     def used(self, entry: Slot[R], tokens: int, clock: int) -> None:
         """`entry` gave a prompt `tokens` of its cells."""
-        entry.last_used = clock
+        entry.last_used, entry.idle_steps = clock, 0
         self.hits += 1
         self.tokens_saved += tokens
+
+    def age(self, steps: int) -> None:
+        """`steps` decode steps went by."""
+        for entry in self.parked:
+            entry.idle_steps += steps
 
     def evict(self, entry: Slot[R]) -> None:
         if self.on_evict is not None:

@@ -45,6 +45,11 @@ ANCHOR_MIN = 256
 # A request waits for another one still prefilling the same prefix only when that saves it
 # this many tokens at least: a few tokens are decoded sooner than waited for.
 FOLLOW_MIN = 64
+# Decode steps a parked entry stays in the KV cache unused before it moves to host memory
+# (`idle_to_spill`): on the demo model a kept cell costs about 0.4 µs a step and a restore
+# a few µs a cell, so a conversation idle this long has cost more than it would to restore;
+# about a second of one stream, long enough for a client's next turn to find it in place.
+SPILL_AFTER = 64
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,24 @@ def follow_target(prompt: Sequence[int], start: int, running: Sequence[Prefillin
     return best
 
 
+def idle_to_spill(parked: Sequence[Slot[R]], others: Sequence[Slot[R]], after: int = SPILL_AFTER) -> Slot[R] | None:
+    """The parked entry to move out of the KV cache into host memory now, if any: the one
+    idle longest of those no prompt used for `after` decode steps.
+
+    Every decode step's attention spans the KV cache up to its highest occupied cell, masked
+    or not, so each parked cell costs every step of every stream (about 3% of one stream's
+    speed for 8 kept conversations of the demo model, bench/results/throughput-pairs-*). A
+    restore from host memory costs a few steps' worth of one cell each, once. Kept out of
+    this: anchors, and an entry that shares ANCHOR_MIN tokens or more with another sequence
+    (its shared cells would not be freed, and its restore would write them again as a copy
+    of its own, losing the sharing that agent-like load is served by)."""
+    idle = [e for e in parked if not e.anchor and e.idle_steps >= after and e.cache]
+    for entry in sorted(idle, key=lambda e: -e.idle_steps):
+        if not any(s is not entry and common_prefix(s.cache, entry.cache) >= ANCHOR_MIN for s in (*parked, *others)):
+            return entry
+    return None
+
+
 def eviction_order(parked: Sequence[Slot[R]]) -> list[Slot[R]]:
     """Parked entries, the first to give up first: least recently used, an anchor counted as
     used one round of entries later than it was, so that a shared prefix outlives the
@@ -155,6 +178,6 @@ def eviction_order(parked: Sequence[Slot[R]]) -> list[Slot[R]]:
 
 
 __all__ = [
-    "ANCHOR_MIN", "FOLLOW_MIN", "PARK_MIN_TAIL", "Prefilling", "Start", "all_usable", "eviction_order",
-    "follow_target", "plan_start", "wants_anchor",
+    "ANCHOR_MIN", "FOLLOW_MIN", "PARK_MIN_TAIL", "Prefilling", "SPILL_AFTER", "Start", "all_usable", "eviction_order",
+    "follow_target", "idle_to_spill", "plan_start", "wants_anchor",
 ]

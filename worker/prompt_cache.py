@@ -2,7 +2,8 @@
 parked entries (worker/kv_entries.py), saved prompts in host memory, and files on disk
 (worker/prompt_store.py).
 
-- An entry the KV cache gives up is saved to host memory first (`spill`).
+- An entry the KV cache gives up is saved to host memory first (`spill`), and so is one
+  left unused for a while (`step`): its cells slow every decode step while they are there.
 - A prompt that a saved one serves better than anything in the KV cache has it written
   back as a parked entry before admission chooses (`promote`), so that the ordinary choice
   (worker/prefix_reuse.py) takes it.
@@ -27,13 +28,16 @@ import llama_cpp
 
 from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
-from worker.prefix_reuse import FOLLOW_MIN
+from worker.prefix_reuse import FOLLOW_MIN, idle_to_spill
 from worker.prompt_store import DiskStore, HostCache, Saved, best_saved
 from worker.request import Request
 from worker.seq_state import read_state, write_state
 from worker.slots import Slot, reusable_prefix
 
 log = logging.getLogger("worker.cache")
+
+# How often (decode steps) idle parked entries are looked at: the look compares prefixes.
+SPILL_CHECK = 16
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class PromptCache:
         self.restore_failed = 0
         self.tokens_restored = 0
         self.loaded_from_disk = 0
+        self.spilled_idle = 0  # entries moved to host memory for being idle (`step`)
+        self._steps = 0
 
     # ---- between the KV cache and host memory --------------------------------------------------
 
@@ -75,6 +81,20 @@ class PromptCache:
         data = read_state(self.ctx, seq.seq_id)
         if data:
             self.host.put(Saved(tokens=list(seq.cache), data=data, used=used))
+
+    def step(self, slots: Sequence[Slot[Request]]) -> None:
+        """A decode step went by. Every SPILL_CHECK steps, the parked entry idle longest
+        moves to host memory if it has waited long enough (prefix_reuse.idle_to_spill):
+        one at a time, so that saving it holds up the streams for one entry's copy at most.
+        Without host memory nothing moves: an entry is worth its cells more than nothing."""
+        self._steps += 1
+        if self._steps % SPILL_CHECK or self.options.ram_bytes <= 0 or not self.entries.parked:
+            return
+        self.entries.age(SPILL_CHECK)
+        entry = idle_to_spill(self.entries.parked, slots)
+        if entry is not None:
+            self.entries.evict(entry)  # saved to host memory first (Entries.on_evict)
+            self.spilled_idle += 1
 
     def promote(self, prompt: Sequence[int], sequences: Sequence[Slot[Request]], clock: int) -> bool:
         """Write back the saved prompt that serves `prompt` best, as a parked entry, when
@@ -170,4 +190,5 @@ class PromptCache:
             "restore_failed": self.restore_failed,
             "tokens_restored": self.tokens_restored,
             "loaded_from_disk": self.loaded_from_disk,
+            "spilled_idle": self.spilled_idle,
         }

@@ -27,6 +27,7 @@ class Slot(Generic[R]):
     last_used: int = 0  # a logical clock, bumped when a request is assigned or an entry used
     id: int = -1  # the slot's number (GET /slots, id_slot); -1: a parked entry, no slot
     anchor: bool = False  # a parked entry kept for a prefix that conversations share
+    idle_steps: int = 0  # a parked entry: decode steps since a prompt last used its cells
 
     @property
     def idle(self) -> bool:

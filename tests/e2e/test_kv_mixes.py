@@ -6,7 +6,7 @@ outgrow it, the cache fills, and the engine purges idle caches, halves batches a
 preempts. Each mix draws concurrent prompts that share the canary's template prefix (so the
 canary's prefix reuse is at stake), prompts that share a long system prompt (parked
 entries, anchors, and waiting for another request's prefill are at stake: issue 24), plain
-prompts, prompts near the limit, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
+prompts, prompts near the limit, conversations moved out to host memory and back, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
 on, as in the worker, and gives back the cells of rejected drafts), n > 1 siblings, sampled and greedy requests, staggered
 starts and cancellations. After each mix:
 - the engine's own check, run before every decode, found nothing to repair;
@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from tests.e2e.conftest import DEMO_MODEL
 from tests.e2e.engine_driver import EngineDriver
+from worker.prompt_cache import CacheOptions
 from worker.protocol import WorkerSpec
 
 N_CTX = int(os.environ.get("CORRAL_KV_MIX_N_CTX", "1024"))
@@ -83,10 +84,14 @@ class Mixer:
     def __init__(self, draft_model: str | None = None) -> None:
         if not DEMO_MODEL.is_file():
             pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
+        # With host memory for saved prompts, as a worker has by default: entries the KV
+        # cache gives up, or that go unused, move there and come back (worker/prompt_cache.py).
         self.d = EngineDriver(
-            WorkerSpec(name="mix", path=str(DEMO_MODEL), slots=4, n_ctx=N_CTX, n_batch=256, draft_model=draft_model)
+            WorkerSpec(name="mix", path=str(DEMO_MODEL), slots=4, n_ctx=N_CTX, n_batch=256, draft_model=draft_model),
+            cache=CacheOptions(ram_bytes=1 << 28),
         )
         m = self.d.model
+        self.conversations: list[list[int]] = []  # the last mixes' prompts with their replies
         self.canary = m.tokenize(CANARY_TEXT, add_special=True, parse_special=True)
         self.head = self.canary[:4]  # <bos><start_of_turn>user\n, as every chat prompt begins
         text = " ".join(f"Item {i}: the {w} river runs past {i * 7} stones." for i, w in
@@ -121,7 +126,10 @@ class Mixer:
         d = self.d
         repairs = d.engine.kv.repairs
         draft_repairs = d.draft.repairs if d.draft is not None else 0
-        earlier: list[list[int]] = []
+        # "again" may also continue a conversation of an earlier mix (its prompt and the
+        # reply): by then the KV cache has usually given it up to host memory, and it is
+        # written back from there (worker/prompt_cache.py).
+        earlier = list(self.conversations)
         timeline = sorted(enumerate(mix), key=lambda p: p[1].delay)
         t0 = time.monotonic()
         started: list[tuple[int, float, Ask]] = []
@@ -133,16 +141,19 @@ class Mixer:
             seed = ask.seed if ask.temperature else None
             rid, o = d.generate(tokens, ask.max_tokens, ask.temperature, seed, ask.n, hold=ask.hold)
             started.append((rid, time.monotonic(), ask))
-            outcomes.append((rid, o, ask))
+            outcomes.append((rid, o, ask, tokens))
         for rid, at, ask in sorted(started, key=lambda s: s[1] + (s[2].cancel_after or 1e9)):
             if ask.cancel_after is not None:
                 time.sleep(max(0.0, at + ask.cancel_after - time.monotonic()))
                 d.cancel(rid)
-        for rid, o, ask in outcomes:
+        for rid, o, ask, tokens in outcomes:
             assert o.done.wait(300), f"request {rid} ({ask}) did not finish"
             if ask.cancel_after is None and o.error is not None:
                 # Only a prompt that cannot fit may be refused.
                 assert "context" in o.error or "tokens" in o.error, o.error
+            if o.error is None and ask.n == 1 and o.tokens.get(0):
+                self.conversations.append(tokens + o.tokens[0])
+        del self.conversations[:-24]
         d.wait_idle()
         assert d.engine.kv.repairs == repairs, "the engine's KV check had to repair a slot (see the log)"
         assert d.engine.hold.holding == 0, "events of an ended request are still held"

@@ -26,7 +26,8 @@ from tests.e2e.conftest import DEMO_MODEL
 from tests.e2e.engine_driver import EngineDriver
 from tests.e2e.test_kv_mixes import CANARY_TEXT, CANARY_TOKENS
 from worker.model import LoadedModel
-from worker.prompt_cache import CacheOptions
+from worker.prefix_reuse import SPILL_AFTER
+from worker.prompt_cache import SPILL_CHECK, CacheOptions
 from worker.prompt_store import fingerprint
 from worker.protocol import SetCacheBudget, WorkerSpec
 
@@ -150,6 +151,35 @@ def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> No
         _continue(d, _conversation(d.model, tag), "A question?")
     d.wait_idle()
     assert e.cache.host.bytes == 0
+
+
+def test_a_conversation_left_unused_moves_to_host_memory_and_comes_back_whole() -> None:
+    """A parked conversation lengthens every decode step's attention while its cells are in
+    the KV cache (bench/results/throughput-pairs-*): after SPILL_AFTER decode steps unused it
+    moves to host memory, and its user, coming back, finds it whole there. A conversation
+    that shares its system prompt with another sequence stays (`idle_to_spill`)."""
+    d = EngineDriver(
+        WorkerSpec(name="spill", path=str(DEMO_MODEL), slots=1, cached_prompts=2, n_ctx=4096),
+        cache=CacheOptions(ram_bytes=1 << 30),
+    )
+    e = d.engine
+    canary = d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0]
+    a, _ = _continue(d, _conversation(d.model, "alpha"), "First question?")
+    # Another conversation takes the one slot: alpha is parked, then left unused while the
+    # other one generates for well past SPILL_AFTER steps.
+    other = _conversation(d.model, "beta") + d.model.tokenize("Tell a long story.", add_special=False, parse_special=False)
+    d.run_alone(other, SPILL_AFTER + 2 * SPILL_CHECK)
+    d.wait_idle()
+    assert e.cache.spilled_idle >= 1
+    assert all(entry.cache[:20] != a[:20] for entry in (*e.slots, *e.entries.parked)), "alpha is still in the KV cache"
+    assert any(item.tokens == a[: len(item.tokens)] and len(item.tokens) >= len(a) - 1 for item in e.cache.host.entries)
+    assert d.cell_problems() == []
+    _, cached = _continue(d, a, "Second question?")
+    assert cached == len(a) - 1, "alpha's conversation was not restored whole"
+    assert e.cache.restored >= 1
+    d.wait_idle()
+    assert d.cell_problems() == [] and e.kv.repairs == 0
+    assert d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0] == canary
 
 
 def test_the_hottest_conversations_outlive_the_worker_on_disk(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.prefix_reuse import (
-    ANCHOR_MIN, FOLLOW_MIN, PARK_MIN_TAIL, Prefilling, Start, eviction_order, follow_target, plan_start, wants_anchor,
+    ANCHOR_MIN, FOLLOW_MIN, PARK_MIN_TAIL, SPILL_AFTER, Prefilling, Start, eviction_order, follow_target,
+    idle_to_spill, plan_start, wants_anchor,
 )
 from worker.slots import Slot, common_prefix, reusable_prefix
 
@@ -186,3 +187,67 @@ def test_eviction_order_is_a_permutation() -> None:
     for _ in range(100):
         entries = [seq(i, [i], last_used=rng.randint(0, 9), anchor=rng.random() < 0.3) for i in range(rng.randint(0, 8))]
         assert sorted(e.seq_id for e in eviction_order(entries)) == list(range(len(entries)))
+
+
+# ---- idle entries out to host memory ----------------------------------------------------------------
+
+
+def idle(seq_id: int, cache: Sequence[int], steps: int, anchor: bool = False) -> Slot[str]:
+    entry = seq(seq_id, cache, anchor=anchor)
+    entry.idle_steps = steps
+    return entry
+
+
+def test_an_entry_unused_for_spill_after_steps_goes_the_longest_idle_first() -> None:
+    """Each parked cell lengthens every decode step's attention (bench/results/throughput-pairs-*):
+    an entry nobody used for SPILL_AFTER steps moves to host memory, one at a time."""
+    fresh = idle(4, [4] * 50, SPILL_AFTER - 1)
+    older = idle(5, [5] * 50, SPILL_AFTER)
+    oldest = idle(6, [6] * 50, SPILL_AFTER * 3)
+    assert idle_to_spill([fresh], []) is None
+    assert idle_to_spill([fresh, older, oldest], []) is oldest
+    assert idle_to_spill([fresh, older], []) is older
+
+
+def test_anchors_and_empty_entries_stay() -> None:
+    anchor = idle(4, [4] * 300, SPILL_AFTER * 10, anchor=True)
+    empty = idle(5, [], SPILL_AFTER * 10)
+    assert idle_to_spill([anchor, empty], []) is None
+
+
+def test_an_entry_that_shares_a_long_prefix_with_another_sequence_stays() -> None:
+    """Its shared cells would stay (another sequence holds them), and a restore would write
+    them again as its own copy: the sharing that agent-like load is served by would be lost."""
+    system = list(range(ANCHOR_MIN))
+    conversation = idle(4, system + [7, 8, 9], SPILL_AFTER * 2)
+    slot = seq(0, system + [1, 2], busy=True)
+    assert idle_to_spill([conversation], [slot]) is None
+    sibling = idle(5, system + [3], 0)
+    assert idle_to_spill([conversation, sibling], []) is None
+    # A short common start (a template's first tokens) is no sharing worth keeping.
+    other = seq(0, system[: ANCHOR_MIN - 1] + [99], busy=True)
+    assert idle_to_spill([conversation], [other]) is conversation
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 300), st.integers(0, 3 * SPILL_AFTER), st.booleans()),
+                max_size=8),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 300)), max_size=4))
+def test_what_is_spilled_is_always_an_idle_unshared_conversation(
+    entries: list[tuple[int, int, int, bool]], slots: list[tuple[int, int]]
+) -> None:
+    def tokens(family: int, n: int) -> list[int]:
+        return [family] * n  # one family shares every token: prefixes of every length
+
+    parked = [idle(10 + i, tokens(f, n), steps, anchor) for i, (f, n, steps, anchor) in enumerate(entries)]
+    others = [seq(i, tokens(f, n), busy=True) for i, (f, n) in enumerate(slots)]
+
+    def eligible(e: Slot[str]) -> bool:
+        shared = max((common_prefix(s.cache, e.cache) for s in (*parked, *others) if s is not e), default=0)
+        return not e.anchor and bool(e.cache) and e.idle_steps >= SPILL_AFTER and shared < ANCHOR_MIN
+
+    chosen = idle_to_spill(parked, others)
+    if chosen is None:
+        assert not any(eligible(e) for e in parked)
+    else:
+        assert eligible(chosen)
+        assert chosen.idle_steps == max(e.idle_steps for e in parked if eligible(e))
