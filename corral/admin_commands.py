@@ -22,11 +22,12 @@ import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral import admin_target as at
-from corral.status_table import render
+from corral.status_table import render, render_fleet
 from supervisor.config import search as config_search
 from supervisor.config import ConfigError
 
@@ -125,8 +126,10 @@ def _url_from_config(path: str, how: str) -> str:
 
 
 def find_url(args: argparse.Namespace, env: dict[str, str]) -> str:
-    if args.url is not None:
-        return at.check_url(args.url)
+    if args.url:
+        if len(args.url) > 1:
+            raise ValueError(f"give one --url: only `corral status` takes several ({len(args.url)} given)")
+        return at.check_url(args.url[0])
     if args.config is not None:
         return _url_from_config(args.config, "--config")
     if named := env.get(at.URL_ENV):
@@ -154,7 +157,11 @@ def find_key(args: argparse.Namespace, env: dict[str, str]) -> str | None:
 
 def add(sub: Subparsers) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", help=f"the server's base URL (default: from the config, ${at.URL_ENV}, or {at.DEFAULT_URL})")
+    common.add_argument(
+        "--url", action="append",
+        help=f"the server's base URL (default: from the config, ${at.URL_ENV}, or {at.DEFAULT_URL}); "
+        "`status` takes several, one table for them all",
+    )
     common.add_argument(
         "--config", metavar="FILE",
         help=f"read the server's host and port from this config file (default: ${config_search.ENV} and the search path)",
@@ -223,6 +230,9 @@ def _run(args: argparse.Namespace, command: Any) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    if args.url and len(args.url) > 1:
+        return _fleet_status(args)
+
     def run(server: Server, args: argparse.Namespace) -> int:
         body = server.admin("GET", "/admin/models")
         if args.json:
@@ -235,6 +245,40 @@ def status(args: argparse.Namespace) -> int:
         return at.OK
 
     return _run(args, run)
+
+
+def _fleet_status(args: argparse.Namespace) -> int:
+    """`corral status --url A --url B ...`: every server asked at once, one table of their
+    models with a HOST column; a server that does not answer is a line above it, and the
+    exit code is the first failure's (the others are still shown)."""
+    try:
+        urls = list(dict.fromkeys(at.check_url(u) for u in args.url))
+        key = find_key(args, dict(os.environ))
+    except ValueError as exc:
+        print(f"corral status: {exc}", file=sys.stderr)
+        return at.USAGE
+    except Exit as exc:
+        print(f"corral status: {exc.message}", file=sys.stderr)
+        return exc.code
+    timeout = args.timeout if args.timeout is not None else args.default_timeout
+
+    def ask(url: str) -> tuple[dict[str, Any] | str, int]:
+        try:
+            body = Server(url, key, timeout).admin("GET", "/admin/models")
+        except Exit as exc:
+            return exc.message, exc.code
+        if not isinstance(body, dict):
+            return "the answer is not a JSON object: is this a Corral server?", at.FAILED
+        return body, at.OK
+
+    with ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
+        answers = list(pool.map(ask, urls))
+    if args.json:
+        hosts = [{"url": u, **a} if isinstance(a, dict) else {"url": u, "error": a} for u, (a, _) in zip(urls, answers)]
+        print(json.dumps({"hosts": hosts}, indent=2))
+    else:
+        print(render_fleet([(u, a) for u, (a, _) in zip(urls, answers)], _width(), time.time()))
+    return next((code for _, code in answers if code != at.OK), at.OK)
 
 
 def _describe(model: Any) -> str:

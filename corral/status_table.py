@@ -1,5 +1,6 @@
-"""`corral status`'s table: GET /admin/models as text that fits the terminal. Pure: the
-caller passes the width and the wall clock, so tests need neither a terminal nor time."""
+"""`corral status`'s table: GET /admin/models as text that fits the terminal, of one server
+or of several in one table (a fleet). Pure: the caller passes the width and the wall clock,
+so tests need neither a terminal nor time."""
 
 from __future__ import annotations
 
@@ -102,11 +103,13 @@ def _fit(columns: list[Column], natural: list[int], width: int, hard: bool) -> l
     return widths if over <= 0 else None
 
 
-def _layout(models: list[dict[str, Any]], width: int, now: float) -> tuple[list[Column], list[int], list[list[str]]]:
+def _layout(
+    models: list[dict[str, Any]], width: int, now: float, all_columns: tuple[Column, ...] = COLUMNS
+) -> tuple[list[Column], list[int], list[list[str]]]:
     """The columns kept, their widths and the cells. Eliding an error to a stub tells less
     than a dropped PID would, so columns go (PID, RPM, LAST USED, MEM, QUEUED) before
     anything is elided below its soft minimum."""
-    columns = list(COLUMNS)
+    columns = list(all_columns)
     for hard in (False, True):
         while True:
             cells = [[c.cell(m, now) for c in columns] for m in models]
@@ -122,10 +125,14 @@ def _layout(models: list[dict[str, Any]], width: int, now: float) -> tuple[list[
     return columns, [c.hard_min or n for c, n in zip(columns, natural)], cells
 
 
-def table(models: list[dict[str, Any]], width: int, now: float) -> list[str]:
+# A fleet's table (`corral status --url A --url B`) leads with the host of each row.
+HOST = Column("HOST", lambda m, _: str(m.get("host", "?")), soft_min=12, hard_min=8)
+
+
+def table(models: list[dict[str, Any]], width: int, now: float, hosts: bool = False) -> list[str]:
     """The rows, header first, no wider than `width`; below the narrowest table (MODEL,
     STATE, SLOTS and LAST ERROR at their least, about 36 columns), lines are cut."""
-    columns, widths, cells = _layout(models, width, now)
+    columns, widths, cells = _layout(models, width, now, (HOST, *COLUMNS) if hosts else COLUMNS)
     lines = []
     for row in [[c.header for c in columns], *cells]:
         parts = []
@@ -136,28 +143,79 @@ def table(models: list[dict[str, Any]], width: int, now: float) -> list[str]:
     return lines
 
 
+def _models(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    models = payload.get("models")
+    if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+        raise ValueError("the answer has no `models` list: is this a Corral server?")
+    return models
+
+
+def _troubles(payload: dict[str, Any], prefix: str = "") -> list[str]:
+    """What concerns every model of a server: its config trouble."""
+    out = []
+    if error := payload.get("config_error"):
+        out.append(f"{prefix}config error (the server runs its last good config): {one_line(error)}")
+    if restart := payload.get("needs_restart"):
+        names = ", ".join(str(x) for x in restart) if isinstance(restart, list) else str(restart)
+        out.append(f"{prefix}needs restart to take effect: {names}")
+    return out
+
+
+def _queue(payload: dict[str, Any], prefix: str = "") -> list[str]:
+    queue = payload.get("load_queue")
+    entries = queue if isinstance(queue, list) else []
+    return [
+        f"{prefix}waiting to load: {e.get('model')} ({one_line(e.get('reason'))})" for e in entries if isinstance(e, dict)
+    ]
+
+
+def _wrapped(lines: list[str], width: int) -> list[str]:
+    return [part for line in lines for part in textwrap.wrap(line, max(width, 20))]
+
+
 def render(payload: dict[str, Any], width: int, now: float) -> str:
     """The whole of `corral status`: the server's config trouble above the table (it
     concerns every model), the load queue below it. Raises ValueError for an answer that
     is not GET /admin/models's."""
-    models = payload.get("models")
-    if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
-        raise ValueError("the answer has no `models` list: is this a Corral server?")
-    wrap = max(width, 20)
-    out: list[str] = []
-    if error := payload.get("config_error"):
-        out += textwrap.wrap(f"config error (the server runs its last good config): {one_line(error)}", wrap)
-    if restart := payload.get("needs_restart"):
-        names = ", ".join(str(x) for x in restart) if isinstance(restart, list) else str(restart)
-        out += textwrap.wrap(f"needs restart to take effect: {names}", wrap)
+    models = _models(payload)
+    out = _wrapped(_troubles(payload), width)
     if out:
         out.append("")
     out += table(models, width, now) if models else ["no models configured"]
-    queue = payload.get("load_queue")
-    if isinstance(queue, list) and queue:
+    if queue := _queue(payload):
+        out += ["", *_wrapped(queue, width)]
+    return "\n".join(out)
+
+
+def host_of(url: str) -> str:
+    """A server's name in a fleet's table: its URL without the scheme."""
+    return url.split("://", 1)[-1]
+
+
+def render_fleet(answers: list[tuple[str, dict[str, Any] | str]], width: int, now: float) -> str:
+    """`corral status --url A --url B`: one table of every server's models, a HOST column
+    first, and above it a line for each server that did not answer (its error) or answered
+    something else; each server's config trouble and load queue, named by host."""
+    rows: list[dict[str, Any]] = []
+    above: list[str] = []
+    below: list[str] = []
+    for url, answer in answers:
+        host = host_of(url)
+        if isinstance(answer, str):
+            above.append(f"{host}: {answer}")
+            continue
+        try:
+            models = _models(answer)
+        except ValueError as exc:
+            above.append(f"{host}: {exc}")
+            continue
+        above += _troubles(answer, f"{host}: ")
+        below += _queue(answer, f"{host}: ")
+        rows += [{**m, "host": host} for m in models] or [{"host": host, "name": "-", "state": "no models configured"}]
+    out = _wrapped(above, width)
+    if out:
         out.append("")
-        for entry in queue:
-            if isinstance(entry, dict):
-                line = f"waiting to load: {entry.get('model')} ({one_line(entry.get('reason'))})"
-                out += textwrap.wrap(line, wrap)
+    out += table(rows, width, now, hosts=True) if rows else ["no server answered"]
+    if below:
+        out += ["", *_wrapped(below, width)]
     return "\n".join(out)

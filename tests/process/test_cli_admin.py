@@ -189,3 +189,48 @@ async def test_the_server_is_found_from_the_config(tmp_path: Path, start_log: St
             (tmp_path / "broken.toml").write_text("[server\n")
             done = await corral("status", "--config", str(tmp_path / "broken.toml"), cwd=tmp_path)
             assert done.returncode == 2 and "give --url" in err(done)
+
+
+async def test_status_of_several_servers_is_one_table_and_names_the_one_that_is_down(
+    tmp_path: Path, start_log: StartLog
+) -> None:
+    """`corral status --url A --url B` (issue 25, a fleet view): every server's models in one
+    table with their host; a server that does not answer is a line of its own, and the exit
+    code is 3 (unreachable) while the others are still shown. Other commands take one URL."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    key = tmp_path / "admin.key"
+    key.write_text(ADMIN)
+    first = write_config(tmp_path / "a" / "corral.toml", {"chat": {"slots": 2}}, {"admin_keys": [ADMIN]})
+    second = write_config(tmp_path / "b" / "corral.toml", {"chat": {"slots": 3}, "embed": {}}, {"admin_keys": [ADMIN]})
+    dead = f"http://127.0.0.1:{_free_port()}"
+    with trio.fail_after(60):
+        async with serving_http(_supervisor(first)) as a, serving_http(_supervisor(second)) as b:
+            assert (await corral("load", "chat", "--url", b, "--admin-key-file", str(key), cwd=tmp_path)).returncode == 0
+            done = await corral("status", "--url", a, "--url", b, "--admin-key-file", str(key), cwd=tmp_path)
+            assert done.returncode == 0, err(done)
+            header, *rows = out(done).splitlines()
+            assert header.split()[:3] == ["HOST", "MODEL", "STATE"]
+            host_a, host_b = a.split("://")[1], b.split("://")[1]
+            assert sorted(r.split()[:3] for r in rows) == sorted(
+                [[host_a, "chat", "stopped"], [host_b, "chat", "ready"], [host_b, "embed", "stopped"]]
+            )
+
+            done = await corral("status", "--json", "--url", a, "--url", dead, "--url", b, "--admin-key-file", str(key),
+                                cwd=tmp_path)
+            assert done.returncode == 3, err(done)
+            hosts = json.loads(out(done))["hosts"]
+            assert [h["url"] for h in hosts] == [a, dead, b]
+            assert "cannot reach" in hosts[1]["error"] and [m["name"] for m in hosts[2]["models"]] == ["chat", "embed"]
+
+            done = await corral("status", "--url", dead, "--url", a, "--admin-key-file", str(key), cwd=tmp_path)
+            assert done.returncode == 3
+            lines = out(done).splitlines()
+            assert lines[0].startswith(dead.split("://")[1] + ": cannot reach")
+            assert any(line.split()[:3] == [host_a, "chat", "stopped"] for line in lines)
+            # A wrong key on every server: refused (4), each host says so.
+            done = await corral("status", "--url", a, "--url", b, cwd=tmp_path, CORRAL_ADMIN_KEY=secret("not-this-one"))
+            assert done.returncode == 4 and out(done).count("Incorrect API key") == 2
+
+            done = await corral("load", "chat", "--url", a, "--url", b, "--admin-key-file", str(key), cwd=tmp_path)
+            assert done.returncode == 2 and "only `corral status` takes several" in err(done)

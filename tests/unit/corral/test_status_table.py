@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from corral.status_table import ago, elide, human_bytes, render
+from corral.status_table import ago, elide, human_bytes, render, render_fleet
 
 NOW = 1_800_000_000.0
 ERROR = "worker exited with code 1 before Ready:\nllama_model_load: error loading model: invalid magic"
@@ -111,3 +111,39 @@ def test_cells() -> None:
     ]
     assert ago(None, NOW) == "never" and ago(NOW + 30, NOW) == "0s ago"  # clocks a little apart
     assert elide("abcdef", 6) == "abcdef" and elide("abcdef", 4) == "abc…" and elide("abc", 0) == ""
+
+
+# ---- several servers: `corral status --url A --url B` (issue 25, a fleet view) --------------------
+
+
+def test_a_fleet_is_one_table_with_each_row_s_host() -> None:
+    other: dict[str, Any] = {
+        **PAYLOAD, "models": [model("gemma-3-270m", state="ready", slots=4)],
+        "config_error": "models.x: unknown key `pathh`", "load_queue": [{"model": "big", "reason": "memory_budget"}],
+    }
+    text = render_fleet(
+        [("http://10.0.0.1:8080", PAYLOAD), ("https://b.example:8443", other), ("http://10.0.0.3:8080", "cannot reach it")],
+        200, NOW,
+    )
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("HOST"))
+    assert header.split()[:3] == ["HOST", "MODEL", "STATE"]
+    table = lines[lines.index(header) + 1:]
+    hosts = [row.split()[0] for row in table if row and not row.startswith("b.example:8443: waiting")]
+    assert hosts == ["10.0.0.1:8080", "10.0.0.1:8080", "b.example:8443"]
+    # What concerns a whole server is named by its host, above (trouble) or below (queue).
+    above = lines[: lines.index(header)]
+    assert "10.0.0.3:8080: cannot reach it" in above
+    assert any(line.startswith("b.example:8443: config error") and "pathh" in line for line in above)
+    assert lines[-1] == "b.example:8443: waiting to load: big (memory_budget)"
+
+
+def test_a_fleet_table_fits_the_width_and_says_when_nobody_answered() -> None:
+    answers: list[tuple[str, dict[str, Any] | str]] = [("http://a:1", PAYLOAD), ("http://b:2", {"no": "models"})]
+    text = render_fleet(answers, 60, NOW)
+    assert all(len(line) <= 60 for line in text.splitlines())
+    assert "b:2: the answer has no `models` list: is this a Corral server?" in " ".join(text.split())  # wrapped
+    assert render_fleet([("http://a:1", "refused")], 80, NOW).splitlines() == ["a:1: refused", "", "no server answered"]
+    # A server with no models still shows: its row says so.
+    empty = render_fleet([("http://a:1", {**PAYLOAD, "models": []})], 80, NOW).splitlines()
+    assert empty[1].split()[:2] == ["a:1", "-"] and "no models configured" in empty[1]
