@@ -16,7 +16,7 @@ from supervisor.config import Config, ServerConfig
 LIVE_SERVER_KEYS = frozenset(
     {
         "default_model", "unknown_model", "api_keys", "api_keys_file", "admin_keys", "models_dir", "cors_origins",
-        "allowed_hosts", "slots_endpoint", "v1_error_shape", "verbose_responses",
+        "allowed_hosts", "slots_endpoint", "v1_error_shape", "verbose_responses", "public_metrics",
     }
 )
 

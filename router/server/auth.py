@@ -39,8 +39,8 @@ class Access(Enum):
     ADMIN = "admin"
 
 
-def access_of(path: str) -> Access:
-    if path in ("/health", "/v1/health", "/"):
+def access_of(path: str, public_metrics: bool = False) -> Access:
+    if path in ("/health", "/v1/health", "/") or (public_metrics and path == "/metrics"):
         return Access.OPEN
     if path == "/metrics" or path == "/admin" or path.startswith("/admin/"):
         return Access.ADMIN
@@ -136,7 +136,7 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
     async def check_key() -> None:
         key = g.corral_key = authorize(
             supervisor.config.keys,
-            access_of(request.path),
+            access_of(request.path, supervisor.config.server.public_metrics),
             presented_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
             # Quart's request.remote_addr comes from a Remote-Addr header it sets first
             # and the client's own headers then join: one reordering away from a client

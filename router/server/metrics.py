@@ -98,23 +98,33 @@ class SupervisorCollector(Collector):
         )
 
 
+# The model server protocol's metrics (Gateway API Inference Extension,
+# docs/proposals/003-model-server-protocol) and Corral's gauge for each: deploy/k8s/
+# names them to the endpoint picker, and its test reads them from here.
+MODEL_SERVER_GAUGES = {
+    "TotalQueuedRequests": "corral_model_requests_waiting",
+    "TotalRunningRequests": "corral_model_requests_running",
+    "KVCacheUtilization": "corral_model_kv_cache_usage_ratio",
+}
+
+
 def _scheduling(stats: list[ModelStats]) -> Iterable[Metric]:
     """The three gauges an inference scheduler reads to pick a pod: the Kubernetes Gateway
     API Inference Extension's model server protocol (TotalQueuedRequests,
     TotalRunningRequests, KVCacheUtilization as a fraction; vLLM's num_requests_waiting,
     num_requests_running and kv_cache_usage_perc), per model."""
     waiting = GaugeMetricFamily(
-        "corral_model_requests_waiting",
+        MODEL_SERVER_GAUGES["TotalQueuedRequests"],
         "Requests waiting for a slot: in the router's line and inside the worker (TotalQueuedRequests).",
         labels=["model"],
     )
     running = GaugeMetricFamily(
-        "corral_model_requests_running",
+        MODEL_SERVER_GAUGES["TotalRunningRequests"],
         "Sequences decoding now, one per choice of each request (TotalRunningRequests).",
         labels=["model"],
     )
     kv = GaugeMetricFamily(
-        "corral_model_kv_cache_usage_ratio",
+        MODEL_SERVER_GAUGES["KVCacheUtilization"],
         "KV cells the slots hold over the cells of the model's context, 0 to 1 (KVCacheUtilization); "
         "0 while the model is not loaded.",
         labels=["model"],

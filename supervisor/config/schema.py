@@ -41,6 +41,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     api_keys: list[str | ApiKeyTable] = []
     api_keys_file: str | None = None
     admin_keys: list[str] = []
+    # GET /metrics without a key, from any client: for scrapers that send none, such as the
+    # Kubernetes Gateway API Inference Extension's endpoint picker (deploy/k8s/). It shows
+    # model names, their load and their last errors. Applies on reload.
+    public_metrics: bool = False
     # Serving on an address other than loopback with no API key is refused unless this is
     # set: anyone who can reach the port could use the models and reload the config.
     allow_insecure_bind: bool = False

@@ -139,6 +139,24 @@ async def test_an_api_key_is_not_an_admin_key(tmp_path: Path) -> None:
     assert r.status_code == 200 and len((await r.get_json())["data"]) == 2
 
 
+async def test_public_metrics_answers_any_client_without_a_key_and_nothing_else_opens(tmp_path: Path) -> None:
+    """`[server] public_metrics`: for scrapers that send no key, such as the Gateway API
+    Inference Extension's endpoint picker (issue 25). /metrics answers a remote client with
+    no key, or with a wrong one; /admin and the API still need theirs."""
+    for admin_keys in ([ADMIN], []):
+        sup = Supervisor(_config(tmp_path, api_keys=[API], admin_keys=admin_keys, public_metrics=True),
+                         worker_command=WORKER_COMMAND)
+        client = create_app(sup, sup.config).test_client()
+        for headers in ({}, _bearer(secret("not-a-key"))):
+            r = await client.get("/metrics", headers=headers, scope_base=REMOTE)
+            assert r.status_code == 200, (admin_keys, headers)
+            assert "corral_model_requests_waiting" in (await r.get_data()).decode()
+        r = await client.get("/admin/models", scope_base=REMOTE)
+        assert r.status_code == (401 if admin_keys else 403)
+        r = await client.get("/v1/models", scope_base=REMOTE)
+        assert r.status_code == 401
+
+
 async def test_without_admin_keys_admin_answers_loopback_clients_only(tmp_path: Path) -> None:
     sup = Supervisor(_config(tmp_path, api_keys=[API]), worker_command=WORKER_COMMAND)
     client = create_app(sup, sup.config).test_client()

@@ -11,6 +11,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.server.metrics import MODEL_SERVER_GAUGES
 from supervisor.supervisor import Supervisor
 from tests.harness import make_config
 from tests.process.support import WORKER_COMMAND, serving_http
@@ -102,4 +103,7 @@ async def test_a_scheduler_reads_the_queue_the_running_and_the_kv_use(tmp_path: 
                     assert ("corral_model_kv_cache_usage_ratio", (("model", "b"),)) in m  # 0, not absent, while unloaded
                     assert _value(m, "corral_model_kv_cache_usage_ratio", model="b") == 0
                     assert 0 <= _value(m, "corral_model_kv_cache_usage_ratio", model="a") <= 1
+                    # Typed: the picker reads a family without its TYPE line as 0.
+                    lines = (await c.get("/metrics")).text.splitlines()
+                    assert all(f"# TYPE {name} gauge" in lines for name in MODEL_SERVER_GAUGES.values())
                     nursery.cancel_scope.cancel()

@@ -52,6 +52,8 @@ def _ring(api: bool = True, admin: bool = True) -> Keyring:
 )
 def test_routes_fall_in_three_kinds(path: str, access: Access) -> None:
     assert access_of(path) is access
+    # `[server] public_metrics` opens /metrics alone.
+    assert access_of(path, public_metrics=True) is (Access.OPEN if path == "/metrics" else access)
 
 
 @pytest.mark.parametrize(
