@@ -113,13 +113,23 @@ def _continue(d: EngineDriver, history: list[int], more: str) -> tuple[list[int]
     return prompt + o.tokens[0], o.cached[0]
 
 
-def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> None:
+def _with_host_memory(name: str, slots: int, cached_prompts: int) -> tuple[EngineDriver, list[int]]:
+    """An engine with 1 GiB of host memory for saved prompts, and the canary's greedy answer
+    on it while fresh."""
     d = EngineDriver(
-        WorkerSpec(name="host", path=str(DEMO_MODEL), slots=2, cached_prompts=1, n_ctx=4096),
+        WorkerSpec(name=name, path=str(DEMO_MODEL), slots=slots, cached_prompts=cached_prompts, n_ctx=4096),
         cache=CacheOptions(ram_bytes=1 << 30),
     )
+    return d, _canary(d)
+
+
+def _canary(d: EngineDriver) -> list[int]:
+    return d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0]
+
+
+def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> None:
+    d, canary = _with_host_memory("host", slots=2, cached_prompts=1)
     e = d.engine
-    canary = d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0]
     a, _ = _continue(d, _conversation(d.model, "alpha"), "First question?")
     # Three other conversations take both slots and the one parked entry: alpha's cells are
     # given up, and saved to host memory first.
@@ -134,7 +144,7 @@ def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> No
     d.wait_idle()
     assert d.cell_problems() == []
     assert e.kv.repairs == 0
-    assert d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0] == canary
+    assert _canary(d) == canary
     # The supervisor's share of prompt_cache_budget shrinks to nothing: what host memory
     # held goes at once, and nothing more is kept.
     for tag in ("epsilon", "zeta", "eta"):
@@ -156,14 +166,10 @@ def test_a_conversation_the_kv_cache_gave_up_comes_back_from_host_memory() -> No
 def test_a_conversation_left_unused_moves_to_host_memory_and_comes_back_whole() -> None:
     """A parked conversation lengthens every decode step's attention while its cells are in
     the KV cache (bench/results/throughput-pairs-*): after SPILL_AFTER decode steps unused it
-    moves to host memory, and its user, coming back, finds it whole there. A conversation
-    that shares its system prompt with another sequence stays (`idle_to_spill`)."""
-    d = EngineDriver(
-        WorkerSpec(name="spill", path=str(DEMO_MODEL), slots=1, cached_prompts=2, n_ctx=4096),
-        cache=CacheOptions(ram_bytes=1 << 30),
-    )
+    moves to host memory, and its user, coming back, finds it whole there. (Which entries
+    stay, the shared ones, is tests/unit/worker/test_prefix_reuse.py's.)"""
+    d, canary = _with_host_memory("spill", slots=1, cached_prompts=2)
     e = d.engine
-    canary = d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0]
     a, _ = _continue(d, _conversation(d.model, "alpha"), "First question?")
     # Another conversation takes the one slot: alpha is parked, then left unused while the
     # other one generates for well past SPILL_AFTER steps.
@@ -179,7 +185,7 @@ def test_a_conversation_left_unused_moves_to_host_memory_and_comes_back_whole() 
     assert e.cache.restored >= 1
     d.wait_idle()
     assert d.cell_problems() == [] and e.kv.repairs == 0
-    assert d.run_alone(d.model.tokenize(CANARY_TEXT, add_special=True, parse_special=True), CANARY_TOKENS).tokens[0] == canary
+    assert _canary(d) == canary
 
 
 def test_the_hottest_conversations_outlive_the_worker_on_disk(tmp_path: Path) -> None:

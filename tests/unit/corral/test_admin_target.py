@@ -68,7 +68,8 @@ def test_reload_lines() -> None:
 
 
 def _args(url: str | None = None, config: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(url=url, config=config, admin_key_file=None)
+    # --url may be given several times (`corral status`'s fleet view): argparse makes a list.
+    return argparse.Namespace(url=None if url is None else [url], config=config, admin_key_file=None)
 
 
 def test_where_the_server_is_in_order_of_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,6 +86,9 @@ def test_where_the_server_is_in_order_of_precedence(tmp_path: Path, monkeypatch:
     named.write_text('[server]\nhost = "0.0.0.0"\nport = 7003\nbogus = 1\n')
     assert find_url(_args(config=str(named)), env) == "http://127.0.0.1:7003"  # --config beats $CORRAL_URL
     assert find_url(_args(url="http://cli:7004", config=str(named)), env) == "http://cli:7004"  # --url beats all
+    # Two --urls are for `corral status` alone (corral/admin_commands.py, status).
+    with pytest.raises(ValueError, match="only `corral status` takes several"):
+        find_url(argparse.Namespace(url=["http://a:1", "http://b:2"], config=None, admin_key_file=None), env)
 
     (tmp_path / "corral.toml").write_text("[server\n")
     del env[at.URL_ENV]
