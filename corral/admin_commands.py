@@ -273,11 +273,12 @@ def _fleet_status(args: argparse.Namespace) -> int:
 
     with ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
         answers = list(pool.map(ask, urls))
+    bodies = [(url, body) for url, (body, _) in zip(urls, answers)]
     if args.json:
-        hosts = [{"url": u, **a} if isinstance(a, dict) else {"url": u, "error": a} for u, (a, _) in zip(urls, answers)]
+        hosts = [{"url": u, **b} if isinstance(b, dict) else {"url": u, "error": b} for u, b in bodies]
         print(json.dumps({"hosts": hosts}, indent=2))
     else:
-        print(render_fleet([(u, a) for u, (a, _) in zip(urls, answers)], _width(), time.time()))
+        print(render_fleet(bodies, _width(), time.time()))
     return next((code for _, code in answers if code != at.OK), at.OK)
 
 

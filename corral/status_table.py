@@ -187,7 +187,7 @@ def render(payload: dict[str, Any], width: int, now: float) -> str:
     return "\n".join(out)
 
 
-def host_of(url: str) -> str:
+def _host_of(url: str) -> str:
     """A server's name in a fleet's table: its URL without the scheme."""
     return url.split("://", 1)[-1]
 
@@ -200,7 +200,7 @@ def render_fleet(answers: list[tuple[str, dict[str, Any] | str]], width: int, no
     above: list[str] = []
     below: list[str] = []
     for url, answer in answers:
-        host = host_of(url)
+        host = _host_of(url)
         if isinstance(answer, str):
             above.append(f"{host}: {answer}")
             continue
