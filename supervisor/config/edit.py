@@ -139,9 +139,10 @@ def unset_key(text: str, key: str) -> tuple[str, bool]:
     Raises EditError for a required key or an unknown one."""
     doc = _parse(text)
     path = resolve(key, _models(doc))
-    if is_required(path):
-        raise EditError(f"{path}: required, cannot be unset (remove the model with remove-model)")
     table = _table(doc, path, create=False)
+    # A model's path is required unless the model is served elsewhere (its `upstream`).
+    if is_required(path) or (path.section == "models" and path.key == "path" and "upstream" not in (table or {})):
+        raise EditError(f"{path}: required, cannot be unset (remove the model with remove-model)")
     if table is None or path.key not in table:
         return text, False
     del table[path.key]
@@ -157,8 +158,8 @@ def add_model(text: str, name: str, fields: Mapping[str, Sequence[str]]) -> str:
         raise EditError("models: a model name must not be empty")
     if name in _models(doc):
         raise EditError(f"models.{quote(name)}: already exists (set its keys with `config set`)")
-    if "path" not in fields:
-        raise EditError(f"models.{quote(name)}.path: required key is missing")
+    if "path" not in fields and "upstream" not in fields:
+        raise EditError(f"models.{quote(name)}.path: required key is missing (or give `upstream`)")
     table = tomlkit.table()
     for key, words in fields.items():
         path = resolve(f"models.{quote(name)}.{quote(key)}", [name])

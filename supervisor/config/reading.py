@@ -17,7 +17,7 @@ from pathlib import Path
 
 from msgspec.structs import replace
 
-from supervisor.config import gguf_meta, keys, models_dir
+from supervisor.config import gguf_meta, keys, models_dir, upstreams
 from supervisor.config.checks import check, resolve_path
 from supervisor.config.convert import convert_table, show, suggestion
 from supervisor.config.key_paths import quote
@@ -31,6 +31,7 @@ from supervisor.config.schema import (
     ModelSpec,
     ServerConfig,
     SupervisorConfig,
+    UPSTREAM_KEYS,
 )
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
 from worker.protocol import ModelOptions, options_of
@@ -62,13 +63,15 @@ def parse(
     early = models_dir.add_tables(raw, base_dir) + _apply_model_defaults(raw)
     file, broken, problems = _convert(raw)
     problems = early + problems + list(check(file, base_dir, broken))
+    for name, m in file.models.items():
+        problems += upstreams.problems(f"models.{quote(name)}", m, base_dir, os.environ)
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
     # A file that is not a GGUF model, or was cut short, would fail every load.
     unloadable = {
         name: f"models.{quote(name)}.path: {why}"
         for name, m in file.models.items()
-        if (why := gguf_meta.problem(resolve_path(m.path, base_dir))) is not None
+        if m.path is not None and (why := gguf_meta.problem(resolve_path(m.path, base_dir))) is not None
     }
     if problems:  # refused anyway: every problem in one go
         raise ConfigError(problems + list(unloadable.values()), source)
@@ -76,7 +79,7 @@ def parse(
     models = {
         name: ModelSpec(
             name=name,
-            path=resolve_path(m.path, base_dir),
+            path=resolve_path(m.path, base_dir),  # (only tables with a path)
             aliases=tuple(m.aliases),
             tags=tuple(m.tags),
             idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
@@ -98,6 +101,10 @@ def parse(
             ),
         )
         for name, m in file.models.items()
+        if m.path is not None
+    }
+    remote = {
+        name: upstreams.spec_of(name, m, base_dir, os.environ) for name, m in file.models.items() if m.upstream is not None
     }
     srv = file.server
     # Paths in [server] are relative to the config file, as model paths are.
@@ -109,7 +116,9 @@ def parse(
         models_dir=None if srv.models_dir is None else str(resolve_path(srv.models_dir, base_dir)),
         pid_file=None if srv.pid_file is None else str(resolve_path(srv.pid_file, base_dir)),
     )
-    return with_server(Config(server, file.supervisor, models, keys=keyring, unloadable=unloadable), overrides)
+    return with_server(
+        Config(server, file.supervisor, models, keys=keyring, unloadable=unloadable, upstreams=remote), overrides
+    )
 
 
 def _keys(file: ConfigFile, base_dir: Path, env: str | None) -> tuple[Keyring, list[str]]:
@@ -187,7 +196,9 @@ def _apply_model_defaults(raw: dict[str, object]) -> list[str]:
         return []
     if not isinstance(defaults, dict):
         return ["model_defaults: expected a table"]
-    problems = [f"model_defaults.{key}: set per model, not for all" for key in ("path", "aliases") if key in defaults]
+    problems = [
+        f"model_defaults.{key}: set per model, not for all" for key in ("path", "aliases", "upstream") if key in defaults
+    ]
     convert_table({**defaults, "path": ""}, ModelConfig, "model_defaults", problems)
     if problems:
         return problems
@@ -195,7 +206,12 @@ def _apply_model_defaults(raw: dict[str, object]) -> list[str]:
     if isinstance(tables, dict):
         for name, table in tables.items():
             if isinstance(table, dict):
-                tables[name] = {**defaults, **table}
+                # A model served elsewhere takes the upstream keys (timeout, api_key_env, ...);
+                # one served here, the others; one that is both, all of them.
+                remote = "upstream" in table
+                local = "path" in table or not remote
+                applies = {k: v for k, v in defaults.items() if (remote if k in UPSTREAM_KEYS else local)}
+                tables[name] = {**applies, **table}
     return []
 
 

@@ -176,7 +176,8 @@ class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
     """A `[models.NAME]` table: the worker's options and the generation defaults
     (inherited), and the supervisor's own."""
 
-    path: str
+    # The GGUF file, or none for a model served elsewhere (`upstream`).
+    path: str | None = None
     aliases: list[str] = []
     tags: list[str] = []  # shown in /v1/models, as llama-server's --tags
     idle_timeout: Seconds | None = None  # overrides [supervisor] idle_timeout
@@ -187,6 +188,28 @@ class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
     # limit).
     max_queue: int | None = None
     queue_timeout: Seconds = 0.0
+    # A model served elsewhere (router/upstream/): the base URL of an OpenAI-compatible
+    # server ("http://host:8080/v1"), or a list of replicas. With `path` too, the model's own
+    # worker is one more replica. The router's alone (supervisor/config/upstreams.py).
+    upstream: str | list[str] | None = None
+    upstream_model: str | None = None  # its name there; default: this table's name
+    # The key to send there (as `Authorization: Bearer`): an environment variable's name, or
+    # a file holding it. Read at start and at each reload.
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    # Seconds an upstream may stay silent: connecting, before its answer starts, between
+    # two chunks of a stream. Past it, the request fails over (before the first byte) or ends.
+    timeout: Seconds = 600.0
+    max_concurrency: int | None = None  # requests in flight per replica; beyond it, another replica or 503
+    # The API dialects the upstream speaks: a request in one of them is relayed as it came.
+    # Another Corral speaks all five ("openai", "anthropic", "responses", "ollama", "llama").
+    upstream_dialects: list[str] = msgspec.field(default_factory=lambda: ["openai"])
+
+
+# The keys of a [models.NAME] table that describe an upstream; the router acts on them.
+UPSTREAM_KEYS = (
+    "upstream", "upstream_model", "api_key_env", "api_key_file", "timeout", "max_concurrency", "upstream_dialects",
+)
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -230,6 +253,24 @@ class ModelSpec(GenerationDefaults, frozen=True):
 
 
 @dataclass(frozen=True)
+class UpstreamSpec:
+    """A model served elsewhere, as the router relays to it (router/upstream/)."""
+
+    name: str
+    urls: tuple[str, ...]  # each replica's base URL, without a trailing slash
+    model: str  # the name it has there
+    api_key: str | None = field(default=None, repr=False)
+    api_key_env: str | None = None  # where the key was read from, as the file says
+    api_key_file: str | None = None
+    timeout: float = 600.0
+    max_concurrency: int | None = None
+    dialects: frozenset[str] = frozenset({"openai"})
+    aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    local: bool = False  # the model's own worker (Config.models) is a replica too
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig
     supervisor: SupervisorConfig
@@ -241,6 +282,9 @@ class Config:
     # problem, as `models.<name>.path: ...`. Not a reason to refuse the file: `serve` and a
     # reload run the other models and show these as failed; `config check` fails on them.
     unloadable: dict[str, str] = field(default_factory=dict)
+    # Models with an `upstream`: name -> where they are served. One with a `path` too is in
+    # `models` as well, and its worker is one of the replicas.
+    upstreams: dict[str, UpstreamSpec] = field(default_factory=dict)
 
     def resolve(self, name: str) -> ModelSpec | None:
         """The model a request's `model` field names, by name or alias."""
@@ -251,6 +295,13 @@ class Config:
             if name in spec.aliases:
                 return spec
         return None
+
+    def upstream(self, name: str) -> UpstreamSpec | None:
+        """The upstream model a request's `model` field names, by name or alias."""
+        spec = self.upstreams.get(name)
+        if spec is not None:
+            return spec
+        return next((u for u in self.upstreams.values() if name in u.aliases), None)
 
 
 def listen_hosts(server: ServerConfig) -> list[str]:

@@ -16,18 +16,28 @@ import msgspec
 import tomlkit
 
 from supervisor.config.key_paths import SECRET_FIELDS
-from supervisor.config.schema import Config
+from supervisor.config.schema import UPSTREAM_KEYS, Config
 
 MASK = "***"
 
 
 def effective(cfg: Config) -> dict[str, Any]:
     """The config as plain data (None where a key is unset), secrets masked."""
-    models = {}
+    models: dict[str, dict[str, Any]] = {}
     for name, spec in cfg.models.items():
         table = msgspec.to_builtins(spec, enc_hook=str)  # paths as text
         del table["name"]  # the table's own name
         models[name] = table
+    for name, up in cfg.upstreams.items():
+        table = models.setdefault(name, {"path": None, "aliases": list(up.aliases), "tags": list(up.tags)})
+        table.update(
+            upstream=list(up.urls), upstream_model=up.model, api_key_env=up.api_key_env,
+            api_key_file=up.api_key_file, timeout=up.timeout, max_concurrency=up.max_concurrency,
+            upstream_dialects=sorted(up.dialects),
+        )
+    for table in models.values():  # a model served here only: its upstream keys, unset
+        for key in UPSTREAM_KEYS:
+            table.setdefault(key, None)
     data: dict[str, Any] = {
         "server": msgspec.to_builtins(cfg.server),
         "supervisor": msgspec.to_builtins(cfg.supervisor),

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from supervisor.config import ModelConfig, ModelSpec, parse
-from supervisor.config.schema import GenerationDefaults
+from supervisor.config.schema import UPSTREAM_KEYS, GenerationDefaults
 from supervisor.launcher import worker_spec
 from worker.protocol import ModelOptions, WorkerSpec, options_of
 from tests.harness import write_gguf
@@ -19,7 +19,7 @@ from tests.harness import write_gguf
 # worker needs belongs in ModelOptions instead, where it reaches the worker by itself.
 SUPERVISOR_ONLY = {"path", "aliases", "tags", "idle_timeout", "preload", "pinned", "max_queue", "queue_timeout"} | (
     set(GenerationDefaults.__struct_fields__) - set(ModelOptions.__struct_fields__)  # the router applies these
-)
+) | set(UPSTREAM_KEYS)  # the router's relay reads these, from Config.upstreams
 
 
 def fields(cls: type[msgspec.Struct]) -> set[str]:
@@ -32,8 +32,9 @@ def test_every_config_key_but_the_supervisors_reaches_the_worker() -> None:
     not_carried = fields(ModelConfig) - SUPERVISOR_ONLY - fields(WorkerSpec)
     assert not not_carried, f"add {sorted(not_carried)} to worker.protocol.ModelOptions"
     assert fields(ModelConfig) - SUPERVISOR_ONLY == fields(ModelOptions)
-    # The resolved spec has every key of the table, plus the model's name.
-    assert fields(ModelSpec) == fields(ModelConfig) | {"name"}
+    # The resolved spec has every key of the table but the upstream ones (UpstreamSpec's),
+    # plus the model's name.
+    assert fields(ModelSpec) == fields(ModelConfig) - set(UPSTREAM_KEYS) | {"name"}
 
 
 def spec_with(**options: Any) -> ModelSpec:

@@ -252,7 +252,9 @@ def test_models_not_a_table(base: Path) -> None:
 
 
 def test_missing_path(base: Path) -> None:
-    assert one_problem("[models.a]\nslots = 2\n", base) == "models.a.path: required key is missing"
+    assert one_problem("[models.a]\nslots = 2\n", base) == (
+        "models.a.path: required key is missing (or give `upstream`, the URL of a server that serves the model)"
+    )
 
 
 def test_nonexistent_model_file_is_that_models_problem_not_the_configs(base: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from supervisor.config import ConfigError, parse
 from supervisor.config.convert import parse_duration
 from tests.harness import write_gguf
+from supervisor.config.upstreams import MISSING_PATH
 
 SEVEN_MISTAKES = """\
 [server]
@@ -115,7 +116,7 @@ def test_a_bad_value_does_not_hide_the_checks_of_the_rest(base: Path) -> None:
 
 def test_a_model_missing_its_path_is_one_problem_not_two(base: Path) -> None:
     text = '[server]\ndefault_model = "b"\n[models.b]\nslots = 2\n'
-    assert _problems(text, base) == ["models.b.path: required key is missing"]
+    assert _problems(text, base) == [f"models.b.path: {MISSING_PATH}"]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import pytest
 from supervisor.config import search as config_search
 from supervisor.config import ConfigError, parse, without_file
 from supervisor.config.models_dir import Entry, fingerprint, scan
+from supervisor.config.upstreams import MISSING_PATH
 
 
 def gguf_bytes(architecture: str | None = "llama") -> bytes:
@@ -132,7 +133,7 @@ def test_a_file_named_like_an_alias_is_left_to_the_table(tmp_path: Path) -> None
 def test_a_table_without_path_and_without_a_file_still_needs_its_path(tmp_path: Path) -> None:
     put(tmp_path, "a.gguf")
     ps = problems_of('[server]\nmodels_dir = "."\n[models.typo]\nn_ctx = 512\n', tmp_path)
-    assert ps == ["models.typo.path: required key is missing"]
+    assert ps == [f"models.typo.path: {MISSING_PATH}"]
 
 
 def test_model_defaults_apply_to_every_model_and_a_table_wins(tmp_path: Path) -> None:

@@ -1,0 +1,148 @@
+"""A `[models.NAME]` table that names an `upstream`: what it must satisfy, and the
+`UpstreamSpec` the router relays by (router/upstream/).
+
+A table with `upstream` and no `path` is served elsewhere only: it runs no worker here, so
+a worker option or a generation default in it would be silently ignored. It is refused,
+naming the key, as is an upstream key in a table that has no `upstream`. The key to send
+is read here, at start and at each reload, so that a rotated key file applies on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import msgspec
+
+from supervisor.config.schema import UPSTREAM_KEYS, ModelConfig, UpstreamSpec
+
+# The API dialects Corral serves (router/api/*), by the name each registers.
+DIALECTS = ("openai", "anthropic", "responses", "ollama", "llama")
+
+MISSING_PATH = "required key is missing (or give `upstream`, the URL of a server that serves the model)"
+
+# Keys that mean the same for a model served elsewhere.
+_SHARED_KEYS = ("path", "aliases", "tags")
+
+_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(ModelConfig)}
+_FACTORIES = {f.name: f.default_factory for f in msgspec.structs.fields(ModelConfig)}
+
+
+def _default(key: str) -> object:
+    default = _DEFAULTS[key]
+    return _FACTORIES[key]() if default is msgspec.NODEFAULT else default
+
+
+def set_keys(m: ModelConfig) -> list[str]:
+    """The keys of `m` whose value is not the default (what the table sets, in effect)."""
+    return [key for key in ModelConfig.__struct_fields__ if getattr(m, key) != _default(key)]
+
+
+def urls_of(m: ModelConfig) -> list[str]:
+    if m.upstream is None:
+        return []
+    return [m.upstream] if isinstance(m.upstream, str) else list(m.upstream)
+
+
+def _url_problem(url: str) -> str | None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return f"{url!r} is not an http:// or https:// URL"
+    if not parts.hostname:
+        return f"{url!r} names no host"
+    if parts.query or parts.fragment or parts.username or parts.password:
+        return f"{url!r}: give the base URL only (\"http://host:8080/v1\"), with no query, fragment or credentials"
+    try:
+        parts.port
+    except ValueError:
+        return f"{url!r} has a port that is not a number in 1..65535"
+    return None
+
+
+def problems(at: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]) -> Iterator[str]:
+    """What is wrong with the upstream side of the table at `at` (`models.NAME`)."""
+    urls = urls_of(m)
+    if m.path is None and m.upstream is None:
+        yield f"{at}.path: {MISSING_PATH}"
+        return
+    if m.upstream is None:
+        for key in UPSTREAM_KEYS:
+            if key in set_keys(m):
+                yield f"{at}.{key}: only applies to a model with `upstream` (a model served elsewhere)"
+        return
+    if not urls:
+        yield f"{at}.upstream: give at least one URL"
+    seen: set[str] = set()
+    for i, url in enumerate(urls):
+        where = f"{at}.upstream" + (f"[{i}]" if isinstance(m.upstream, list) else "")
+        if (why := _url_problem(url)) is not None:
+            yield f"{where}: {why}"
+        elif url.rstrip("/") in seen:
+            yield f"{where}: {url!r} is listed twice"
+        seen.add(url.rstrip("/"))
+    if m.path is None:
+        for key in set_keys(m):
+            if key not in UPSTREAM_KEYS and key not in _SHARED_KEYS:
+                yield (
+                    f"{at}.{key}: applies to a model served here (with `path`); this one is served by "
+                    "its `upstream`, which has its own settings"
+                )
+    if m.upstream_model is not None and not m.upstream_model.strip():
+        yield f"{at}.upstream_model: must not be empty"
+    if not math.isfinite(m.timeout) or m.timeout <= 0:
+        yield f"{at}.timeout: must be a finite number of seconds above 0, got {m.timeout}"
+    if m.max_concurrency is not None and m.max_concurrency < 1:
+        yield f"{at}.max_concurrency: must be at least 1, got {m.max_concurrency}"
+    if not m.upstream_dialects:
+        yield f"{at}.upstream_dialects: give at least one of {', '.join(DIALECTS)}"
+    for i, dialect in enumerate(m.upstream_dialects):
+        if dialect not in DIALECTS:
+            yield f"{at}.upstream_dialects[{i}]: {dialect!r} is not one of {', '.join(DIALECTS)}"
+    _, why = _api_key(at, m, base_dir, environ)
+    if why is not None:
+        yield why
+
+
+def _api_key(at: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The key to send upstream, or the problem in reading it."""
+    if m.api_key_env is not None and m.api_key_file is not None:
+        return None, f"{at}.api_key_file: set api_key_env or api_key_file, not both"
+    if m.api_key_env is not None:
+        value = environ.get(m.api_key_env, "").strip()
+        if not value:
+            return None, f"{at}.api_key_env: the environment variable {m.api_key_env} is not set"
+        return value, None
+    if m.api_key_file is not None:
+        path = (base_dir / os.path.expanduser(m.api_key_file)).resolve()
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            return None, f"{at}.api_key_file: cannot read {path}: {exc.strerror}"
+        except UnicodeDecodeError:
+            return None, f"{at}.api_key_file: {path} is not UTF-8 text"
+        if not value or "\n" in value:
+            return None, f"{at}.api_key_file: {path} must hold one key on one line"
+        return value, None
+    return None, None
+
+
+def spec_of(name: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]) -> UpstreamSpec:
+    """The relay's view of a table that `problems` passed."""
+    key, _ = _api_key("", m, base_dir, environ)
+    return UpstreamSpec(
+        name=name,
+        urls=tuple(url.rstrip("/") for url in urls_of(m)),
+        model=m.upstream_model or name,
+        api_key=key,
+        api_key_env=m.api_key_env,
+        api_key_file=m.api_key_file,
+        timeout=m.timeout,
+        max_concurrency=m.max_concurrency,
+        dialects=frozenset(m.upstream_dialects),
+        aliases=tuple(m.aliases),
+        tags=tuple(m.tags),
+        local=m.path is not None,
+    )
