@@ -21,6 +21,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from corral.args import config_path, print_problems
 from router.app import create_app
+from router.upstream import service as upstream_service
 from router.server.auth import refuse_bind
 from supervisor import pid_file
 from supervisor.config import search as config_search
@@ -69,13 +70,16 @@ async def serve(
     ):
         async with trio.open_nursery() as nursery:
             await nursery.start(supervisor.run)
+            upstreams = upstream_service.of(app)
+            nursery.start_soon(upstreams.run)
 
             # hypercorn returns once `stop` is set and its connections are done; the workers
             # are stopped below, after the drain, not when hypercorn happens to finish.
             binds = await nursery.start(
                 partial(hypercorn_serve, app, hc, shutdown_trigger=stop.wait)
             )
-            log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(cfg.models), ", ".join(cfg.models))
+            names = [*cfg.models, *(name for name in cfg.upstreams if name not in cfg.models)]
+            log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(names), ", ".join(names))
             task_status.started(binds)
             notifier.notify("READY=1", f"STATUS={supervisor.status_line()}")
             if notifier.enabled:
@@ -98,8 +102,12 @@ async def serve(
             notifier.notify("STOPPING=1", "STATUS=draining requests and stopping workers")
             with trio.move_on_after(cfg.server.drain_timeout):
                 await supervisor.wait_idle()
-            if supervisor.in_flight:
-                log.warning("drain_timeout reached with %d request(s) in flight", supervisor.in_flight)
+                while upstreams.in_flight:  # relayed requests drain too
+                    await trio.sleep(0.05)
+            if supervisor.in_flight or upstreams.in_flight:
+                log.warning(
+                    "drain_timeout reached with %d request(s) in flight", supervisor.in_flight + upstreams.in_flight
+                )
             # Stop workers gracefully; the bound covers a worker that ignores everything
             # (stop_grace for Shutdown, then for SIGTERM, then SIGKILL).
             with trio.move_on_after(3 * cfg.supervisor.stop_grace + 5):

@@ -26,6 +26,8 @@ from router.server import (
     access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, readiness, site_guard,
 )
 from router.server.errors import Rendered, http_problem
+from router.upstream import service as upstream_service
+from router.upstream.metrics import UpstreamCollector
 from supervisor.config import Config, ConfigError
 from supervisor.errors import CorralError, InternalError
 from supervisor.supervisor import Supervisor
@@ -81,6 +83,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     # Preflights are answered before keys are checked: browsers send none with them.
     cors.install(app, lambda: supervisor.config.server.cors_origins)
     auth.install(app, supervisor)
+    # After the key check: a request for a model served elsewhere is relayed from here.
+    upstreams = upstream_service.install(app, supervisor, lambda path: dialect_of(path).name)
 
     @app.errorhandler(CorralError)
     async def on_corral_error(exc: CorralError) -> Response:
@@ -120,14 +124,14 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         return Response(spec, content_type="application/json")
 
     find = auth.scoped_resolve(supervisor)
-    server = Server(supervisor, autoload.gated(find, supervisor), started=int(time.time()), find=find)
+    server = Server(supervisor, autoload.gated(find, supervisor), started=int(time.time()), find=find, upstreams=upstreams.pool)
     for d in DIALECTS:
         blueprint = Blueprint(d.name, __name__)
         d.register(blueprint, server)
         app.register_blueprint(blueprint)
     admin.register(app, supervisor)
     dashboard.register(app)
-    metrics.register(app, supervisor)
+    metrics.register(app, supervisor, [UpstreamCollector(upstreams.pool)])
     return app
 
 

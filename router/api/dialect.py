@@ -17,6 +17,7 @@ from quart import Blueprint
 
 from router.server.errors import Rendered
 from router.server.openapi import Operation
+from router.upstream.pool import Upstreams
 from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.supervisor import Supervisor
@@ -36,6 +37,7 @@ class Server:
     # The same names, for routes that load nothing by themselves or load on purpose
     # (/models/load, GET /props of an asleep model): never refused for autoload.
     find: Resolve
+    upstreams: Upstreams | None = None  # models served elsewhere (router/upstream/)
 
     def generating(self, model: str | None, hint: str = "; use /v1/embeddings") -> ModelHandle:
         """`resolve`, for a route that generates text: a model that serves embeddings

@@ -47,6 +47,7 @@ class Record:
     started: float  # time.monotonic()
     key: str | None = None  # the key's name, never the key
     model: str | None = None
+    upstream: str | None = None  # the replica that answered, for a model served elsewhere
     status: int | None = None
     prompt_tokens: int | None = None
     generated_tokens: int | None = None
@@ -65,6 +66,7 @@ class Record:
             "client": self.client,
             "key": self.key,
             "model": self.model,
+            "upstream": self.upstream,
             "method": self.method,
             "endpoint": self.path,
             "status": self.status,
@@ -81,8 +83,9 @@ def line(f: dict[str, Any]) -> str:
     tokens = "" if f["prompt_tokens"] is None else f" prompt={f['prompt_tokens']} generated={f['generated_tokens']}"
     ttft = "" if f["ttft"] is None else f" ttft={f['ttft']:.3f}s"
     gone = " client-gone" if f["client_gone"] else ""
+    upstream = f" upstream={f['upstream']}" if f.get("upstream") else ""
     return (
-        f"{f['request_id']} {f['client'] or '-'} key={f['key'] or '-'} model={f['model'] or '-'} "
+        f"{f['request_id']} {f['client'] or '-'} key={f['key'] or '-'} model={f['model'] or '-'}{upstream} "
         f'"{f["method"]} {f["endpoint"]}" {f["status"] if f["status"] is not None else "-"}'
         f"{tokens}{ttft} {f['duration']:.3f}s{gone}"
     )

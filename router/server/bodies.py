@@ -28,6 +28,10 @@ class WholeBody(TrioBody):
         data, self._data = self._data, bytearray()
         return data
 
+    def put_back(self, data: bytearray) -> None:
+        """Hand a taken body back, for the next reader (a hook that looked at it first)."""
+        self._data = data
+
 
 class CorralRequest(TrioRequest):
     body_class = WholeBody
@@ -41,3 +45,10 @@ async def read_body() -> bytearray:
     with trio.move_on_after(request.body_timeout or math.inf):
         return await body.take()
     raise RequestTimeout()
+
+
+def put_back(body: bytearray) -> None:
+    """Give the current request's body back after `read_body`, so that the route reads it."""
+    taken = request.body
+    assert isinstance(taken, WholeBody), "create_app sets request_class = CorralRequest"
+    taken.put_back(body)

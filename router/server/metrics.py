@@ -206,9 +206,12 @@ def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
         yield spec
 
 
-def register(app: QuartTrio, supervisor: Supervisor) -> None:
+def register(app: QuartTrio, supervisor: Supervisor, more: Iterable[Collector] = ()) -> None:
+    """`more`: other parts' series (the upstream replicas')."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SupervisorCollector(supervisor))
+    for collector in more:
+        registry.register(collector)
     # Request series, fed as each request ends (router/server/request_metrics.py).
     app.extensions.setdefault(access_log.DONE_HOOKS, []).append(RequestMetrics(registry).observe)
 

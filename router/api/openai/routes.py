@@ -28,6 +28,8 @@ from router.generation.events import Event
 from router.generation.job import GenerationJob
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
+from router.upstream.pool import replica_view
+from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
@@ -82,12 +84,33 @@ def register(app: Blueprint, server: Server) -> None:
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first
+        if (up := server.supervisor.config.upstreams.get(h.name)) is not None and server.upstreams is not None:
+            entry["upstream"] = {"model": up.model, "replicas": replica_view(server.upstreams, up)}
         return entry
+
+    def upstream_entry(up: UpstreamSpec) -> dict[str, object]:
+        """A model served elsewhere only: ready while any replica is in rotation."""
+        assert server.upstreams is not None
+        replicas = replica_view(server.upstreams, up)
+        state = State.READY if any(r["healthy"] for r in replicas) else State.FAILED
+        return {
+            "id": up.name, "object": "model", "created": server.started, "owned_by": "corral",
+            "aliases": [up.name, *up.aliases], "tags": list(up.tags), "state": state.value,
+            "status": llama_status(state), "upstream": {"model": up.model, "replicas": replicas},
+        }
+
+    def remote_only() -> list[UpstreamSpec]:
+        key = auth.current_key()
+        return [
+            up for up in server.supervisor.config.upstreams.values()
+            if not up.local and (key is None or key.may_use(up.name))
+        ]
 
     @app.get("/v1/models")
     @app.get("/models")
     async def list_models() -> Response:
         data = [model_entry(h) for h in server.supervisor.handles.values() if auth.visible(h)]
+        data += [upstream_entry(up) for up in remote_only()]
         return json_response({"object": "list", "data": data})
 
     @app.get("/v1/models/<path:model>")
@@ -95,6 +118,8 @@ def register(app: Blueprint, server: Server) -> None:
     async def retrieve_model(model: str) -> Response:
         """The openai client's `models.retrieve`: a name or an alias, answered with the
         model it names. Loads nothing."""
+        if (up := server.supervisor.config.upstream(model)) is not None and up in remote_only():
+            return json_response(upstream_entry(up))
         return json_response(model_entry(server.find(model)))
 
     @app.post("/v1/chat/completions")

@@ -38,11 +38,17 @@ def test_a_finished_generation_line() -> None:
     r = _record(key="alice", model="gemma", status=200, prompt_tokens=12, generated_tokens=16, first_token=100.25, complete=True)
     f = r.fields(101.5)
     assert f == {
-        "request_id": "r1", "client": "10.0.0.7", "key": "alice", "model": "gemma",
+        "request_id": "r1", "client": "10.0.0.7", "key": "alice", "model": "gemma", "upstream": None,
         "method": "POST", "endpoint": "/v1/chat/completions", "status": 200,
         "prompt_tokens": 12, "generated_tokens": 16, "ttft": 0.25, "duration": 1.5, "client_gone": False,
     }
     assert line(f) == 'r1 10.0.0.7 key=alice model=gemma "POST /v1/chat/completions" 200 prompt=12 generated=16 ttft=0.250s 1.500s'
+
+
+def test_a_relayed_request_names_the_replica_that_answered() -> None:
+    f = _record(model="qwen", upstream="http://10.0.0.2:8080/v1", status=200, complete=True).fields(100.5)
+    assert f["upstream"] == "http://10.0.0.2:8080/v1"
+    assert line(f) == 'r1 10.0.0.7 key=- model=qwen upstream=http://10.0.0.2:8080/v1 "POST /v1/chat/completions" 200 0.500s'
 
 
 def test_a_request_without_tokens_or_key_and_a_client_that_left() -> None:

@@ -1,0 +1,106 @@
+"""What the router knows of each upstream replica while it serves: its health, its
+requests in flight, what it has served. The decisions are pure (choice.py, health.py);
+this holds their inputs between requests.
+
+State is kept by (model, URL), so that a reload that keeps a replica keeps its health and
+its count, and one that drops it forgets it at the next health round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from router.upstream.choice import Replica
+from router.upstream.health import Health
+
+log = logging.getLogger("corral.upstream")
+
+# A connection refused is a dead host: it leaves rotation at once, as with HAProxy's
+# `observe layer4` and `on-error mark-down`. Slow or 5xx answers take FALL in a row.
+DEAD = 1
+from supervisor.config import Config
+from supervisor.config.schema import UpstreamSpec
+
+LOCAL = "local"  # the name of the replica that is the model's own worker
+
+
+@dataclass
+class ReplicaState:
+    health: Health = field(default_factory=Health)
+    in_flight: int = 0
+    # Requests by how they ended: "ok", "error" (a 4xx the upstream answered is "ok": the
+    # replica worked), "failed_over", "failed".
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class LocalLoad:
+    """The model's own worker as a replica: requests it holds, and whether its slot line
+    is full (every slot busy and requests waiting), so that a remote replica takes more."""
+
+    in_flight: int
+    line_full: bool
+
+
+class Upstreams:
+    def __init__(self, config: Callable[[], Config], local: Callable[[str], LocalLoad | None]) -> None:
+        self._config = config
+        self._local = local
+        self.state: dict[tuple[str, str], ReplicaState] = {}
+
+    def spec(self, name: str) -> UpstreamSpec | None:
+        """The upstream model `name` (or an alias) names, in the config as it is now."""
+        return self._config().upstream(name)
+
+    def specs(self) -> list[UpstreamSpec]:
+        return list(self._config().upstreams.values())
+
+    def of(self, model: str, url: str) -> ReplicaState:
+        return self.state.setdefault((model, url), ReplicaState())
+
+    def replicas(self, spec: UpstreamSpec, remote: bool = True) -> list[Replica]:
+        """`spec`'s replicas as the choice sees them; `remote` False: the local one only
+        (a request in a dialect the upstream does not speak)."""
+        out: list[Replica] = []
+        if remote:
+            for url in spec.urls:
+                s = self.of(spec.name, url)
+                out.append(Replica(url, s.in_flight, s.health.healthy, spec.max_concurrency))
+        if spec.local and (load := self._local(spec.name)) is not None:
+            out.append(Replica(LOCAL, load.in_flight, True, None, local=True, line_full=load.line_full))
+        return out
+
+    def observe(self, model: str, url: str, ok: bool, error: str | None = None, dead: bool = False) -> None:
+        """A health check's or a request's outcome at replica `url` of `model`."""
+        state = self.of(model, url)
+        before = state.health.healthy
+        state.health = state.health.observe(ok, error, **({"fall": DEAD} if dead else {}))
+        if before != state.health.healthy:
+            if state.health.healthy:
+                log.warning("upstream %s of model %s is back in rotation", url, model)
+            else:
+                log.warning("upstream %s of model %s is out of rotation (%s)", url, model, error)
+
+    def forget_removed(self) -> None:
+        """Drop the state of replicas no longer in the config (after a reload)."""
+        live = {(u.name, url) for u in self.specs() for url in u.urls}
+        for key in [k for k, s in self.state.items() if k not in live and s.in_flight == 0]:
+            del self.state[key]
+
+
+def replica_view(upstreams: Upstreams, spec: UpstreamSpec) -> list[dict[str, object]]:
+    """Each remote replica of `spec` as /v1/models and /admin/models show it."""
+    out: list[dict[str, object]] = []
+    for url in spec.urls:
+        s = upstreams.of(spec.name, url)
+        out.append({
+            "url": url,
+            "healthy": s.health.healthy,
+            "in_flight": s.in_flight,
+            "last_error": s.health.last_error,
+            "requests": dict(s.outcomes),
+        })
+    return out

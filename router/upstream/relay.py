@@ -1,0 +1,172 @@
+"""Relaying a request to an upstream replica in the dialect it came in, and its answer
+back as it arrives.
+
+The body goes as it came (the `model` name changed only when the upstream knows the model
+by another name), so that whatever the upstream supports of its dialect works, fields
+Corral does not know included. The answer streams back chunk by chunk: nothing is
+buffered, so a stream's first token reaches the client when the upstream sends it.
+
+Failover: a replica that cannot be reached, drops the connection or answers 5xx before
+the answer's first byte has been passed on is marked (router/upstream/health.py) and the
+next replica in the request's affinity order takes the request, until none is left. After
+the first byte nothing can be taken back: a connection that breaks mid-answer ends the
+client's connection too (no final chunk), so a cut answer is never taken for a whole one.
+A client that disconnects closes the upstream connection, which cancels the generation
+there (Corral and llama-server both stop a request whose client went away).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import httpx
+import trio
+
+from router.upstream.choice import pick
+from router.upstream.pool import LOCAL, Upstreams
+from supervisor.config.schema import UpstreamSpec
+from supervisor.errors import Overloaded, WorkerUnavailable
+
+log = logging.getLogger("corral.upstream")
+
+# Request headers passed on: what the dialects read (content type, versions and betas of
+# the Anthropic and OpenAI APIs, a session for the upstream's own affinity, an id to
+# follow a request through logs). Never the client's key or cookies: the upstream gets
+# the key the config gives it.
+FORWARDED = (
+    "content-type", "accept", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta",
+    "x-session-id", "x-conversation-id", "x-request-id",
+)
+# Response headers passed back; hop-by-hop ones and the length (the answer is re-chunked)
+# are not.
+RETURNED = (
+    "content-type", "cache-control", "x-request-id", "request-id", "retry-after", "x-should-retry",
+    "openai-processing-ms", "anthropic-ratelimit-requests-remaining",
+)
+
+@dataclass(frozen=True)
+class Relayed:
+    """An upstream's answer, its body still to be read as `body` yields it."""
+
+    status: int
+    headers: dict[str, str]
+    body: AsyncIterator[bytes]
+    replica: str
+
+
+def upstream_url(base: str, path: str, query: str) -> str:
+    """Where a request for `path` goes: the base URL names the OpenAI routes' root (".../v1"),
+    and every dialect's path is taken from the server's root, as the client sent it (so
+    /v1/messages, /api/chat and /completion all reach the same server's routes)."""
+    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    return root + path + (f"?{query}" if query else "")
+
+
+def request_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+    out = {k: v for k in FORWARDED if (v := headers.get(k)) is not None}
+    out["accept-encoding"] = "identity"  # relayed as it comes, with no decoding on the way
+    if api_key is not None:
+        out["authorization"] = f"Bearer {api_key}"
+        out["x-api-key"] = api_key  # Anthropic's header, for an Anthropic-dialect upstream
+    return out
+
+
+class Relay:
+    def __init__(self, upstreams: Upstreams, client: httpx.AsyncClient) -> None:
+        self.upstreams = upstreams
+        self.client = client
+
+    async def send(
+        self, spec: UpstreamSpec, key: str, path: str, query: str, headers: Mapping[str, str], body: bytes
+    ) -> Relayed | None:
+        """Send the request to the replica the choice gives, failing over until one
+        answers below 500 or none is left. None: the choice is the local worker, which the
+        caller serves as any local request. Raises the 503 or 429 that says why none could
+        take it."""
+        tried: set[str] = set()
+        last_error: str | None = None
+        while True:
+            replica = pick(self.upstreams.replicas(spec), key, frozenset(tried))
+            if replica is None:
+                raise self._none_left(spec, tried, last_error)
+            if replica.name == LOCAL:
+                return None
+            tried.add(replica.name)
+            state = self.upstreams.of(spec.name, replica.name)
+            state.in_flight += 1
+            handed_over = False
+            try:
+                url = upstream_url(replica.name, path, query)
+                request = self.client.build_request(
+                    "POST", url, headers=request_headers(headers, spec.api_key), content=body,
+                    timeout=httpx.Timeout(spec.timeout, connect=min(spec.timeout, 10.0)),
+                )
+                try:
+                    response = await self.client.send(request, stream=True)
+                except httpx.TransportError as exc:
+                    last_error = f"{replica.name}: {_describe(exc)}"
+                    self.upstreams.observe(spec.name, replica.name, False, last_error, dead=isinstance(exc, httpx.ConnectError))
+                    state.outcomes["failed_over"] += 1
+                    log.warning("upstream %s of model %s failed before answering (%s); trying another", replica.name, spec.name, last_error)
+                    continue
+                if response.status_code >= 500 and pick(self.upstreams.replicas(spec), key, frozenset(tried)):
+                    last_error = f"{replica.name}: answered {response.status_code}"
+                    with trio.CancelScope(shield=True):
+                        await response.aclose()
+                    self.upstreams.observe(spec.name, replica.name, False, last_error)
+                    state.outcomes["failed_over"] += 1
+                    log.warning("upstream %s of model %s answered %d; trying another", replica.name, spec.name, response.status_code)
+                    continue
+                handed_over = True
+                return Relayed(
+                    response.status_code,
+                    {k: v for k in RETURNED if (v := response.headers.get(k)) is not None},
+                    self._body(spec, replica.name, response),
+                    replica.name,
+                )
+            finally:
+                if not handed_over:
+                    state.in_flight -= 1
+
+    async def _body(self, spec: UpstreamSpec, name: str, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The answer's bytes as they arrive; the replica's count and health once it ends."""
+        state = self.upstreams.of(spec.name, name)
+        ok = False
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+            ok = True
+        except httpx.TransportError as exc:
+            log.warning("upstream %s of model %s broke off its answer: %s", name, spec.name, _describe(exc))
+            self.upstreams.observe(spec.name, name, False, f"{name}: {_describe(exc)}", dead=isinstance(exc, httpx.ConnectError))
+            raise
+        finally:
+            state.in_flight -= 1
+            server_error = response.status_code >= 500
+            state.outcomes["ok" if ok and not server_error else "failed"] += 1
+            if ok:
+                self.upstreams.observe(spec.name, name, not server_error, None if not server_error else f"{name}: answered {response.status_code}")
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+
+    def _none_left(self, spec: UpstreamSpec, tried: set[str], last_error: str | None) -> Exception:
+        states = [self.upstreams.of(spec.name, url) for url in spec.urls]
+        if tried:
+            return WorkerUnavailable(
+                f"Every replica of model `{spec.name}` failed to answer (last: {last_error}).", retry_after=1.0
+            )
+        if any(s.health.healthy for s in states):
+            return Overloaded(
+                f"Every replica of model `{spec.name}` has max_concurrency = {spec.max_concurrency} requests in flight.",
+                retry_after=1.0,
+            )
+        errors = "; ".join(e for s in states if (e := s.health.last_error))
+        return WorkerUnavailable(f"No replica of model `{spec.name}` is in rotation ({errors or 'health checks failing'}).", retry_after=5.0)
+
+
+def _describe(exc: httpx.TransportError) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 200 else text[:200] + "…"
+

@@ -1,0 +1,235 @@
+"""Three Corral processes on loopback (issue 25's acceptance): a front whose models are
+upstreams of two backs. Every dialect reaches them through the front, as the official
+clients send it; streams arrive as the backs send them; killing one back under load loses
+no request that had not started its answer, and the front's /v1/models shows that replica
+out of rotation within the health interval, and back once it returns.
+
+The backs are real `corral serve`s with the demo model (a chat model and an embedding
+model), so what the front relays is what a back really answers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import ROOT, Server, start_server, stop_server
+from tests.e2e.test_kv_mixes import CANARY_TEXT
+
+BACK = """
+[server]
+port = {PORT}
+
+[supervisor]
+idle_timeout = 0
+
+[models.demo]
+path = "{MODEL}"
+slots = 2
+n_ctx = 1024
+chat_template = "gemma"
+
+[models.embed]
+path = "{MODEL}"
+embeddings = true
+slots = 1
+n_ctx = 512
+"""
+
+HEALTH_INTERVAL = 0.5
+
+FRONT = """
+[server]
+port = {PORT}
+
+[supervisor]
+health_interval = %s
+
+[models.chat]
+upstream = [%%s]
+upstream_model = "demo"
+upstream_dialects = ["openai", "anthropic", "responses", "ollama", "llama"]
+aliases = ["demo"]
+
+[models.embed]
+upstream = [%%s]
+""" % HEALTH_INTERVAL
+
+
+class Fleet:
+    def __init__(self, front: Server, backs: list[Server], back_dirs: list[Path]) -> None:
+        self.front, self.backs, self.back_dirs = front, backs, back_dirs
+
+    def replicas(self) -> list[dict[str, object]]:
+        models = httpx.get(self.front.base + "/models", timeout=10).json()["data"]
+        entry = next(m for m in models if m["id"] == "chat")
+        replicas: list[dict[str, object]] = entry["upstream"]["replicas"]
+        return replicas
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    dirs = [tmp_path_factory.mktemp(f"back{i}") for i in range(2)]
+    backs = [start_server(d, BACK) for d in dirs]
+    urls = ", ".join(f'"{b.base}"' for b in backs)
+    front = start_server(tmp_path_factory.mktemp("front"), FRONT % (urls, urls))
+    try:
+        yield Fleet(front, backs, dirs)
+    finally:
+        stop_server(front)
+        for back in backs:
+            if back.process.poll() is None:
+                stop_server(back)
+
+
+def completion(url: str, model: str) -> str:
+    r = httpx.post(
+        url + "/v1/completions", timeout=120,
+        json={"model": model, "prompt": CANARY_TEXT, "max_tokens": 12, "temperature": 0},
+    )
+    assert r.status_code == 200, r.text
+    text: str = r.json()["choices"][0]["text"]
+    return text
+
+
+def test_every_dialect_reaches_the_backs_through_the_front(fleet: Fleet) -> None:
+    front = fleet.front.url
+    # The front's answer is the back's, greedy token for token (the canary's every token
+    # wins by 2 or more in log-probability, so batch shape cannot flip one).
+    assert completion(front, "chat") == completion(fleet.backs[0].url, "demo") != ""
+    oa = openai.OpenAI(base_url=fleet.front.base, api_key="none", max_retries=0)
+    chat = oa.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Say hi."}], max_tokens=5)
+    assert chat.choices[0].message.content and chat.usage is not None and chat.usage.completion_tokens <= 5
+    assert chat.model == "demo"  # the back's answer, as it named the model
+    streamed = list(oa.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Say hi."}], max_tokens=5, stream=True
+    ))
+    assert streamed[-1].choices[0].finish_reason in ("length", "stop")
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    vectors = oa.embeddings.create(model="embed", input=["one", "two"])
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) > 100
+    responses = oa.responses.create(model="chat", input="Say hi.", max_output_tokens=16)
+    assert responses.output_text
+    message = anthropic.Anthropic(base_url=front, api_key="none", max_retries=0).messages.create(
+        model="chat", max_tokens=5, messages=[{"role": "user", "content": "Say hi."}]
+    )
+    assert message.content[0].type == "text" and message.stop_reason in ("max_tokens", "end_turn")
+    answer = ollama.Client(host=front).chat(
+        model="chat", messages=[{"role": "user", "content": "Say hi."}], options={"num_predict": 5}
+    )
+    assert answer.message.content and answer.done
+    native = httpx.post(front + "/completion", json={"model": "chat", "prompt": CANARY_TEXT, "n_predict": 4}, timeout=60)
+    assert native.status_code == 200 and native.json()["tokens_predicted"] == 4
+    # `embed` speaks OpenAI's dialect only (the default): another is refused, naming model.
+    refused = httpx.post(front + "/v1/messages", json={"model": "embed", "max_tokens": 5, "messages": []}, timeout=10)
+    assert refused.status_code == 400 and "speaks openai" in refused.json()["error"]["message"]
+
+
+def test_a_stream_arrives_as_the_back_sends_it(fleet: Fleet) -> None:
+    body = {"model": "chat", "prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True, "stream": True}
+    times: list[float] = []
+    with httpx.stream("POST", fleet.front.url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        t0 = time.monotonic()
+        for chunk in r.iter_raw():
+            times += [time.monotonic() - t0] * chunk.count(b"data:")
+    # Buffered, every event would arrive at the end; relayed, most arrive well before it.
+    assert len(times) >= 48, times
+    assert sum(t < times[-1] - 0.1 for t in times) >= len(times) // 2, times
+    assert len({round(t, 2) for t in times}) >= 4, times
+
+
+def test_a_conversation_stays_on_one_back(fleet: Fleet) -> None:
+    def served(back: Server) -> float:
+        text = httpx.get(back.url + "/metrics", timeout=10).text
+        return sum(
+            s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "corral_requests_total" and s.labels.get("endpoint") == "/v1/chat/completions"
+        )
+
+    before = [served(b) for b in fleet.backs]
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    for turn in range(4):  # each turn resends the conversation's start, as chat clients do
+        r = httpx.post(fleet.front.base + "/chat/completions", timeout=120,
+                       json={"model": "chat", "messages": messages, "max_tokens": 3})
+        assert r.status_code == 200
+        messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"And another ({turn})?"}]
+    after = [served(b) for b in fleet.backs]
+    assert sorted(a - b for a, b in zip(after, before)) == [0, 4]
+
+
+def test_killing_a_back_under_load_loses_no_request_and_shows_it_down(fleet: Fleet) -> None:
+    victim = fleet.backs[0]
+    results: list[int] = []
+    down_after: list[float] = []
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            async def one(i: int) -> None:
+                r = await client.post(fleet.front.base + "/chat/completions", json={
+                    "model": "chat", "user": f"user-{i}", "max_tokens": 24, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": f"Count to {i}."}],
+                })
+                assert r.status_code == 200, r.text
+                results.append(r.json()["usage"]["completion_tokens"])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(one, i)
+                await trio.sleep(1.0)  # every request is being answered, none has finished
+                victim.process.send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                while True:  # the front's view, from the moment of the kill
+                    replicas = (await client.get(fleet.front.base + "/models")).json()["data"][0]["upstream"]["replicas"]
+                    if not next(r for r in replicas if r["url"] == victim.base)["healthy"]:
+                        down_after.append(time.monotonic() - killed)
+                        break
+                    assert time.monotonic() - killed < 10, replicas
+                    await trio.sleep(0.05)
+
+    before = next(r for r in fleet.replicas() if r["url"] == victim.base)["requests"]
+    trio.run(load)
+    assert results == [24] * 8  # every request answered in full
+    # Some were on the victim when it died (bounded loads spread 8 over both backs): the
+    # other back answered them.
+    after = next(r for r in fleet.replicas() if r["url"] == victim.base)["requests"]
+    assert isinstance(before, dict) and isinstance(after, dict)
+    assert after.get("failed_over", 0) - before.get("failed_over", 0) >= 1, (before, after)
+    assert down_after and down_after[0] <= HEALTH_INTERVAL + 0.5, down_after
+    # The back returns on its port: checks bring it back into rotation (RISE = 2 good ones).
+    fleet.backs[0] = back = restart(victim, fleet.back_dirs[0])
+    deadline = time.monotonic() + 10
+    while not next(r for r in fleet.replicas() if r["url"] == back.base)["healthy"]:
+        assert time.monotonic() < deadline, fleet.replicas()
+        time.sleep(0.1)
+
+
+def restart(server: Server, folder: Path) -> Server:
+    server.process.wait(timeout=10)
+    time.sleep(0.5)  # its worker sees the socket close and exits
+    log = folder / "server-again.log"
+    proc = subprocess.Popen(
+        [*server.process.args[:-2], "--config", str(folder / "config.toml")],  # type: ignore[index]
+        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+    again = Server(server.url, proc, log)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+                return again
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+

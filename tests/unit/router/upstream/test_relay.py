@@ -1,0 +1,128 @@
+"""router/upstream/relay.py: where a request goes, what it carries, and failover before
+the first byte, against replicas simulated by httpx's MockTransport."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from router.upstream.pool import LOCAL, LocalLoad, Upstreams
+from router.upstream.relay import Relay, request_headers, upstream_url
+from supervisor.config import Config, ServerConfig, SupervisorConfig
+from supervisor.config.schema import UpstreamSpec
+from supervisor.errors import Overloaded, WorkerUnavailable
+
+A, B = "http://a:8080/v1", "http://b:8080/v1"
+
+
+def test_every_dialects_path_is_taken_from_the_servers_root() -> None:
+    assert upstream_url(A, "/v1/chat/completions", "") == "http://a:8080/v1/chat/completions"
+    assert upstream_url(A, "/api/chat", "") == "http://a:8080/api/chat"  # Ollama's
+    assert upstream_url("https://h/openai/v1", "/v1/messages", "beta=true") == "https://h/openai/v1/messages?beta=true"
+    assert upstream_url("http://h:8080", "/completion", "") == "http://h:8080/completion"
+
+
+def test_the_clients_key_never_goes_upstream_and_the_configured_one_does() -> None:
+    sent = request_headers(
+        {"authorization": "Bearer client-key", "x-api-key": "client-key", "cookie": "c", "content-type": "application/json",
+         "anthropic-version": "2023-06-01", "x-session-id": "s"},
+        "sk-up",
+    )
+    assert sent == {
+        "content-type": "application/json", "anthropic-version": "2023-06-01", "x-session-id": "s",
+        "accept-encoding": "identity", "authorization": "Bearer sk-up", "x-api-key": "sk-up",
+    }
+    assert "authorization" not in request_headers({"authorization": "Bearer client-key"}, None)
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def reply(status: int, body: bytes) -> httpx.Response:
+    """An answer whose body is still to be read, as a real server's streamed one is."""
+    return httpx.Response(status, stream=httpx.ByteStream(body))
+
+
+def relay_for(spec: UpstreamSpec, handler: Handler, local: LocalLoad | None = None) -> Relay:
+    cfg = Config(ServerConfig(), SupervisorConfig(), {}, upstreams={spec.name: spec})
+    pool = Upstreams(lambda: cfg, lambda name: local)
+    return Relay(pool, httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+
+
+async def send(relay: Relay, spec: UpstreamSpec, key: str = "k") -> tuple[int, bytes, str] | None:
+    relayed = await relay.send(spec, key, "/v1/completions", "", {"content-type": "application/json"}, b'{"model":"m"}')
+    if relayed is None:
+        return None
+    body = b"".join([chunk async for chunk in relayed.body])
+    return relayed.status, body, relayed.replica
+
+
+def spec_of(*urls: str, **kw: object) -> UpstreamSpec:
+    return UpstreamSpec(name="m", urls=urls, model="m", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.trio
+async def test_a_refused_connection_fails_over_and_takes_the_replica_out_at_once() -> None:
+    spec = spec_of(A, B)
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host == "a":
+            raise httpx.ConnectError("refused", request=request)
+        return reply(200, b"answer")
+
+    relay = relay_for(spec, handler)
+    for key in ("k1", "k2", "k3", "k4"):
+        assert await send(relay, spec, key) == (200, b"answer", B)
+    assert seen.count("a") == 1  # out of rotation after one refusal: never tried again
+    state = relay.upstreams.of("m", A)
+    assert not state.health.healthy and state.outcomes["failed_over"] == 1 and state.in_flight == 0
+    assert relay.upstreams.of("m", B).outcomes["ok"] == 4 and relay.upstreams.of("m", B).in_flight == 0
+
+
+@pytest.mark.trio
+async def test_a_5xx_fails_over_while_another_replica_can_take_it_and_is_passed_on_when_none_can() -> None:
+    spec = spec_of(A, B)
+    relay = relay_for(spec, lambda r: reply(503, b"busy " + r.url.host.encode()))
+    status, body, replica = await send(relay, spec) or (0, b"", "")
+    # Both tried; the last one's 503 is the answer (the client sees the upstream's error).
+    assert status == 503 and body == b"busy " + replica.split("//")[1][0].encode()
+    assert sum(relay.upstreams.of("m", u).outcomes["failed_over"] for u in (A, B)) == 1
+    assert sum(relay.upstreams.of("m", u).outcomes["failed"] for u in (A, B)) == 1
+
+
+@pytest.mark.trio
+async def test_a_4xx_is_the_upstreams_answer_not_a_failure() -> None:
+    spec = spec_of(A, B)
+    relay = relay_for(spec, lambda r: reply(400, b'{"error":"bad"}'))
+    assert await send(relay, spec, "k") == (400, b'{"error":"bad"}', (await send(relay, spec, "k") or (0, b"", ""))[2])
+    assert all(relay.upstreams.of("m", u).health.healthy for u in (A, B))
+
+
+@pytest.mark.trio
+async def test_with_every_replica_down_or_full_the_client_is_told_which() -> None:
+    spec = spec_of(A, max_concurrency=1)
+    relay = relay_for(spec, lambda r: reply(200, b"x"))
+    first = await relay.send(spec, "k", "/v1/completions", "", {}, b"{}")
+    assert first is not None and relay.upstreams.of("m", A).in_flight == 1  # until its body is read
+    with pytest.raises(Overloaded, match="max_concurrency = 1"):
+        await relay.send(spec, "k", "/v1/completions", "", {}, b"{}")
+    assert b"".join([c async for c in first.body]) == b"x" and relay.upstreams.of("m", A).in_flight == 0
+    relay.upstreams.observe("m", A, False, "http://a:8080/v1: refused", dead=True)
+    with pytest.raises(WorkerUnavailable, match="in rotation .*refused"):
+        await relay.send(spec, "k", "/v1/completions", "", {}, b"{}")
+
+
+@pytest.mark.trio
+async def test_the_local_worker_is_a_replica_and_spills_over_when_its_line_is_full() -> None:
+    spec = spec_of(A, local=True)
+    relay = relay_for(spec, lambda r: reply(200, b"remote"), LocalLoad(in_flight=0, line_full=False))
+    keys = [f"k{i}" for i in range(40)]
+    local = [k for k in keys if await send(relay, spec, k) is None]
+    assert 0 < len(local) < len(keys)  # the keys spread over both
+    full = relay_for(spec, lambda r: reply(200, b"remote"), LocalLoad(in_flight=2, line_full=True))
+    assert [await send(full, spec, k) for k in local] == [(200, b"remote", A)] * len(local)  # spilled over
+    assert [r.name for r in full.upstreams.replicas(spec)] == [A, LOCAL]
