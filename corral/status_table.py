@@ -169,6 +169,25 @@ def _queue(payload: dict[str, Any], prefix: str = "") -> list[str]:
     ]
 
 
+def _upstreams(payload: dict[str, Any], prefix: str = "") -> list[str]:
+    """A line per model served elsewhere: its replicas, and which are out of rotation."""
+    entries = payload.get("upstreams")
+    out = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or not isinstance(e.get("replicas"), list):
+            continue
+        replicas = [r for r in e["replicas"] if isinstance(r, dict)]
+        up = sum(1 for r in replicas if r.get("healthy"))
+        parts = [
+            f"{r.get('url')} ({r.get('in_flight', 0)} in flight)" if r.get("healthy")
+            else f"{r.get('url')} (down: {one_line(r.get('last_error'))})"
+            for r in replicas
+        ]
+        local = " and its own worker" if e.get("local") else ""
+        out.append(f"{prefix}upstream {e.get('name')}: {up} of {len(replicas)} replicas up{local}: {', '.join(parts)}")
+    return out
+
+
 def _wrapped(lines: list[str], width: int) -> list[str]:
     return [part for line in lines for part in textwrap.wrap(line, max(width, 20))]
 
@@ -181,7 +200,10 @@ def render(payload: dict[str, Any], width: int, now: float) -> str:
     out = _wrapped(_troubles(payload), width)
     if out:
         out.append("")
-    out += table(models, width, now) if models else ["no models configured"]
+    remote = _upstreams(payload)
+    out += table(models, width, now) if models else [] if remote else ["no models configured"]
+    if remote:
+        out += ["", *_wrapped(remote, width)] if models else _wrapped(remote, width)
     if queue := _queue(payload):
         out += ["", *_wrapped(queue, width)]
     return "\n".join(out)
@@ -210,7 +232,7 @@ def render_fleet(answers: list[tuple[str, dict[str, Any] | str]], width: int, no
             above.append(f"{host}: {exc}")
             continue
         above += _troubles(answer, f"{host}: ")
-        below += _queue(answer, f"{host}: ")
+        below += _upstreams(answer, f"{host}: ") + _queue(answer, f"{host}: ")
         rows += [{**m, "host": host} for m in models] or [{"host": host, "name": "-", "state": "no models configured"}]
     out = _wrapped(above, width)
     if out:

@@ -114,6 +114,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def health() -> Response:
         model = request.args.get("model")
         if model is not None:  # one model's readiness, for a balancer (router/server/readiness.py)
+            if (remote := upstreams.readiness(model)) is not None:
+                return remote
             return readiness.model_health(supervisor, model)
         return Response(_json.encode({"status": "ok"}), content_type="application/json")
 
@@ -129,7 +131,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         blueprint = Blueprint(d.name, __name__)
         d.register(blueprint, server)
         app.register_blueprint(blueprint)
-    admin.register(app, supervisor)
+    admin.register(app, supervisor, upstreams.view)
     dashboard.register(app)
     metrics.register(app, supervisor, [UpstreamCollector(upstreams.pool)])
     return app

@@ -6,7 +6,7 @@ They need an admin key, or, with none configured, a client on loopback (router/s
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import msgspec
 import trio
@@ -41,7 +41,11 @@ def _event(obj: dict[str, Any]) -> bytes:
     return b"event: " + str(obj["type"]).encode() + b"\n" + sse.event(_json.encode(obj))
 
 
-def register(app: QuartTrio, supervisor: Supervisor) -> None:
+def register(
+    app: QuartTrio, supervisor: Supervisor, upstreams: Callable[[], list[dict[str, Any]]] = lambda: []
+) -> None:
+    """`upstreams`: the models served elsewhere, each with its replicas (router/upstream/)."""
+
     def reply(obj: object, status: int = 200) -> Response:
         return Response(_json.encode(obj), status=status, content_type="application/json")
 
@@ -58,6 +62,7 @@ def register(app: QuartTrio, supervisor: Supervisor) -> None:
                 ],
                 "config_error": supervisor.config_error,
                 "needs_restart": list(supervisor.needs_restart),
+                "upstreams": upstreams(),
             }
         )
 

@@ -27,10 +27,10 @@ async def check(upstreams: Upstreams, client: httpx.AsyncClient, spec: UpstreamS
     try:
         response = await client.get(f"{url}/models", headers=request_headers({}, spec.api_key), timeout=timeout)
     except httpx.TransportError as exc:
-        upstreams.observe(spec.name, url, False, f"{url}: {exc or type(exc).__name__}", dead=isinstance(exc, httpx.ConnectError))
+        upstreams.observe(spec.name, url, False, str(exc) or type(exc).__name__, dead=isinstance(exc, httpx.ConnectError))
         return
     ok = response.status_code == 200
-    upstreams.observe(spec.name, url, ok, None if ok else f"{url}: GET /models answered {response.status_code}")
+    upstreams.observe(spec.name, url, ok, None if ok else f"GET /models answered {response.status_code}")
 
 
 async def watch(upstreams: Upstreams, client: httpx.AsyncClient, interval: Callable[[], float]) -> None:

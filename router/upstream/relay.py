@@ -106,16 +106,18 @@ class Relay:
                 try:
                     response = await self.client.send(request, stream=True)
                 except httpx.TransportError as exc:
-                    last_error = f"{replica.name}: {_describe(exc)}"
-                    self.upstreams.observe(spec.name, replica.name, False, last_error, dead=isinstance(exc, httpx.ConnectError))
+                    error = _describe(exc)
+                    last_error = f"{replica.name}: {error}"
+                    self.upstreams.observe(spec.name, replica.name, False, error, dead=isinstance(exc, httpx.ConnectError))
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s failed before answering (%s); trying another", replica.name, spec.name, last_error)
                     continue
                 if response.status_code >= 500 and pick(self.upstreams.replicas(spec), key, frozenset(tried)):
-                    last_error = f"{replica.name}: answered {response.status_code}"
+                    error = f"answered {response.status_code}"
+                    last_error = f"{replica.name}: {error}"
                     with trio.CancelScope(shield=True):
                         await response.aclose()
-                    self.upstreams.observe(spec.name, replica.name, False, last_error)
+                    self.upstreams.observe(spec.name, replica.name, False, error)
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s answered %d; trying another", replica.name, spec.name, response.status_code)
                     continue
@@ -140,14 +142,14 @@ class Relay:
             ok = True
         except httpx.TransportError as exc:
             log.warning("upstream %s of model %s broke off its answer: %s", name, spec.name, _describe(exc))
-            self.upstreams.observe(spec.name, name, False, f"{name}: {_describe(exc)}", dead=isinstance(exc, httpx.ConnectError))
+            self.upstreams.observe(spec.name, name, False, _describe(exc), dead=isinstance(exc, httpx.ConnectError))
             raise
         finally:
             state.in_flight -= 1
             server_error = response.status_code >= 500
             state.outcomes["ok" if ok and not server_error else "failed"] += 1
             if ok:
-                self.upstreams.observe(spec.name, name, not server_error, None if not server_error else f"{name}: answered {response.status_code}")
+                self.upstreams.observe(spec.name, name, not server_error, None if not server_error else f"answered {response.status_code}")
             with trio.CancelScope(shield=True):
                 await response.aclose()
 
@@ -162,7 +164,7 @@ class Relay:
                 f"Every replica of model `{spec.name}` has max_concurrency = {spec.max_concurrency} requests in flight.",
                 retry_after=1.0,
             )
-        errors = "; ".join(e for s in states if (e := s.health.last_error))
+        errors = "; ".join(f"{url}: {s.health.last_error}" for url, s in zip(spec.urls, states) if s.health.last_error)
         return WorkerUnavailable(f"No replica of model `{spec.name}` is in rotation ({errors or 'health checks failing'}).", retry_after=5.0)
 
 

@@ -3,15 +3,18 @@ checking, the hook that relays, and the health-check task that `corral serve` ru
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import trio
+from quart import Response
 from quart_trio import QuartTrio
 
 from router.upstream import checks, routing
-from router.upstream.pool import LocalLoad, Upstreams
+from router.upstream.pool import LocalLoad, Upstreams, replica_view
 from router.upstream.relay import Relay
 from supervisor.supervisor import Supervisor
 
@@ -36,6 +39,25 @@ class UpstreamService:
             return None
         stats = handle.statistics()
         return LocalLoad(handle.in_flight, stats.slots_busy >= stats.slots and stats.queued + stats.waiting > 0)
+
+    def view(self) -> list[dict[str, Any]]:
+        """Every upstream model with its replicas, for /admin/models and `corral status`."""
+        return [
+            {"name": spec.name, "model": spec.model, "local": spec.local, "replicas": replica_view(self.pool, spec)}
+            for spec in self.pool.specs()
+        ]
+
+    def readiness(self, name: str) -> Response | None:
+        """`GET /health?model=NAME` for a model served elsewhere only: ready while any
+        replica is in rotation (None: not such a model; a key's scope does not apply, as
+        /health needs none)."""
+        spec = self.pool.spec(name)
+        if spec is None or spec.local:
+            return None
+        up = [url for url in spec.urls if self.pool.of(spec.name, url).health.healthy]
+        body = {"status": "ok" if up else "unavailable", "model": spec.name, "state": "ready" if up else "failed",
+                "replicas_up": len(up), "replicas": len(spec.urls)}
+        return Response(json.dumps(body), status=200 if up else 503, content_type="application/json")
 
     @property
     def in_flight(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,6 +199,8 @@ def test_killing_a_back_under_load_loses_no_request_and_shows_it_down(fleet: Fle
                     await trio.sleep(0.05)
 
     before = next(r for r in fleet.replicas() if r["url"] == victim.base)["requests"]
+    ready = httpx.get(fleet.front.url + "/health", params={"model": "chat"}, timeout=10)
+    assert ready.status_code == 200 and ready.json()["replicas_up"] == 2
     trio.run(load)
     assert results == [24] * 8  # every request answered in full
     # Some were on the victim when it died (bounded loads spread 8 over both backs): the
@@ -205,6 +208,16 @@ def test_killing_a_back_under_load_loses_no_request_and_shows_it_down(fleet: Fle
     after = next(r for r in fleet.replicas() if r["url"] == victim.base)["requests"]
     assert isinstance(before, dict) and isinstance(after, dict)
     assert after.get("failed_over", 0) - before.get("failed_over", 0) >= 1, (before, after)
+    # A balancer in front of the front still sees the model ready (one replica is up), and
+    # `corral status` (/admin/models) names the replica that is down and why.
+    ready = httpx.get(fleet.front.url + "/health", params={"model": "chat"}, timeout=10)
+    assert ready.status_code == 200 and ready.json()["replicas_up"] == 1
+    status = subprocess.run(
+        [sys.executable, "-m", "corral", "status", "--url", fleet.front.url], cwd=ROOT, capture_output=True, text=True
+    )
+    assert status.returncode == 0, status.stderr
+    words = " ".join(status.stdout.split())  # as wide as the terminal: no terminal here
+    assert "upstream chat: 1 of 2 replicas up" in words and f"{victim.base} (down: all attempts to connect" in words
     assert down_after and down_after[0] <= HEALTH_INTERVAL + 0.5, down_after
     # The back returns on its port: checks bring it back into rotation (RISE = 2 good ones).
     fleet.backs[0] = back = restart(victim, fleet.back_dirs[0])

@@ -147,3 +147,25 @@ def test_a_fleet_table_fits_the_width_and_says_when_nobody_answered() -> None:
     # A server with no models still shows: its row says so.
     empty = render_fleet([("http://a:1", {**PAYLOAD, "models": []})], 80, NOW).splitlines()
     assert empty[1].split()[:2] == ["a:1", "-"] and "no models configured" in empty[1]
+
+
+UPSTREAMS = [
+    {"name": "qwen", "model": "qwen2.5-7b", "local": False, "replicas": [
+        {"url": "http://10.0.0.2:8080/v1", "healthy": True, "in_flight": 3, "last_error": None, "requests": {"ok": 9}},
+        {"url": "http://10.0.0.3:8080/v1", "healthy": False, "in_flight": 0,
+         "last_error": "all attempts to connect failed", "requests": {}},
+    ]},
+]
+
+
+def test_models_served_elsewhere_are_a_line_each_with_their_replicas() -> None:
+    text = render({**PAYLOAD, "upstreams": UPSTREAMS}, 400, NOW)
+    assert text.splitlines()[-1] == (
+        "upstream qwen: 1 of 2 replicas up: http://10.0.0.2:8080/v1 (3 in flight), "
+        "http://10.0.0.3:8080/v1 (down: all attempts to connect failed)"
+    )
+    # A front with no model of its own: the upstreams alone, not "no models configured".
+    alone = render({**PAYLOAD, "models": [], "upstreams": UPSTREAMS}, 400, NOW)
+    assert alone.startswith("upstream qwen: 1 of 2 replicas up") and "no models configured" not in alone
+    fleet = render_fleet([("http://front:8080", {**PAYLOAD, "upstreams": UPSTREAMS})], 400, NOW)
+    assert fleet.splitlines()[-1].startswith("front:8080: upstream qwen: 1 of 2 replicas up")
