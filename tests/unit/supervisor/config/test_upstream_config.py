@@ -9,21 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError, parse
+from supervisor.config import parse
 from supervisor.config.show import effective
-from tests.harness import write_gguf
+from tests.unit.supervisor.config.test_config_problems import _problems as problems_of
+from tests.unit.supervisor.config.test_config_problems import base
 
 
-def problems_of(text: str, base: Path) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        parse(text, base)
-    return info.value.problems
-
-
-@pytest.fixture
-def base(tmp_path: Path) -> Path:
-    write_gguf(tmp_path / "m.gguf")
-    return tmp_path
+# A folder with a model "m.gguf" (`base`), and the problems a config text has there.
+__all__ = ["base"]
 
 
 def test_an_upstream_model_needs_no_path_and_runs_no_worker(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
