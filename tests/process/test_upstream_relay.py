@@ -1,0 +1,170 @@
+"""The relay to upstream models (router/upstream/), through the real app, against a fake
+upstream served by hypercorn in the test: what reaches the upstream (the configured key,
+never the client's; the body as it came, the model renamed), keys' scopes, timeouts,
+failover on a 5xx, and an answer cut off mid-way (issue 25, item 1)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from supervisor.config import parse
+from supervisor.supervisor import Supervisor
+from tests.process.support import WORKER_COMMAND, serving_http
+from tests.secrets import secret
+
+CLIENT_KEY = secret("client")
+SCOPED = secret("scoped")
+UPSTREAM_KEY = secret("upstream")
+
+
+class FakeUpstream:
+    """An OpenAI-compatible server that records what it is sent; what it answers depends on
+    the `model` the body names."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.seen.append((scope["path"], headers, body))
+        model = json.loads(body).get("model") if body else None
+        start = partial(send, {"type": "http.response.start", "status": 200,
+                               "headers": [(b"content-type", b"text/event-stream")]})
+        if model == "hangs":
+            await trio.sleep_forever()
+        if model == "fails":
+            await send({"type": "http.response.start", "status": 500, "headers": []})
+            await send({"type": "http.response.body", "body": b"down"})
+            return
+        if model == "breaks":  # headers and one event, then the connection drops
+            await start()
+            await send({"type": "http.response.body", "body": b"data: {\"n\": 1}\n\n", "more_body": True})
+            raise RuntimeError("the upstream dies mid-answer")
+        await start()
+        for i in range(3):
+            await send({"type": "http.response.body", "body": f"data: {{\"n\": {i}}}\n\n".encode(), "more_body": True})
+            await trio.sleep(0.05)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+@asynccontextmanager
+async def upstream_and_front(tmp_path: Path, tables: str, server: str = "") -> AsyncIterator[tuple[FakeUpstream, str]]:
+    fake = FakeUpstream()
+    hc = HyperConfig()
+    hc.bind = ["127.0.0.1:0"]
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve, fake, hc))  # type: ignore[arg-type]
+        text = f"[server]\n{server}\n" + tables.replace("{UP}", binds[0] + "/v1")
+        cfg = parse(text, tmp_path)
+        async with serving_http(Supervisor(cfg, worker_command=WORKER_COMMAND)) as front:
+            yield fake, front
+        nursery.cancel_scope.cancel()
+
+
+TABLES = """
+[models.chat]
+upstream = "{UP}"
+upstream_model = "renamed"
+api_key_env = "CORRAL_TEST_UPSTREAM_KEY"
+aliases = ["c"]
+
+[models.hangs]
+upstream = "{UP}"
+timeout = 0.5
+
+[models.breaks]
+upstream = "{UP}"
+
+[models.fails]
+upstream = ["{UP}", "http://127.0.0.1:9/v1"]
+"""
+
+
+@pytest.mark.trio
+async def test_the_upstream_gets_the_body_as_it_came_and_the_configured_key_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    async with upstream_and_front(tmp_path, TABLES, f'api_keys = ["{CLIENT_KEY}"]') as (fake, front):
+        sent = b'{"model": "c",  "messages": [{"role": "user", "content": "hi"}], "unknown_field": [1, 2]}'
+        async with httpx.AsyncClient(timeout=10) as c:
+            r = await c.post(front + "/v1/chat/completions?x=1", content=sent, headers={
+                "authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json",
+                "cookie": "session=secret", "x-session-id": "s-1",
+            })
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and r.text.count("data:") == 4
+        path, headers, body = fake.seen[-1]
+        assert path == "/v1/chat/completions"
+        assert headers["authorization"] == f"Bearer {UPSTREAM_KEY}" and "cookie" not in headers
+        assert CLIENT_KEY not in json.dumps(headers) and headers["x-session-id"] == "s-1"
+        # Every field passes, Corral's unknown ones too; only the model is the upstream's name.
+        assert json.loads(body) == {**json.loads(sent), "model": "renamed"}
+
+
+@pytest.mark.trio
+async def test_a_key_limited_to_other_models_sees_no_upstream_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    keys = f'api_keys = [{{key = "{SCOPED}", name = "scoped", models = ["breaks"]}}, "{CLIENT_KEY}"]'
+    async with upstream_and_front(tmp_path, TABLES, keys) as (fake, front):
+        async with httpx.AsyncClient(timeout=10, headers={"authorization": f"Bearer {SCOPED}"}) as c:
+            r = await c.post(front + "/v1/chat/completions", json={"model": "chat", "messages": []})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+            listed = {m["id"] for m in (await c.get(front + "/v1/models")).json()["data"]}
+            assert listed == {"breaks"}
+            assert (await c.get(front + "/v1/models/chat")).status_code == 404
+        assert fake.seen == []
+        async with httpx.AsyncClient(timeout=10) as c:  # no key at all: refused before any relay
+            assert (await c.post(front + "/v1/chat/completions", json={"model": "chat"})).status_code == 401
+        assert fake.seen == []
+
+
+@pytest.mark.trio
+async def test_an_upstream_that_stays_silent_past_its_timeout_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    async with upstream_and_front(tmp_path, TABLES) as (_, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            t0 = trio.current_time()
+            r = await c.post(front + "/v1/chat/completions", json={"model": "hangs", "messages": []})
+            assert trio.current_time() - t0 < 3
+        assert r.status_code == 503 and "failed to answer" in r.json()["error"]["message"]
+
+
+@pytest.mark.trio
+async def test_a_5xx_fails_over_and_a_cut_answer_is_never_a_whole_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    async with upstream_and_front(tmp_path, TABLES) as (_, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            # `fails` has a second replica that refuses connections: the first one's 500 is
+            # the answer only once no other replica can take the request.
+            r = await c.post(front + "/v1/chat/completions", json={"model": "fails", "messages": []})
+            assert r.status_code == 500 and r.text == "down"
+            with pytest.raises(httpx.RemoteProtocolError):
+                async with c.stream("POST", front + "/v1/chat/completions", json={"model": "breaks"}) as s:
+                    assert s.status_code == 200
+                    async for _ in s.aiter_raw():
+                        pass
