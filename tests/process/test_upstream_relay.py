@@ -78,7 +78,7 @@ async def upstream_and_front(tmp_path: Path, tables: str, server: str = "") -> A
     hc = HyperConfig()
     hc.bind = ["127.0.0.1:0"]
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, fake, hc))  # type: ignore[arg-type]
+        binds = await nursery.start(partial(serve, fake, hc))
         text = f"[server]\n{server}\n" + tables.replace("{UP}", binds[0] + "/v1")
         cfg = parse(text, tmp_path)
         async with serving_http(Supervisor(cfg, worker_command=WORKER_COMMAND)) as front:
