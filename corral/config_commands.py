@@ -130,8 +130,8 @@ def check(args: argparse.Namespace) -> int:
     if cfg.unloadable:  # serve would run the rest, but this file is not right
         print_problems(ConfigError(list(cfg.unloadable.values()), str(path)))
         return 1
-    names = ", ".join(cfg.models)
-    print(f"{path}: ok ({len(cfg.models)} model(s): {names})")
+    names = [*cfg.models, *(name for name in cfg.upstreams if name not in cfg.models)]
+    print(f"{path}: ok ({len(names)} model(s): {', '.join(names)})")
     return 0
 
 

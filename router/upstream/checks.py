@@ -4,10 +4,16 @@ has (Corral, llama-server, vLLM, hosted APIs), and it checks the key as well as 
 Each result goes to the replica's Health (router/upstream/health.py), with the requests'
 own outcomes, so a replica leaves rotation after FALL failed checks or one refused
 connection, and comes back after RISE good ones.
+
+A check is its status line only (the body is never read: a replica that drips or sends
+gigabytes costs nothing), bounded as a whole by CHECK_TIMEOUT, and whatever goes wrong
+in one is that replica's failed check: one replica can neither stall the others' checks
+nor stop them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import httpx
@@ -17,6 +23,8 @@ from router.upstream.pool import Upstreams
 from router.upstream.relay import request_headers
 from supervisor.config.schema import UpstreamSpec
 
+log = logging.getLogger("corral.upstream")
+
 # Checks while health_interval is 0 (pings off for workers): a replica still has to come
 # back into rotation somehow.
 FALLBACK_INTERVAL = 10.0
@@ -24,13 +32,23 @@ CHECK_TIMEOUT = 5.0
 
 
 async def check(upstreams: Upstreams, client: httpx.AsyncClient, spec: UpstreamSpec, url: str, timeout: float) -> None:
-    try:
-        response = await client.get(f"{url}/models", headers=request_headers({}, spec.api_key), timeout=timeout)
-    except httpx.TransportError as exc:
-        upstreams.observe(spec.name, url, False, str(exc) or type(exc).__name__, dead=isinstance(exc, httpx.ConnectError))
-        return
-    ok = response.status_code == 200
-    upstreams.observe(spec.name, url, ok, None if ok else f"GET /models answered {response.status_code}")
+    status: int | None = None
+    error: str | None = None
+    dead = False
+    with trio.move_on_after(timeout) as scope:
+        try:
+            async with client.stream("GET", f"{url}/models", headers=request_headers({}, spec.api_key)) as response:
+                status = response.status_code
+        except httpx.TransportError as exc:
+            error, dead = str(exc) or type(exc).__name__, isinstance(exc, httpx.ConnectError)
+        except Exception as exc:  # a check must never end the checks
+            log.exception("health check of %s (model %s) failed", url, spec.name)
+            error = f"health check failed: {type(exc).__name__}"
+    if scope.cancelled_caught:
+        error = f"GET /models did not answer within {timeout:g} s"
+    elif status is not None and status != 200:
+        error = f"GET /models answered {status}"
+    upstreams.observe(spec.name, url, error is None, error, dead=dead)
 
 
 async def watch(upstreams: Upstreams, client: httpx.AsyncClient, interval: Callable[[], float]) -> None:

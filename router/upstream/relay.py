@@ -27,7 +27,7 @@ import trio
 from router.upstream.choice import pick
 from router.upstream.pool import LOCAL, Upstreams
 from supervisor.config.schema import UpstreamSpec
-from supervisor.errors import Overloaded, WorkerUnavailable
+from supervisor.errors import Overloaded, WorkerCrashed, WorkerUnavailable
 
 log = logging.getLogger("corral.upstream")
 
@@ -40,11 +40,24 @@ FORWARDED = (
     "x-session-id", "x-conversation-id", "x-request-id",
 )
 # Response headers passed back; hop-by-hop ones and the length (the answer is re-chunked)
-# are not.
+# are not. The encoding is, for an upstream that compresses although asked not to: the
+# bytes are passed on as they came, so the client must know how to read them.
 RETURNED = (
-    "content-type", "cache-control", "x-request-id", "request-id", "retry-after", "x-should-retry",
-    "openai-processing-ms", "anthropic-ratelimit-requests-remaining",
+    "content-type", "content-encoding", "cache-control", "x-request-id", "request-id", "retry-after",
+    "x-should-retry", "openai-processing-ms", "anthropic-ratelimit-requests-remaining",
 )
+# Answers that say the replica cannot serve now, whatever the request: tried elsewhere,
+# and counted against its health (nginx's proxy_next_upstream http_502 http_503 http_504).
+# Any other status is the upstream's answer to this request, passed on: a 500 or a 501
+# that a request provokes must not let one client take every replica out of rotation.
+UNAVAILABLE = frozenset({502, 503, 504})
+
+# Each relay adds itself to the request's Via header (RFC 9110, 7.6.3), so that an
+# upstream that leads back to a server the request has passed (a config that points a
+# model at its own server, or two fronts at each other) is refused at once instead of
+# multiplying the request.
+VIA_TOKEN = "corral-"
+MAX_HOPS = 8
 
 @dataclass(frozen=True)
 class Relayed:
@@ -64,25 +77,43 @@ def upstream_url(base: str, path: str, query: str) -> str:
     return root + path + (f"?{query}" if query else "")
 
 
-def request_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
-    out = {k: v for k in FORWARDED if (v := headers.get(k)) is not None}
-    out["accept-encoding"] = "identity"  # relayed as it comes, with no decoding on the way
-    if api_key is not None:
-        out["authorization"] = f"Bearer {api_key}"
-        out["x-api-key"] = api_key  # Anthropic's header, for an Anthropic-dialect upstream
+def request_headers(headers: Mapping[str, str], api_key: str | None, via: str | None = None) -> dict[bytes, bytes]:
+    """The headers to send upstream. Values go as the bytes they came as (HTTP headers are
+    Latin-1 on the wire; a client's non-ASCII user-agent is not an error of ours)."""
+    out = {k.encode(): v.encode("latin-1", "replace") for k in FORWARDED if (v := headers.get(k)) is not None}
+    out[b"accept-encoding"] = b"identity"  # relayed as it comes, with no decoding on the way
+    if via is not None:
+        before = headers.get("via")
+        out[b"via"] = (f"{before}, {via}" if before else via).encode("latin-1", "replace")
+    if api_key is not None:  # ASCII: the config refuses any other key
+        out[b"authorization"] = f"Bearer {api_key}".encode()
+        out[b"x-api-key"] = api_key.encode()  # Anthropic's header, for an Anthropic-dialect upstream
     return out
 
 
+def loop_problem(via: str | None, own: str) -> str | None:
+    """Why a request that arrived with this Via header must not be relayed (None: it may)."""
+    if not via:
+        return None
+    hops = [part.strip().split()[-1] for part in via.split(",") if part.strip()]
+    if own in hops:
+        return "it has passed through this server already: an upstream leads back to it"
+    if sum(h.startswith(VIA_TOKEN) for h in hops) >= MAX_HOPS:
+        return f"it has passed through {MAX_HOPS} Corral servers already"
+    return None
+
+
 class Relay:
-    def __init__(self, upstreams: Upstreams, client: httpx.AsyncClient) -> None:
+    def __init__(self, upstreams: Upstreams, client: httpx.AsyncClient, via: str) -> None:
         self.upstreams = upstreams
         self.client = client
+        self.via = via  # this server's entry in Via: "1.1 corral-<id>"
 
     async def send(
         self, spec: UpstreamSpec, key: str, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> Relayed | None:
         """Send the request to the replica the choice gives, failing over until one
-        answers below 500 or none is left. None: the choice is the local worker, which the
+        answers (anything but UNAVAILABLE) or none is left. None: the choice is the local worker, which the
         caller serves as any local request. Raises the 503 or 429 that says why none could
         take it."""
         tried: set[str] = set()
@@ -100,7 +131,7 @@ class Relay:
             try:
                 url = upstream_url(replica.name, path, query)
                 request = self.client.build_request(
-                    "POST", url, headers=request_headers(headers, spec.api_key), content=body,
+                    "POST", url, headers=request_headers(headers, spec.api_key, self.via), content=body,
                     timeout=httpx.Timeout(spec.timeout, connect=min(spec.timeout, 10.0)),
                 )
                 try:
@@ -112,7 +143,18 @@ class Relay:
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s failed before answering (%s); trying another", replica.name, spec.name, last_error)
                     continue
-                if response.status_code >= 500 and pick(self.upstreams.replicas(spec), key, frozenset(tried)):
+                if 300 <= response.status_code < 400:
+                    # A redirect is a base URL to fix, not an answer: its Location would
+                    # send the client to the upstream, around the front.
+                    location = response.headers.get("location", "?")
+                    with trio.CancelScope(shield=True):
+                        await response.aclose()
+                    state.outcomes["failed"] += 1
+                    raise WorkerCrashed(
+                        f"The upstream of model `{spec.name}` answered a redirect ({response.status_code}) "
+                        f"to {location}; its `upstream` URL must name the server itself."
+                    )
+                if response.status_code in UNAVAILABLE and pick(self.upstreams.replicas(spec), key, frozenset(tried)):
                     error = f"answered {response.status_code}"
                     last_error = f"{replica.name}: {error}"
                     with trio.CancelScope(shield=True):
@@ -135,21 +177,22 @@ class Relay:
     async def _body(self, spec: UpstreamSpec, name: str, response: httpx.Response) -> AsyncIterator[bytes]:
         """The answer's bytes as they arrive; the replica's count and health once it ends."""
         state = self.upstreams.of(spec.name, name)
-        ok = False
+        broke = False
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
-            ok = True
         except httpx.TransportError as exc:
+            broke = True
             log.warning("upstream %s of model %s broke off its answer: %s", name, spec.name, _describe(exc))
             self.upstreams.observe(spec.name, name, False, _describe(exc), dead=isinstance(exc, httpx.ConnectError))
             raise
         finally:
+            # A client that left is not the replica's failure: only a break or a 5xx is.
             state.in_flight -= 1
-            server_error = response.status_code >= 500
-            state.outcomes["ok" if ok and not server_error else "failed"] += 1
-            if ok:
-                self.upstreams.observe(spec.name, name, not server_error, None if not server_error else f"answered {response.status_code}")
+            state.outcomes["failed" if broke or response.status_code >= 500 else "ok"] += 1
+            if not broke:
+                unavailable = response.status_code in UNAVAILABLE
+                self.upstreams.observe(spec.name, name, not unavailable, f"answered {response.status_code}" if unavailable else None)
             with trio.CancelScope(shield=True):
                 await response.aclose()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from quart import Response, request
@@ -22,43 +23,63 @@ from quart_trio import QuartTrio
 
 from router.server import access_log, auth, bodies
 from router.upstream.affinity import session_key
-from router.upstream.relay import Relay
+from router.upstream.relay import Relay, loop_problem
 from supervisor.config.schema import UpstreamSpec
-from supervisor.errors import Unsupported
+from supervisor.errors import Unsupported, WorkerUnavailable
 from supervisor.supervisor import Supervisor, unknown_model
 
 # Routes that manage a server rather than use its model: never relayed (an upstream's
 # slots and loaded models are its own operator's business).
-_NOT_RELAYED = ("/models/", "/slots", "/admin")
+_NOT_RELAYED = ("/models/", "/slots", "/admin", "/metrics")
 
 
-class _Named(msgspec.Struct):
-    model: str | None = None
-
-
-def _named_model(body: bytes | bytearray) -> tuple[bool, str | None]:
-    """(whether the body is a JSON object, the model it names)."""
+def _decoded(body: bytes | bytearray) -> dict[str, Any] | None:
+    """The body as a JSON object whose `model`, if any, is a string; None for anything else
+    (not JSON, not UTF-8, not an object, a model that is not a string), which the route
+    then refuses as it refuses it for a local model, naming what is wrong."""
     try:
-        return True, msgspec.json.decode(body, type=_Named).model
-    except msgspec.DecodeError:
-        return False, None  # not JSON, or `model` not a string: the route says what is wrong
+        decoded = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(decoded, dict) or not isinstance(decoded.get("model", ""), (str, type(None))):
+        return None
+    return decoded
 
 
-def install(app: QuartTrio, supervisor: Supervisor, relay: Relay, dialect_of: Callable[[str], str]) -> None:
+def relayable(path: str, routed: bool) -> bool:
+    """Whether a POST to `path` may go upstream: only to one of this server's own API routes
+    (`routed`: the path matched one), never to a management route, and never with a "." or
+    ".." segment, which the HTTP client would resolve on the way (`/v1/%2e%2e/admin/reload`
+    reaching the upstream's /admin/reload, with the upstream's key)."""
+    segments = path.split("/")
+    return (
+        routed
+        and "." not in segments and ".." not in segments
+        and not any(path.startswith(p) for p in _NOT_RELAYED)
+        and auth.access_of(path) is auth.Access.API
+    )
+
+
+def install(
+    app: QuartTrio, supervisor: Supervisor, relay: Relay, dialect_of: Callable[[str], str], via_name: str
+) -> None:
     @app.before_request
     async def relay_upstream_models() -> Response | None:
         if request.method != "POST" or not supervisor.config.upstreams:
             return None
         path = request.path
-        if any(path.startswith(p) for p in _NOT_RELAYED) or auth.access_of(path) is not auth.Access.API:
+        if not relayable(path, request.url_rule is not None):
             return None
         body = await bodies.read_body()
         try:
-            spec = _upstream_of(supervisor, body)
-            if spec is None:
+            decoded = _decoded(body)
+            spec = None if decoded is None else _upstream_of(supervisor, decoded.get("model"))
+            if decoded is None or spec is None:
                 return None
             if (record := access_log.current()) is not None:
                 record.model = spec.name
+            if (loop := loop_problem(request.headers.get("via"), via_name)) is not None:
+                raise WorkerUnavailable(f"The request for model `{spec.name}` cannot be relayed: {loop}.", retry=False)
             dialect = dialect_of(path)
             if dialect not in spec.dialects:
                 if spec.local:
@@ -70,8 +91,10 @@ def install(app: QuartTrio, supervisor: Supervisor, relay: Relay, dialect_of: Ca
                     "model",
                 )
             headers = {k.lower(): v for k, v in request.headers.items()}
+            # No session key: any replica, the least busy first (router/upstream/choice.py, rule 4).
+            key = session_key(headers, decoded) or f"random:{random.random()}"
             relayed = await relay.send(
-                spec, _affinity(headers, body), path, request.query_string.decode("latin-1"), headers, _renamed(body, spec)
+                spec, key, path, request.query_string.decode("latin-1"), headers, _renamed(body, decoded, spec)
             )
             if relayed is None:
                 return None  # the local worker: the route serves it
@@ -84,36 +107,29 @@ def install(app: QuartTrio, supervisor: Supervisor, relay: Relay, dialect_of: Ca
         return response
 
 
-def _upstream_of(supervisor: Supervisor, body: bytes | bytearray) -> UpstreamSpec | None:
-    is_object, model = _named_model(body)
-    if not is_object:
-        return None
-    name = model or supervisor.config.server.default_model
+def _upstream_of(supervisor: Supervisor, model: str | None) -> UpstreamSpec | None:
+    """The upstream model a body naming `model` goes to (None: a local one, or none)."""
+    config = supervisor.config
+    default = config.server.default_model
+    name = model or default
     if name is None:
         return None
-    spec = supervisor.config.upstream(name)
+    spec = config.upstream(name)
+    if spec is None and model is not None and default is not None and config.server.unknown_model == "default":
+        # A name nothing answers to goes to the default model, as for a local one.
+        if config.resolve(model) is None:
+            spec = config.upstream(default)
+            name = default
     if spec is None:
         return None
     key = auth.current_key()
     if key is not None and not key.may_use(spec.name):
-        raise unknown_model(name)
+        raise unknown_model(model or name)
     return spec
 
 
-def _affinity(headers: dict[str, str], body: bytes | bytearray) -> str:
-    try:
-        decoded = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        decoded = None
-    # No key: any replica, the least busy first (router/upstream/choice.py, rule 4).
-    return session_key(headers, decoded) or f"random:{random.random()}"
-
-
-def _renamed(body: bytes | bytearray, spec: UpstreamSpec) -> bytes:
+def _renamed(body: bytes | bytearray, decoded: dict[str, Any], spec: UpstreamSpec) -> bytes:
     """The body to send: as it came, or with `model` set to the name the upstream knows."""
-    _, model = _named_model(body)
-    if model == spec.model:
+    if decoded.get("model") == spec.model:
         return bytes(body)
-    decoded = msgspec.json.decode(body)
-    decoded["model"] = spec.model
-    return msgspec.json.encode(decoded)
+    return msgspec.json.encode({**decoded, "model": spec.model})

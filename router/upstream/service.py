@@ -3,8 +3,10 @@ checking, the hook that relays, and the health-check task that `corral serve` ru
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +17,7 @@ from quart_trio import QuartTrio
 
 from router.upstream import checks, routing
 from router.upstream.pool import LocalLoad, Upstreams, replica_view
-from router.upstream.relay import Relay
+from router.upstream.relay import VIA_TOKEN, Relay
 from supervisor.supervisor import Supervisor
 
 EXTENSION = "corral.upstreams"
@@ -30,8 +32,15 @@ class UpstreamService:
         self.pool = Upstreams(lambda: supervisor.config, self._local_load)
         # One client, so that connections to each replica are kept alive and reused. Its
         # own limits would queue requests silently: max_concurrency is the bound instead.
-        self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-        self.relay = Relay(self.pool, self.client)
+        # No cookie jar: one upstream's Set-Cookie must never ride on the next request, to
+        # it or to another upstream, for another client.
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            cookies=http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
+        )
+        # This server's name in a relayed request's Via header (router/upstream/relay.py).
+        self.via_name = f"{VIA_TOKEN}{secrets.token_hex(6)}"
+        self.relay = Relay(self.pool, self.client, f"1.1 {self.via_name}")
 
     def _local_load(self, name: str) -> LocalLoad | None:
         handle = self.supervisor.handles.get(name)
@@ -74,7 +83,7 @@ class UpstreamService:
 
 def install(app: QuartTrio, supervisor: Supervisor, dialect_of: Callable[[str], str]) -> UpstreamService:
     service = UpstreamService(supervisor)
-    routing.install(app, supervisor, service.relay, dialect_of)
+    routing.install(app, supervisor, service.relay, dialect_of, service.via_name)
     app.extensions[EXTENSION] = service
     return service
 

@@ -22,6 +22,8 @@ from supervisor.config.schema import UPSTREAM_KEYS, ModelConfig, UpstreamSpec
 # The API dialects Corral serves (router/api/*), by the name each registers.
 DIALECTS = ("openai", "anthropic", "responses", "ollama", "llama")
 
+MAX_TIMEOUT = 86400.0
+
 MISSING_PATH = "required key is missing (or give `upstream`, the URL of a server that serves the model)"
 
 # Keys that mean the same for a model served elsewhere.
@@ -47,7 +49,15 @@ def urls_of(m: ModelConfig) -> list[str]:
     return [m.upstream] if isinstance(m.upstream, str) else list(m.upstream)
 
 
+# A base URL that ends in a route: the routes are appended to it, so it must not name one.
+_ROUTE_ENDINGS = ("/chat/completions", "/completions", "/embeddings", "/messages", "/responses", "/models")
+
+
 def _url_problem(url: str) -> str | None:
+    if url != url.strip() or any(c.isspace() or not c.isprintable() for c in url):
+        return f"{url!r} has spaces or control characters"
+    if not url.isascii():
+        return f"{url!r} has characters outside ASCII: write the host in its xn-- form and escape the path"
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https"):
         return f"{url!r} is not an http:// or https:// URL"
@@ -56,9 +66,13 @@ def _url_problem(url: str) -> str | None:
     if parts.query or parts.fragment or parts.username or parts.password:
         return f"{url!r}: give the base URL only (\"http://host:8080/v1\"), with no query, fragment or credentials"
     try:
-        parts.port
+        port = parts.port
     except ValueError:
+        port = 0
+    if port == 0:
         return f"{url!r} has a port that is not a number in 1..65535"
+    if parts.path.rstrip("/").endswith(_ROUTE_ENDINGS):
+        return f"{url!r} names a route: give the base URL the routes are under (\"http://host:8080/v1\")"
     return None
 
 
@@ -92,8 +106,8 @@ def problems(at: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]
                 )
     if m.upstream_model is not None and not m.upstream_model.strip():
         yield f"{at}.upstream_model: must not be empty"
-    if not math.isfinite(m.timeout) or m.timeout <= 0:
-        yield f"{at}.timeout: must be a finite number of seconds above 0, got {m.timeout}"
+    if not math.isfinite(m.timeout) or not 0 < m.timeout <= MAX_TIMEOUT:
+        yield f"{at}.timeout: must be above 0 and at most {MAX_TIMEOUT:g} seconds (a day), got {m.timeout}"
     if m.max_concurrency is not None and m.max_concurrency < 1:
         yield f"{at}.max_concurrency: must be at least 1, got {m.max_concurrency}"
     if not m.upstream_dialects:
@@ -114,19 +128,30 @@ def _api_key(at: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]
         value = environ.get(m.api_key_env, "").strip()
         if not value:
             return None, f"{at}.api_key_env: the environment variable {m.api_key_env} is not set"
+        if (why := _key_problem(value)) is not None:
+            return None, f"{at}.api_key_env: the key in {m.api_key_env} {why}"
         return value, None
     if m.api_key_file is not None:
         path = (base_dir / os.path.expanduser(m.api_key_file)).resolve()
         try:
-            value = path.read_text(encoding="utf-8").strip()
+            value = path.read_text(encoding="utf-8-sig").strip()  # a BOM, as Notepad writes one, is no part of it
         except OSError as exc:
             return None, f"{at}.api_key_file: cannot read {path}: {exc.strerror}"
         except UnicodeDecodeError:
             return None, f"{at}.api_key_file: {path} is not UTF-8 text"
         if not value or "\n" in value:
             return None, f"{at}.api_key_file: {path} must hold one key on one line"
+        if (why := _key_problem(value)) is not None:
+            return None, f"{at}.api_key_file: the key in {path} {why}"
         return value, None
     return None, None
+
+
+def _key_problem(key: str) -> str | None:
+    """A key goes in a header: visible ASCII only (RFC 9110 field values, no spaces)."""
+    if not all("!" <= c <= "~" for c in key):
+        return "has characters a header cannot carry (spaces, control characters or non-ASCII)"
+    return None
 
 
 def spec_of(name: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]) -> UpstreamSpec:

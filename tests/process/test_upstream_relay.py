@@ -50,15 +50,16 @@ class FakeUpstream:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        headers = {k.decode(): v.decode("latin-1") for k, v in scope["headers"]}
         self.seen.append((scope["path"], headers, body))
         model = json.loads(body).get("model") if body else None
-        start = partial(send, {"type": "http.response.start", "status": 200,
-                               "headers": [(b"content-type", b"text/event-stream")]})
+        start = partial(send, {"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream"), (b"set-cookie", b"upstream-session=1; Path=/"),
+        ]})
         if model == "hangs":
             await trio.sleep_forever()
         if model == "fails":
-            await send({"type": "http.response.start", "status": 500, "headers": []})
+            await send({"type": "http.response.start", "status": 503, "headers": []})
             await send({"type": "http.response.body", "body": b"down"})
             return
         if model == "breaks":  # headers and one event, then the connection drops
@@ -157,14 +158,39 @@ async def test_an_upstream_that_stays_silent_past_its_timeout_is_a_503(tmp_path:
 @pytest.mark.trio
 async def test_a_5xx_fails_over_and_a_cut_answer_is_never_a_whole_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
-    async with upstream_and_front(tmp_path, TABLES) as (_, front):
+    async with upstream_and_front(tmp_path, TABLES) as (fake, front):
         async with httpx.AsyncClient(timeout=10) as c:
-            # `fails` has a second replica that refuses connections: the first one's 500 is
-            # the answer only once no other replica can take the request.
+            # `fails` has a second replica that refuses connections: a 503 is tried on the
+            # other replica, and the client gets a 503 once neither can answer (the
+            # upstream's own, or Corral's naming the last failure: by the replicas' order).
             r = await c.post(front + "/v1/chat/completions", json={"model": "fails", "messages": []})
-            assert r.status_code == 500 and r.text == "down"
+            assert r.status_code == 503 and (r.text == "down" or "failed to answer" in r.json()["error"]["message"])
+            assert [json.loads(b)["model"] for _, _, b in fake.seen] == ["fails"]
             with pytest.raises(httpx.RemoteProtocolError):
                 async with c.stream("POST", front + "/v1/chat/completions", json={"model": "breaks"}) as s:
                     assert s.status_code == 200
                     async for _ in s.aiter_raw():
                         pass
+
+
+@pytest.mark.trio
+async def test_what_a_hostile_client_sends_never_reaches_past_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by probing the front (2026-11-27): a dot segment took `/v1/%2e%2e/admin/reload`
+    to the upstream's /admin/reload with the upstream's key; invalid UTF-8 in the body and a
+    Latin-1 header value were 500s; one upstream's cookie rode on later requests."""
+    monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    async with upstream_and_front(tmp_path, TABLES) as (fake, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            for path in ("/v1/%2e%2e/admin/reload", "/v1/%2E%2E/%2e%2e/admin/models/x/unload", "/v1/%2e/chat/completions"):
+                r = await c.post(front + path, json={"model": "chat"})
+                assert r.status_code == 404, (path, r.text)
+            assert fake.seen == []
+            bad = b'{"model": "chat", "messages": [{"role": "user", "content": "\xff"}]}'
+            r = await c.post(front + "/v1/chat/completions", content=bad, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and fake.seen == []
+            for _ in range(2):  # the first answer sets a cookie; the second request carries none
+                r = await c.post(front + "/v1/chat/completions", json={"model": "chat"}, headers={"user-agent": b"caf\xe9"})
+                assert r.status_code == 200
+            assert [h.get("cookie") for _, h, _ in fake.seen] == [None, None]
+            assert fake.seen[0][1]["user-agent"] == "caf\xe9"  # as it came, Latin-1
+            assert fake.seen[0][1]["via"].startswith("1.1 corral-")

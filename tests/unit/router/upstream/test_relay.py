@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from router.upstream.pool import LOCAL, LocalLoad, Upstreams
-from router.upstream.relay import Relay, request_headers, upstream_url
+from router.upstream.relay import Relay, loop_problem, request_headers, upstream_url
 from supervisor.config import Config, ServerConfig, SupervisorConfig
 from supervisor.config.schema import UpstreamSpec
-from supervisor.errors import Overloaded, WorkerUnavailable
+from supervisor.errors import Overloaded, WorkerCrashed, WorkerUnavailable
 
 A, B = "http://a:8080/v1", "http://b:8080/v1"
 
@@ -31,10 +31,22 @@ def test_the_clients_key_never_goes_upstream_and_the_configured_one_does() -> No
         "sk-up",
     )
     assert sent == {
-        "content-type": "application/json", "anthropic-version": "2023-06-01", "x-session-id": "s",
-        "accept-encoding": "identity", "authorization": "Bearer sk-up", "x-api-key": "sk-up",
+        b"content-type": b"application/json", b"anthropic-version": b"2023-06-01", b"x-session-id": b"s",
+        b"accept-encoding": b"identity", b"authorization": b"Bearer sk-up", b"x-api-key": b"sk-up",
     }
-    assert "authorization" not in request_headers({"authorization": "Bearer client-key"}, None)
+    assert b"authorization" not in request_headers({"authorization": "Bearer client-key"}, None)
+    # A header value goes as the Latin-1 bytes it came as, never an error of ours.
+    assert request_headers({"user-agent": "caf\xe9"}, None)[b"user-agent"] == b"caf\xe9"
+    # Each relay adds itself to Via, after whatever the request already passed.
+    assert request_headers({"via": "1.1 nginx"}, None, "1.1 corral-ab")[b"via"] == b"1.1 nginx, 1.1 corral-ab"
+
+
+def test_a_request_that_comes_back_around_is_refused() -> None:
+    assert loop_problem(None, "corral-ab") is None
+    assert loop_problem("1.1 nginx, 1.1 corral-cd", "corral-ab") is None
+    assert loop_problem("1.1 corral-ab", "corral-ab") == "it has passed through this server already: an upstream leads back to it"
+    many = ", ".join(f"1.1 corral-{i}" for i in range(8))
+    assert loop_problem(many, "corral-ab") == "it has passed through 8 Corral servers already"
 
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -48,7 +60,7 @@ def reply(status: int, body: bytes) -> httpx.Response:
 def relay_for(spec: UpstreamSpec, handler: Handler, local: LocalLoad | None = None) -> Relay:
     cfg = Config(ServerConfig(), SupervisorConfig(), {}, upstreams={spec.name: spec})
     pool = Upstreams(lambda: cfg, lambda name: local)
-    return Relay(pool, httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    return Relay(pool, httpx.AsyncClient(transport=httpx.MockTransport(handler)), "1.1 corral-test")
 
 
 async def send(relay: Relay, spec: UpstreamSpec, key: str = "k") -> tuple[int, bytes, str] | None:
@@ -84,7 +96,7 @@ async def test_a_refused_connection_fails_over_and_takes_the_replica_out_at_once
 
 
 @pytest.mark.trio
-async def test_a_5xx_fails_over_while_another_replica_can_take_it_and_is_passed_on_when_none_can() -> None:
+async def test_a_503_fails_over_while_another_replica_can_take_it_and_is_passed_on_when_none_can() -> None:
     spec = spec_of(A, B)
     relay = relay_for(spec, lambda r: reply(503, b"busy " + r.url.host.encode()))
     status, body, replica = await send(relay, spec) or (0, b"", "")
@@ -92,6 +104,35 @@ async def test_a_5xx_fails_over_while_another_replica_can_take_it_and_is_passed_
     assert status == 503 and body == b"busy " + replica.split("//")[1][0].encode()
     assert sum(relay.upstreams.of("m", u).outcomes["failed_over"] for u in (A, B)) == 1
     assert sum(relay.upstreams.of("m", u).outcomes["failed"] for u in (A, B)) == 1
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("status", [500, 501])
+async def test_an_error_a_request_provokes_is_its_answer_and_never_takes_a_replica_out(status: int) -> None:
+    """A 500 or 501 is the upstream's answer to this request (a route it does not serve,
+    a body it chokes on): passed on, no failover, no failed check. Repeated, it must not
+    let one client take every replica out of rotation (a hostile probe did, with /props)."""
+    spec = spec_of(A, B)
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        return reply(status, b"no")
+
+    relay = relay_for(spec, handler)
+    for _ in range(6):
+        assert (await send(relay, spec, "same"))[:2] == (status, b"no")  # type: ignore[index]
+    assert len(seen) == 6 and len(set(seen)) == 1
+    assert all(relay.upstreams.of("m", u).health.healthy for u in (A, B))
+
+
+@pytest.mark.trio
+async def test_a_redirect_is_a_502_naming_where_it_pointed() -> None:
+    spec = spec_of(A)
+    relay = relay_for(spec, lambda r: httpx.Response(302, headers={"location": "https://elsewhere/v1"}))
+    with pytest.raises(WorkerCrashed, match=r"answered a redirect \(302\) to https://elsewhere/v1"):
+        await send(relay, spec)
+    assert relay.upstreams.of("m", A).in_flight == 0 and relay.upstreams.of("m", A).outcomes["failed"] == 1
 
 
 @pytest.mark.trio

@@ -67,7 +67,13 @@ def test_the_key_file_is_read_relative_to_the_config(base: Path) -> None:
         ('upstream = ["http://h/v1", "http://h/v1/"]', "models.far.upstream[1]: 'http://h/v1/' is listed twice"),
         ('upstream = "http://h/v1"\nslots = 2', "models.far.slots: applies to a model served here (with `path`); this one is served by its `upstream`, which has its own settings"),
         ('upstream = "http://h/v1"\ntemperature = 0.2', "models.far.temperature: applies to a model served here (with `path`); this one is served by its `upstream`, which has its own settings"),
-        ('upstream = "http://h/v1"\ntimeout = 0', "models.far.timeout: must be a finite number of seconds above 0, got 0.0"),
+        ('upstream = "http://h/v1"\ntimeout = 0', "models.far.timeout: must be above 0 and at most 86400 seconds (a day), got 0.0"),
+        ('upstream = "http://h/v1"\ntimeout = 1e300', "models.far.timeout: must be above 0 and at most 86400 seconds (a day), got 1e+300"),
+        ('upstream = " http://h/v1"', "models.far.upstream: ' http://h/v1' has spaces or control characters"),
+        ('upstream = "http://h/my models/v1"', "models.far.upstream: 'http://h/my models/v1' has spaces or control characters"),
+        ('upstream = "http://h:0/v1"', "models.far.upstream: 'http://h:0/v1' has a port that is not a number in 1..65535"),
+        ('upstream = "http://h/v1/chat/completions"', "models.far.upstream: 'http://h/v1/chat/completions' names a route: give the base URL the routes are under (\"http://host:8080/v1\")"),
+        ('upstream = "http://h/v1"\napi_key_env = "CORRAL_TEST_ODD_KEY"', "models.far.api_key_env: the key in CORRAL_TEST_ODD_KEY has characters a header cannot carry (spaces, control characters or non-ASCII)"),
         ('upstream = "http://h/v1"\nmax_concurrency = 0', "models.far.max_concurrency: must be at least 1, got 0"),
         ('upstream = "http://h/v1"\nupstream_dialects = ["openai", "grpc"]', "models.far.upstream_dialects[1]: 'grpc' is not one of openai, anthropic, responses, ollama, llama"),
         ('upstream = "http://h/v1"\nupstream_dialects = []', "models.far.upstream_dialects: give at least one of openai, anthropic, responses, ollama, llama"),
@@ -78,8 +84,19 @@ def test_the_key_file_is_read_relative_to_the_config(base: Path) -> None:
         ('path = "m.gguf"\nupstream_model = "x"', "models.far.upstream_model: only applies to a model with `upstream` (a model served elsewhere)"),
     ],
 )
-def test_each_mistake_is_named_by_its_key(base: Path, table: str, problem: str) -> None:
+def test_each_mistake_is_named_by_its_key(base: Path, table: str, problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_ODD_KEY", "sk café")
     assert problems_of(f"[models.far]\n{table}\n", base) == [problem]
+
+
+def test_a_key_file_saved_with_a_bom_gives_the_key_and_a_non_ascii_one_is_refused(base: Path) -> None:
+    (base / "bom.key").write_bytes(b"\xef\xbb\xbfsk-bom\n")
+    assert parse('[models.far]\nupstream = "http://h/v1"\napi_key_file = "bom.key"\n', base).upstreams["far"].api_key == "sk-bom"
+    (base / "odd.key").write_text("sk-caf\u00e9\n", encoding="utf-8")
+    assert problems_of('[models.far]\nupstream = "http://h/v1"\napi_key_file = "odd.key"\n', base) == [
+        f"models.far.api_key_file: the key in {base / 'odd.key'} has characters a header cannot carry "
+        "(spaces, control characters or non-ASCII)"
+    ]
 
 
 def test_a_missing_key_file_is_named_with_its_path(base: Path) -> None:
