@@ -111,7 +111,8 @@ def reload_lines(diff: dict[str, Any]) -> list[str]:
     """POST /admin/reload's answer as the lines `corral reload` prints."""
     lines = []
     for key, label in (("added", "added"), ("removed", "removed"), ("changed", "changed"),
-                       ("needs_restart", "needs restart")):
+                       ("upstreams_added", "added upstream"), ("upstreams_removed", "removed upstream"),
+                       ("upstreams_changed", "changed upstream"), ("needs_restart", "needs restart")):
         names = diff.get(key)
         if names:
             lines.append(f"{label}: {', '.join(str(n) for n in names)}")

@@ -32,6 +32,11 @@ class ConfigDiff:
     # Models in the new file whose file cannot load: name -> `models.<name>.path: ...`.
     # They are FAILED; every other model is served as the file says.
     unloadable: dict[str, str] = field(default_factory=dict)
+    # Models served elsewhere (Config.upstreams), apart: no worker starts or stops for them,
+    # and the relay reads the new file's replicas at the next request.
+    upstreams_added: tuple[str, ...] = ()
+    upstreams_removed: tuple[str, ...] = ()
+    upstreams_changed: tuple[str, ...] = ()
 
     def summary(self) -> str:
         parts = [
@@ -40,6 +45,9 @@ class ConfigDiff:
                 ("added", self.added),
                 ("removed", self.removed),
                 ("changed", self.changed),
+                ("added upstream", self.upstreams_added),
+                ("removed upstream", self.upstreams_removed),
+                ("changed upstream", self.upstreams_changed),
             )
             if names
         ]
@@ -68,4 +76,9 @@ def diff(old: Config, new: Config, listening: ServerConfig | None = None) -> Con
             if name not in LIVE_SERVER_KEYS and getattr(live, name) != getattr(new.server, name)
         ),
         unloadable=dict(new.unloadable),
+        upstreams_added=tuple(sorted(set(new.upstreams) - set(old.upstreams))),
+        upstreams_removed=tuple(sorted(set(old.upstreams) - set(new.upstreams))),
+        upstreams_changed=tuple(
+            sorted(n for n in set(old.upstreams) & set(new.upstreams) if old.upstreams[n] != new.upstreams[n])
+        ),
     )

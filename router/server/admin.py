@@ -107,6 +107,10 @@ def register(
                 "needs_restart": list(d.needs_restart),
                 # Served as failed, with the rest of the file applied: model -> problem.
                 "unloadable": d.unloadable,
+                # Models served elsewhere: their replicas apply from the next request.
+                "upstreams_added": list(d.upstreams_added),
+                "upstreams_removed": list(d.upstreams_removed),
+                "upstreams_changed": list(d.upstreams_changed),
             }
         )
 

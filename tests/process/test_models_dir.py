@@ -223,7 +223,7 @@ async def test_models_dir_on_the_command_line_wins_over_the_files_at_every_reloa
                 assert r.status_code == 200, r.text
                 assert r.json() == {
                     "added": ["second"], "removed": [], "changed": [], "unchanged": ["from_cli"], "needs_restart": [],
-                    "unloadable": {},
+                    "unloadable": {}, "upstreams_added": [], "upstreams_removed": [], "upstreams_changed": [],
                 }
             nursery.cancel_scope.cancel()
 

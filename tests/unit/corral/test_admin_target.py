@@ -65,6 +65,7 @@ def test_reload_lines() -> None:
     diff = {"added": ["d"], "removed": [], "changed": ["a", "b"], "unchanged": ["c"], "needs_restart": []}
     assert at.reload_lines(diff) == ["added: d", "changed: a, b", "unchanged: c"]
     assert at.reload_lines({"added": [], "unchanged": ["a"]}) == ["no changes", "unchanged: a"]
+    assert at.reload_lines({"upstreams_changed": ["far"], "unchanged": ["a"]}) == ["changed upstream: far", "unchanged: a"]
 
 
 def _args(url: str | None = None, config: str | None = None) -> argparse.Namespace:

@@ -53,3 +53,14 @@ def test_a_server_change_is_reported_until_the_process_restarts(tmp_path: Path) 
     # The running config is now `moved`, but the socket still listens on the first port.
     assert diff(moved, moved, started.server).needs_restart == ("server.port",)
     assert diff(moved, started, started.server).needs_restart == ()  # the file went back
+
+
+def test_models_served_elsewhere_are_reported_apart_from_the_workers(tmp_path: Path) -> None:
+    """A reload that adds, drops or re-points upstream models says so (a probe found every
+    such reload reported as "no changes"), and names no worker to start or stop for them."""
+    old = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n[models.u]\nupstream="http://h1/v1"\n[models.v]\nupstream="http://h/v1"\n')
+    new = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n[models.u]\nupstream=["http://h1/v1", "http://h2/v1"]\n[models.w]\nupstream="http://h/v1"\n')
+    d = diff(old, new)
+    assert (d.added, d.removed, d.changed, d.unchanged) == ((), (), (), ("a",))
+    assert (d.upstreams_added, d.upstreams_removed, d.upstreams_changed) == (("w",), ("v",), ("u",))
+    assert d.summary() == "added upstream w; removed upstream v; changed upstream u"
