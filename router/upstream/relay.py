@@ -18,7 +18,7 @@ there (Corral and llama-server both stop a request whose client went away).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -65,7 +65,7 @@ class Relayed:
 
     status: int
     headers: dict[str, str]
-    body: AsyncIterator[bytes]
+    body: RelayedBody
     replica: str
 
 
@@ -167,34 +167,12 @@ class Relay:
                 return Relayed(
                     response.status_code,
                     {k: v for k in RETURNED if (v := response.headers.get(k)) is not None},
-                    self._body(spec, replica.name, response),
+                    RelayedBody(self.upstreams, spec.name, replica.name, response),
                     replica.name,
                 )
             finally:
                 if not handed_over:
                     state.in_flight -= 1
-
-    async def _body(self, spec: UpstreamSpec, name: str, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The answer's bytes as they arrive; the replica's count and health once it ends."""
-        state = self.upstreams.of(spec.name, name)
-        broke = False
-        try:
-            async for chunk in response.aiter_raw():
-                yield chunk
-        except httpx.TransportError as exc:
-            broke = True
-            log.warning("upstream %s of model %s broke off its answer: %s", name, spec.name, _describe(exc))
-            self.upstreams.observe(spec.name, name, False, _describe(exc), dead=isinstance(exc, httpx.ConnectError))
-            raise
-        finally:
-            # A client that left is not the replica's failure: only a break or a 5xx is.
-            state.in_flight -= 1
-            state.outcomes["failed" if broke or response.status_code >= 500 else "ok"] += 1
-            if not broke:
-                unavailable = response.status_code in UNAVAILABLE
-                self.upstreams.observe(spec.name, name, not unavailable, f"answered {response.status_code}" if unavailable else None)
-            with trio.CancelScope(shield=True):
-                await response.aclose()
 
     def _none_left(self, spec: UpstreamSpec, tried: set[str], last_error: str | None) -> Exception:
         states = [self.upstreams.of(spec.name, url) for url in spec.urls]
@@ -209,6 +187,51 @@ class Relay:
             )
         errors = "; ".join(f"{url}: {s.health.last_error}" for url, s in zip(spec.urls, states) if s.health.last_error)
         return WorkerUnavailable(f"No replica of model `{spec.name}` is in rotation ({errors or 'health checks failing'}).", retry_after=5.0)
+
+
+class RelayedBody:
+    """An upstream's answer as the client's body, chunk by chunk as it arrives. Its end is
+    counted once, however it comes: read to the end, broken off upstream, or closed by a
+    client that left, iterated or not (as router/server/sse.py's Body: an async generator
+    that never started never runs its `finally`, and Quart closes a body whether or not it
+    read it; here the close awaits the connection's)."""
+
+    def __init__(self, upstreams: Upstreams, model: str, replica: str, response: httpx.Response) -> None:
+        self._upstreams, self._model, self._replica, self._response = upstreams, model, replica, response
+        self._chunks = response.aiter_raw()
+        self._broke = False
+        self._closed = False
+
+    def __aiter__(self) -> RelayedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except httpx.TransportError as exc:
+            self._broke = True
+            log.warning("upstream %s of model %s broke off its answer: %s", self._replica, self._model, _describe(exc))
+            self._upstreams.observe(self._model, self._replica, False, _describe(exc), dead=isinstance(exc, httpx.ConnectError))
+            await self.aclose()
+            raise
+        except StopAsyncIteration:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # A client that left is not the replica's failure: only a break or a 5xx is.
+        status = self._response.status_code
+        state = self._upstreams.of(self._model, self._replica)
+        state.in_flight -= 1
+        state.outcomes["failed" if self._broke or status >= 500 else "ok"] += 1
+        if not self._broke:
+            unavailable = status in UNAVAILABLE
+            self._upstreams.observe(self._model, self._replica, not unavailable, f"answered {status}" if unavailable else None)
+        with trio.CancelScope(shield=True):
+            await self._response.aclose()
 
 
 def _describe(exc: httpx.TransportError) -> str:

@@ -167,3 +167,20 @@ async def test_the_local_worker_is_a_replica_and_spills_over_when_its_line_is_fu
     full = relay_for(spec, lambda r: reply(200, b"remote"), LocalLoad(in_flight=2, line_full=True))
     assert [await send(full, spec, k) for k in local] == [(200, b"remote", A)] * len(local)  # spilled over
     assert [r.name for r in full.upstreams.replicas(spec)] == [A, LOCAL]
+
+
+@pytest.mark.trio
+async def test_an_answer_closed_before_its_first_chunk_is_counted_and_its_connection_closed() -> None:
+    """A client that leaves between the headers and the first chunk: Quart closes the body
+    without reading it, and the replica's count must still come down (else max_concurrency
+    fills with ghosts and a drain on SIGTERM waits for them)."""
+    spec = spec_of(A, max_concurrency=1)
+    relay = relay_for(spec, lambda r: reply(200, b"never read"))
+    relayed = await relay.send(spec, "k", "/v1/completions", "", {}, b"{}")
+    assert relayed is not None and relay.upstreams.of("m", A).in_flight == 1
+    await relayed.body.aclose()
+    await relayed.body.aclose()  # once only
+    state = relay.upstreams.of("m", A)
+    assert state.in_flight == 0 and state.outcomes["ok"] == 1
+    again = await relay.send(spec, "k", "/v1/completions", "", {}, b"{}")  # the slot is free
+    assert again is not None and b"".join([c async for c in again.body]) == b"never read"
