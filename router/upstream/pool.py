@@ -91,16 +91,16 @@ class Upstreams:
             del self.state[key]
 
 
-def replica_view(upstreams: Upstreams, spec: UpstreamSpec) -> list[dict[str, object]]:
-    """Each remote replica of `spec` as /v1/models and /admin/models show it."""
+def replica_view(upstreams: Upstreams, spec: UpstreamSpec, operator: bool = True) -> list[dict[str, object]]:
+    """Each remote replica of `spec` as /v1/models and /admin/models show it. `operator`
+    False (a client's API key, on a server with keys): where the replicas are and what
+    went wrong there are the operator's to know, as a local model's file path is; the
+    client sees how many are in rotation and how busy."""
     out: list[dict[str, object]] = []
-    for url in spec.urls:
+    for i, url in enumerate(spec.urls):
         s = upstreams.of(spec.name, url)
-        out.append({
-            "url": url,
-            "healthy": s.health.healthy,
-            "in_flight": s.in_flight,
-            "last_error": s.health.last_error,
-            "requests": dict(s.outcomes),
-        })
+        view: dict[str, object] = {"replica": i, "healthy": s.health.healthy, "in_flight": s.in_flight}
+        if operator:
+            view.update(url=url, last_error=s.health.last_error, requests=dict(s.outcomes))
+        out.append(view)
     return out

@@ -176,17 +176,22 @@ class Relay:
 
     def _none_left(self, spec: UpstreamSpec, tried: set[str], last_error: str | None) -> Exception:
         states = [self.upstreams.of(spec.name, url) for url in spec.urls]
+        # Which hosts, and what they said, is the operator's (the log, /admin/models), as a
+        # local model's file path is: the client learns the model's name and the count.
         if tried:
+            log.warning("no replica of model %s answered (last: %s)", spec.name, last_error)
             return WorkerUnavailable(
-                f"Every replica of model `{spec.name}` failed to answer (last: {last_error}).", retry_after=1.0
+                f"No replica of model `{spec.name}` answered ({len(tried)} tried).", retry_after=1.0
             )
         if any(s.health.healthy for s in states):
             return Overloaded(
                 f"Every replica of model `{spec.name}` has max_concurrency = {spec.max_concurrency} requests in flight.",
                 retry_after=1.0,
             )
-        errors = "; ".join(f"{url}: {s.health.last_error}" for url, s in zip(spec.urls, states) if s.health.last_error)
-        return WorkerUnavailable(f"No replica of model `{spec.name}` is in rotation ({errors or 'health checks failing'}).", retry_after=5.0)
+        return WorkerUnavailable(
+            f"No replica of model `{spec.name}` is in rotation ({len(states)} failing their health checks).",
+            retry_after=5.0,
+        )
 
 
 class RelayedBody:

@@ -85,18 +85,25 @@ def register(app: Blueprint, server: Server) -> None:
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first
         if (up := server.supervisor.config.upstreams.get(h.name)) is not None and server.upstreams is not None:
-            entry["upstream"] = {"model": up.model, "replicas": replica_view(server.upstreams, up)}
+            entry["upstream"] = {"model": up.model, "replicas": replica_view(server.upstreams, up, operator())}
         return entry
+
+    def operator() -> bool:
+        """Whether the request comes from the operator's side: an admin key, or a server
+        that needs no key (local use)."""
+        key = auth.current_key()
+        return key.admin if key is not None else not server.supervisor.config.keys.api_keys_required
 
     def upstream_entry(up: UpstreamSpec) -> dict[str, object]:
         """A model served elsewhere only: ready while any replica is in rotation."""
         assert server.upstreams is not None
-        replicas = replica_view(server.upstreams, up)
+        replicas = replica_view(server.upstreams, up, operator())
         state = State.READY if any(r["healthy"] for r in replicas) else State.FAILED
         return {
             "id": up.name, "object": "model", "created": server.started, "owned_by": "corral",
             "aliases": [up.name, *up.aliases], "tags": list(up.tags), "state": state.value,
-            "status": llama_status(state), "upstream": {"model": up.model, "replicas": replicas},
+            "status": llama_status(state),
+            "upstream": {"model": up.model, "replicas": replicas} if operator() else {"replicas": replicas},
         }
 
     def remote_only() -> list[UpstreamSpec]:
