@@ -169,6 +169,58 @@ def test_a_conversation_stays_on_one_back(fleet: Fleet) -> None:
     assert sorted(a - b for a, b in zip(after, before)) == [0, 4]
 
 
+MIXED = """
+[server]
+port = {PORT}
+
+[supervisor]
+idle_timeout = 0
+
+[models.both]
+path = "{MODEL}"
+slots = 1
+n_ctx = 1024
+chat_template = "gemma"
+upstream = "%s"
+upstream_model = "demo"
+"""
+
+
+def test_a_model_served_here_and_elsewhere_spills_over_when_its_slots_are_busy(
+    fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`path` and `upstream` together: the local worker is one replica, and requests go to
+    the remote one while its one slot is busy and requests wait, rather than queue."""
+    back = fleet.backs[1]
+    mixed = start_server(tmp_path_factory.mktemp("mixed"), MIXED % back.base)
+    try:
+        assert completion(mixed.url, "both")  # loads the local worker
+        results: list[int] = []
+
+        async def load() -> None:
+            async with httpx.AsyncClient(timeout=120) as client:
+                async def one(i: int) -> None:
+                    r = await client.post(mixed.base + "/chat/completions", json={
+                        "model": "both", "user": f"spill-{i}", "max_tokens": 32, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"Count to {i}."}],
+                    })
+                    assert r.status_code == 200, r.text
+                    results.append(r.json()["usage"]["completion_tokens"])
+
+                async with trio.open_nursery() as nursery:
+                    for i in range(4):
+                        nursery.start_soon(one, i)
+                        await trio.sleep(0.05)  # each sees the line as the last one left it
+
+        trio.run(load)
+        assert results == [32] * 4
+        entry = next(m for m in httpx.get(mixed.base + "/models", timeout=10).json()["data"] if m["id"] == "both")
+        relayed = entry["upstream"]["replicas"][0]["requests"].get("ok", 0)
+        assert 1 <= relayed <= 3, entry  # some spilled over to the back, the others stayed here
+    finally:
+        stop_server(mixed)
+
+
 def test_killing_a_back_under_load_loses_no_request_and_shows_it_down(fleet: Fleet) -> None:
     victim = fleet.backs[0]
     results: list[int] = []
