@@ -169,6 +169,16 @@ def test_a_conversation_stays_on_one_back(fleet: Fleet) -> None:
     assert sorted(a - b for a, b in zip(after, before)) == [0, 4]
 
 
+async def ask(client: httpx.AsyncClient, base: str, model: str, user: str, tokens: int, into: list[int]) -> None:
+    """One user's chat of exactly `tokens` tokens; its count goes `into` the list."""
+    r = await client.post(base + "/chat/completions", json={
+        "model": model, "user": user, "max_tokens": tokens, "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"Count, {user}."}],
+    })
+    assert r.status_code == 200, r.text
+    into.append(r.json()["usage"]["completion_tokens"])
+
+
 MIXED = """
 [server]
 port = {PORT}
@@ -198,19 +208,10 @@ def test_a_model_served_here_and_elsewhere_spills_over_when_its_slots_are_busy(
         results: list[int] = []
 
         async def load() -> None:
-            async with httpx.AsyncClient(timeout=120) as client:
-                async def one(i: int) -> None:
-                    r = await client.post(mixed.base + "/chat/completions", json={
-                        "model": "both", "user": f"spill-{i}", "max_tokens": 32, "ignore_eos": True,
-                        "messages": [{"role": "user", "content": f"Count to {i}."}],
-                    })
-                    assert r.status_code == 200, r.text
-                    results.append(r.json()["usage"]["completion_tokens"])
-
-                async with trio.open_nursery() as nursery:
-                    for i in range(4):
-                        nursery.start_soon(one, i)
-                        await trio.sleep(0.05)  # each sees the line as the last one left it
+            async with httpx.AsyncClient(timeout=120) as client, trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(ask, client, mixed.base, "both", f"spill-{i}", 32, results)
+                    await trio.sleep(0.05)  # each sees the line as the last one left it
 
         trio.run(load)
         assert results == [32] * 4
@@ -228,17 +229,9 @@ def test_killing_a_back_under_load_loses_no_request_and_shows_it_down(fleet: Fle
 
     async def load() -> None:
         async with httpx.AsyncClient(timeout=120) as client:
-            async def one(i: int) -> None:
-                r = await client.post(fleet.front.base + "/chat/completions", json={
-                    "model": "chat", "user": f"user-{i}", "max_tokens": 24, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": f"Count to {i}."}],
-                })
-                assert r.status_code == 200, r.text
-                results.append(r.json()["usage"]["completion_tokens"])
-
             async with trio.open_nursery() as nursery:
                 for i in range(8):
-                    nursery.start_soon(one, i)
+                    nursery.start_soon(ask, client, fleet.front.base, "chat", f"user-{i}", 24, results)
                 await trio.sleep(1.0)  # every request is being answered, none has finished
                 victim.process.send_signal(signal.SIGKILL)
                 killed = time.monotonic()
