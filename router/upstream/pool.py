@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 from router.upstream.choice import Replica
 from router.upstream.health import Health
+from supervisor.config import Config
+from supervisor.config.schema import UpstreamSpec
 
 log = logging.getLogger("corral.upstream")
 
 # A connection refused is a dead host: it leaves rotation at once, as with HAProxy's
 # `observe layer4` and `on-error mark-down`. Slow or 5xx answers take FALL in a row.
 DEAD = 1
-from supervisor.config import Config
-from supervisor.config.schema import UpstreamSpec
 
 LOCAL = "local"  # the name of the replica that is the model's own worker
 
@@ -31,8 +31,9 @@ LOCAL = "local"  # the name of the replica that is the model's own worker
 class ReplicaState:
     health: Health = field(default_factory=Health)
     in_flight: int = 0
-    # Requests by how they ended: "ok", "error" (a 4xx the upstream answered is "ok": the
-    # replica worked), "failed_over", "failed".
+    # Requests by how they ended: "ok" (answered below 500: a 4xx is the replica working),
+    # "failed" (a 5xx, a break mid-answer, a redirect), "failed_over" (no answer, so
+    # another replica took it).
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
@@ -61,14 +62,12 @@ class Upstreams:
     def of(self, model: str, url: str) -> ReplicaState:
         return self.state.setdefault((model, url), ReplicaState())
 
-    def replicas(self, spec: UpstreamSpec, remote: bool = True) -> list[Replica]:
-        """`spec`'s replicas as the choice sees them; `remote` False: the local one only
-        (a request in a dialect the upstream does not speak)."""
+    def replicas(self, spec: UpstreamSpec) -> list[Replica]:
+        """`spec`'s replicas as the choice sees them, its own worker last."""
         out: list[Replica] = []
-        if remote:
-            for url in spec.urls:
-                s = self.of(spec.name, url)
-                out.append(Replica(url, s.in_flight, s.health.healthy, spec.max_concurrency))
+        for url in spec.urls:
+            s = self.of(spec.name, url)
+            out.append(Replica(url, s.in_flight, s.health.healthy, spec.max_concurrency))
         if spec.local and (load := self._local(spec.name)) is not None:
             out.append(Replica(LOCAL, load.in_flight, True, None, local=True, line_full=load.line_full))
         return out
