@@ -104,6 +104,11 @@ upstream = "{UP}"
 
 [models.fails]
 upstream = ["{UP}", "http://127.0.0.1:9/v1"]
+
+[models.llama]
+upstream = "{UP}"
+upstream_model = "llama3.2:3b"
+upstream_dialects = ["openai", "ollama"]
 """
 
 
@@ -206,3 +211,16 @@ async def test_what_a_hostile_client_sends_never_reaches_past_the_api(tmp_path: 
             assert [h.get("cookie") for _, h, _ in fake.seen] == [None, None]
             assert fake.seen[0][1]["user-agent"] == "caf\xe9"  # as it came, Latin-1
             assert fake.seen[0][1]["via"].startswith("1.1 corral-")
+
+
+@pytest.mark.trio
+async def test_ollama_lists_the_upstream_models_that_take_its_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/api/tags lists a model served elsewhere only if its upstream speaks Ollama's API
+    (else a client would pick a model it cannot reach), as Ollama lists its cloud models:
+    no size or digest, the name there as remote_model."""
+    monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    async with upstream_and_front(tmp_path, TABLES) as (_, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            listed = (await c.get(front + "/api/tags")).json()["models"]
+    assert [(m["name"], m["remote_model"], m["size"]) for m in listed] == [("llama:latest", "llama3.2:3b", 0)]
+    assert listed[0]["modified_at"].endswith("Z") and listed[0]["details"]["format"] == ""

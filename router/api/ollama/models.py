@@ -102,6 +102,16 @@ def tag_entry(h: ModelHandle) -> dict[str, Any]:
     }
 
 
+def remote_tag_entry(name: str, upstream_model: str, started: int) -> dict[str, Any]:
+    """A model served elsewhere, as Ollama lists its own cloud models: no file here (size
+    0, no digest), the name it has there as `remote_model`."""
+    when = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "name": tagged(name), "model": tagged(name), "modified_at": when, "size": 0, "digest": "",
+        "remote_model": upstream_model, "details": {**details({}), "format": ""},
+    }
+
+
 def capabilities(h: ModelHandle, template: str) -> list[str]:
     """What the model can do: from its worker when it is loaded; else read from its chat
     template's text (a template that mentions tools takes them; <think> reasons)."""

@@ -122,7 +122,14 @@ def register(app: Blueprint, server: Server) -> None:
     @app.route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> Response:
         visible = [h for h in server.supervisor.handles.values() if auth.visible(h)]
-        return _json_response({"models": [models.tag_entry(h) for h in visible]})
+        key = auth.current_key()
+        # Models served elsewhere that take Ollama's requests (router/upstream/).
+        remote = [
+            models.remote_tag_entry(up.name, up.model, server.started)
+            for up in server.supervisor.config.upstreams.values()
+            if not up.local and "ollama" in up.dialects and (key is None or key.may_use(up.name))
+        ]
+        return _json_response({"models": [models.tag_entry(h) for h in visible] + remote})
 
     @app.post("/api/show")
     async def show() -> Response:
