@@ -163,6 +163,22 @@ class Relay:
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s answered %d; trying another", replica.name, spec.name, response.status_code)
                     continue
+                if response.status_code >= 500 and not _json_or_events(response.headers.get("content-type")):
+                    # A proxy's HTML error page, say: no client of any dialect can read it.
+                    # The client gets the failure in its own dialect's shape instead.
+                    with trio.CancelScope(shield=True):
+                        await response.aclose()
+                    state.outcomes["failed"] += 1
+                    if response.status_code in UNAVAILABLE:
+                        self.upstreams.observe(spec.name, replica.name, False, f"answered {response.status_code}")
+                    log.warning(
+                        "upstream %s of model %s answered %d with %s, not JSON", replica.name, spec.name,
+                        response.status_code, response.headers.get("content-type", "no content type"),
+                    )
+                    message = f"The upstream of model `{spec.name}` failed ({response.status_code})."
+                    if response.status_code in UNAVAILABLE:
+                        raise WorkerUnavailable(message, retry_after=1.0)
+                    raise WorkerCrashed(message)
                 handed_over = True
                 return Relayed(
                     response.status_code,
@@ -237,6 +253,13 @@ class RelayedBody:
             self._upstreams.observe(self._model, self._replica, not unavailable, f"answered {status}" if unavailable else None)
         with trio.CancelScope(shield=True):
             await self._response.aclose()
+
+
+def _json_or_events(content_type: str | None) -> bool:
+    """Whether an answer's body is one a dialect's client reads: JSON (NDJSON for Ollama's
+    streams) or server-sent events."""
+    kind = (content_type or "").split(";")[0].strip().lower()
+    return kind in ("application/json", "application/x-ndjson", "text/event-stream") or kind.endswith("+json")
 
 
 def _describe(exc: httpx.TransportError) -> str:

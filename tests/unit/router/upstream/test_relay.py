@@ -54,7 +54,7 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 def reply(status: int, body: bytes) -> httpx.Response:
     """An answer whose body is still to be read, as a real server's streamed one is."""
-    return httpx.Response(status, stream=httpx.ByteStream(body))
+    return httpx.Response(status, headers={"content-type": "application/json"}, stream=httpx.ByteStream(body))
 
 
 def relay_for(spec: UpstreamSpec, handler: Handler, local: LocalLoad | None = None) -> Relay:
@@ -184,3 +184,19 @@ async def test_an_answer_closed_before_its_first_chunk_is_counted_and_its_connec
     assert state.in_flight == 0 and state.outcomes["ok"] == 1
     again = await relay.send(spec, "k", "/v1/completions", "", {}, b"{}")  # the slot is free
     assert again is not None and b"".join([c async for c in again.body]) == b"never read"
+
+
+@pytest.mark.trio
+async def test_a_5xx_no_client_can_read_becomes_an_error_in_the_clients_shape() -> None:
+    """A proxy's HTML 500 reached an Anthropic client as HTML (a hostile probe, 2026-11-27):
+    a 5xx that is not JSON or events is an error the dialect renders (503 for the statuses
+    that say "unavailable", else 502); a JSON one is passed on."""
+    spec = spec_of(A)
+    html = relay_for(spec, lambda r: httpx.Response(500, headers={"content-type": "text/html"}, stream=httpx.ByteStream(b"<html>")))
+    with pytest.raises(WorkerCrashed, match=r"The upstream of model `m` failed \(500\)"):
+        await send(html, spec)
+    assert html.upstreams.of("m", A).in_flight == 0 and html.upstreams.of("m", A).health.healthy
+    shaped = relay_for(spec, lambda r: httpx.Response(
+        500, headers={"content-type": "application/json; charset=utf-8"}, stream=httpx.ByteStream(b'{"error": {}}')
+    ))
+    assert await send(shaped, spec) == (500, b'{"error": {}}', A)
