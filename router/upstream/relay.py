@@ -27,7 +27,7 @@ import trio
 from router.upstream.choice import pick
 from router.upstream.pool import LOCAL, Upstreams
 from supervisor.config.schema import UpstreamSpec
-from supervisor.errors import Overloaded, WorkerCrashed, WorkerUnavailable
+from supervisor.errors import CorralError, Overloaded, WorkerCrashed, WorkerUnavailable
 
 log = logging.getLogger("corral.upstream")
 
@@ -143,42 +143,24 @@ class Relay:
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s failed before answering (%s); trying another", replica.name, spec.name, last_error)
                     continue
-                if 300 <= response.status_code < 400:
-                    # A redirect is a base URL to fix, not an answer: its Location would
-                    # send the client to the upstream, around the front.
-                    location = response.headers.get("location", "?")
-                    with trio.CancelScope(shield=True):
-                        await response.aclose()
-                    state.outcomes["failed"] += 1
-                    raise WorkerCrashed(
-                        f"The upstream of model `{spec.name}` answered a redirect ({response.status_code}) "
-                        f"to {location}; its `upstream` URL must name the server itself."
-                    )
                 if response.status_code in UNAVAILABLE and pick(self.upstreams.replicas(spec), key, frozenset(tried)):
                     error = f"answered {response.status_code}"
                     last_error = f"{replica.name}: {error}"
-                    with trio.CancelScope(shield=True):
-                        await response.aclose()
+                    await _discard(response)
                     self.upstreams.observe(spec.name, replica.name, False, error)
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s answered %d; trying another", replica.name, spec.name, response.status_code)
                     continue
-                if response.status_code >= 500 and not _json_or_events(response.headers.get("content-type")):
-                    # A proxy's HTML error page, say: no client of any dialect can read it.
-                    # The client gets the failure in its own dialect's shape instead.
-                    with trio.CancelScope(shield=True):
-                        await response.aclose()
+                if (refused := unrelayable(spec.name, response.status_code, response.headers)) is not None:
+                    await _discard(response)
                     state.outcomes["failed"] += 1
                     if response.status_code in UNAVAILABLE:
                         self.upstreams.observe(spec.name, replica.name, False, f"answered {response.status_code}")
                     log.warning(
-                        "upstream %s of model %s answered %d with %s, not JSON", replica.name, spec.name,
+                        "upstream %s of model %s answered %d (%s): not passed on", replica.name, spec.name,
                         response.status_code, response.headers.get("content-type", "no content type"),
                     )
-                    message = f"The upstream of model `{spec.name}` failed ({response.status_code})."
-                    if response.status_code in UNAVAILABLE:
-                        raise WorkerUnavailable(message, retry_after=1.0)
-                    raise WorkerCrashed(message)
+                    raise refused
                 handed_over = True
                 return Relayed(
                     response.status_code,
@@ -251,8 +233,32 @@ class RelayedBody:
         if not self._broke:
             unavailable = status in UNAVAILABLE
             self._upstreams.observe(self._model, self._replica, not unavailable, f"answered {status}" if unavailable else None)
-        with trio.CancelScope(shield=True):
-            await self._response.aclose()
+        await _discard(self._response)
+
+
+def unrelayable(model: str, status: int, headers: Mapping[str, str]) -> CorralError | None:
+    """The error the client gets instead of an upstream answer that must not be passed on
+    (None: pass it on).
+    - A redirect is a base URL to fix, not an answer: its Location would send the client to
+      the upstream, around the front.
+    - A 5xx no client of any dialect can read (a proxy's HTML page, say) becomes the
+      failure in the client's own dialect's shape: 503 for the statuses that say
+      "unavailable", else 502."""
+    if 300 <= status < 400:
+        return WorkerCrashed(
+            f"The upstream of model `{model}` answered a redirect ({status}) "
+            f"to {headers.get('location', '?')}; its `upstream` URL must name the server itself."
+        )
+    if status >= 500 and not _json_or_events(headers.get("content-type")):
+        message = f"The upstream of model `{model}` failed ({status})."
+        return WorkerUnavailable(message, retry_after=1.0) if status in UNAVAILABLE else WorkerCrashed(message)
+    return None
+
+
+async def _discard(response: httpx.Response) -> None:
+    """Close an upstream answer, even from a cancelled request: its connection must go back."""
+    with trio.CancelScope(shield=True):
+        await response.aclose()
 
 
 def _json_or_events(content_type: str | None) -> bool:
