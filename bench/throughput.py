@@ -189,12 +189,25 @@ def bench_structured_http(url: str, model: str, tokens: int, rounds: int) -> dic
     return rates
 
 
-def serve_corral(model: Path, threads: int | None = None, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
+def start_corral(config: str, prefix: str = "corral-bench-") -> tuple[subprocess.Popen[bytes], int]:
+    """`corral serve` on `config` ({PORT} filled in with a free port), healthy; its process
+    and port. Its config and log are in a temporary folder named by `prefix`."""
     port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     cfg = tmp / "config.toml"
-    cfg.write_text(
-        f'[server]\nport = {port}\n[supervisor]\nidle_timeout = 0\n'
+    cfg.write_text(config.replace("{PORT}", str(port)))
+    log = (tmp / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+    return proc, port
+
+
+def serve_corral(model: Path, threads: int | None = None, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
+    return start_corral(
+        '[server]\nport = {PORT}\n[supervisor]\nidle_timeout = 0\n'
         f'[models.demo]\npath = "{model}"\nslots = {SLOTS}\nn_ctx = 4096\n'
         # Decode speed token by token, as llama-server's (without --spec-type) is measured:
         # the greedy, ignore_eos texts here repeat themselves, and drafts would multiply
@@ -203,13 +216,6 @@ def serve_corral(model: Path, threads: int | None = None, extra: str = "") -> tu
         + (f"threads = {threads}\n" if threads else "")
         + extra
     )
-    log = (tmp / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral", "serve", "--config", str(cfg)],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )
-    wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-    return proc, port
 
 
 def bench_structured(model: Path, tokens: int, rounds: int, threads: int | None) -> int:

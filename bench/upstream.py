@@ -24,9 +24,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,20 +31,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.throughput import DEFAULT_MODEL, OUT, ROOT, free_port, median_interval, wait_healthy
+from bench.throughput import DEFAULT_MODEL, OUT, median_interval, start_corral
 
 
 @contextmanager
 def serving(config: str, name: str) -> Iterator[str]:
-    port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix=f"corral-{name}-"))
-    (tmp / "config.toml").write_text(config.replace("{PORT}", str(port)))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral", "serve", "--config", str(tmp / "config.toml")],
-        cwd=ROOT, stdout=(tmp / "server.log").open("wb"), stderr=subprocess.STDOUT,
-    )
+    proc, port = start_corral(config, prefix=f"corral-{name}-")
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
