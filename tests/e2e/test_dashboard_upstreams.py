@@ -12,23 +12,12 @@ import pytest
 
 from tests.e2e.cdp import Chromium
 from tests.e2e.conftest import Server, free_port, start_server, stop_server
+from tests.e2e.test_balancers import BACKEND
 
 pytestmark = pytest.mark.model
 
-BACK = """
-[server]
-port = {PORT}
-
-[supervisor]
-idle_timeout = 0
-
-[models.demo]
-path = "{MODEL}"
-slots = 1
-n_ctx = 1024
-chat_template = "gemma"
-max_tokens = 16
-"""
+# The balancers' back (the demo model as `demo`); the dashboard's chat sets no limit.
+BACK = BACKEND + "max_tokens = 16\n"
 
 FRONT = """
 [server]

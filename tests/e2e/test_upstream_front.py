@@ -25,21 +25,11 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ROOT, Server, start_server, stop_server
+from tests.e2e.test_balancers import BACKEND
 from tests.e2e.test_kv_mixes import CANARY_TEXT
 
-BACK = """
-[server]
-port = {PORT}
-
-[supervisor]
-idle_timeout = 0
-
-[models.demo]
-path = "{MODEL}"
-slots = 2
-n_ctx = 1024
-chat_template = "gemma"
-
+# The balancers' back (the demo model as `demo`), with an embedding model beside it.
+BACK = BACKEND + """
 [models.embed]
 path = "{MODEL}"
 embeddings = true
