@@ -45,6 +45,10 @@ class GenerationJob:
     n: int = 1
     echo: bool = False  # completions: each choice's text starts with its prompt's
     keep_alive: KeepAlive | None = None  # None: the request says nothing of it
+    # The `params` fields the request itself set, where that is tracked (a job sent to an
+    # upstream, whose own defaults apply to the rest: router/generation/remote/); None:
+    # not tracked, every field is the job's.
+    sent: frozenset[str] | None = None
 
     @property
     def chat(self) -> bool:

@@ -1,0 +1,236 @@
+"""An OpenAI-compatible upstream's answer read back into the internal events.
+
+The upstream streams chunks (`data: {...}` server-sent events, then `data: [DONE]`); each
+choice's deltas become `Begin`, `TextDelta`, `ReasoningDelta` (llama-server's and vLLM's
+`reasoning_content`, or `reasoning`) and tool calls, and the usage chunk that
+`stream_options.include_usage` asks for ends every choice with its `Finish`, then `Done`
+(an upstream that sends no usage leaves it at zero tokens: Corral cannot count another
+server's tokens).
+
+A tool call's arguments are gathered and given whole, in one `ToolCallDelta` when the call
+ends, as the internal events promise (Ollama's clients read them as one object). A stream
+that ends without a choice's finish_reason was cut: it ends in `Failed`, never as if the
+answer were whole. An answer that is an error (before the stream, or as an `error` event
+in it) becomes the error in the client's dialect, with the status that says whose fault it
+is: the client's request (4xx), or the upstream's (502, 503, 429).
+
+Pure: bytes and JSON in, events out, tested without an upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.generation.events import (
+    Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+)
+from supervisor import errors as e
+from worker.protocol import Usage
+
+# The longest event the reader holds while its end has not come: far above any chunk of a
+# generation, far below what would hurt the server.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+
+class EventLines:
+    """Server-sent events' `data` payloads from a byte stream, as it arrives."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        # The whole buffer, as a CRLF may be split between two chunks.
+        self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")
+        *blocks, self._buffer = self._buffer.split(b"\n\n")
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise ValueError(f"an event longer than {MAX_EVENT_BYTES} bytes")
+        return [d for b in blocks if (d := _data(b)) is not None]
+
+    def end(self) -> list[str]:
+        """What is left when the stream ends (a last event with no blank line after it)."""
+        rest, self._buffer = self._buffer, b""
+        d = _data(rest)
+        return [d] if d is not None else []
+
+
+def _data(block: bytes) -> str | None:
+    lines = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines).decode("utf-8", "replace") if lines else None
+
+
+@dataclass
+class _Choice:
+    reason: str | None = None
+    calls: dict[int, int] = field(default_factory=dict)  # the upstream's call index: ours
+    open_call: int | None = None  # ours, its arguments being gathered
+    arguments: str = ""
+    made_calls: bool = False
+
+
+class ChunkReader:
+    """Reads one answer's chunks (`chat`: chat completion chunks, else text completion
+    chunks) and gives the internal events they make. `feed` takes each event's data;
+    `end` the stream's end, whether or not [DONE] came."""
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self._model, self._chat = model, chat
+        self._choices: dict[int, _Choice] = {}
+        self._usage: Usage | None = None
+        self.done = False  # [DONE] came
+        self.failed = False
+
+    def feed(self, data: str) -> list[Event]:
+        if self.done or self.failed:
+            return []
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return self._fail(f"sent an event that is not JSON: {data[:80]!r}")
+        if not isinstance(obj, dict):
+            return self._fail("sent an event that is not a JSON object")
+        if "error" in obj:
+            return self._fail(f"failed mid-answer: {_message(obj)}")
+        if isinstance(obj.get("usage"), dict):
+            self._usage = _usage(obj["usage"])
+        out: list[Event] = []
+        for ch in obj.get("choices") or ():
+            if isinstance(ch, dict) and isinstance(ch.get("index", 0), int):
+                out += self._choice(ch)
+        return out
+
+    def _choice(self, ch: dict[str, Any]) -> list[Event]:
+        i = int(ch.get("index", 0))
+        out: list[Event] = []
+        c = self._choices.get(i)
+        if c is None:
+            c = self._choices[i] = _Choice()
+            out.append(Begin(i))
+        if self._chat:
+            d = _object(ch.get("delta"))
+            reasoning = d.get("reasoning_content") or d.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                out += self._close_call(i, c)
+                out.append(ReasoningDelta(i, reasoning))
+            if isinstance(d.get("content"), str) and d["content"]:
+                out += self._close_call(i, c)
+                out.append(TextDelta(i, d["content"]))
+            for tc in d.get("tool_calls") or ():
+                if isinstance(tc, dict):
+                    out += self._call(i, c, tc)
+        elif isinstance(ch.get("text"), str) and ch["text"]:
+            out.append(TextDelta(i, ch["text"]))
+        if isinstance(ch.get("finish_reason"), str):
+            c.reason = ch["finish_reason"]
+        return out
+
+    def _call(self, i: int, c: _Choice, tc: dict[str, Any]) -> list[Event]:
+        index = tc.get("index", len(c.calls))
+        fn = _object(tc.get("function"))
+        out: list[Event] = []
+        if index not in c.calls:
+            out += self._close_call(i, c)
+            call = c.calls[index] = len(c.calls)
+            given = tc.get("id")
+            call_id = given if isinstance(given, str) and given else f"call_{secrets.token_hex(12)}"
+            out.append(ToolCallStart(i, call, call_id, str(fn.get("name") or "")))
+            c.open_call, c.arguments, c.made_calls = call, "", True
+        if isinstance(fn.get("arguments"), str) and c.open_call == c.calls[index]:
+            c.arguments += fn["arguments"]
+        return out
+
+    @staticmethod
+    def _close_call(i: int, c: _Choice) -> list[Event]:
+        if c.open_call is None:
+            return []
+        call, args = c.open_call, c.arguments
+        c.open_call, c.arguments = None, ""
+        return [ToolCallDelta(i, call, args or "{}"), ToolCallEnd(i, call)]
+
+    def end(self) -> list[Event]:
+        """The events that end the answer: each choice's Finish and Done, or Failed when
+        the stream did not end as a whole answer does."""
+        if self.failed:
+            return []
+        if not self._choices:
+            return self._fail("ended its answer without any choice")
+        if any(c.reason is None for c in self._choices.values()):
+            return self._fail("ended its answer before it was complete")
+        usage = self._usage or Usage(prompt_tokens=0, completion_tokens=0)
+        out: list[Event] = []
+        for i, c in sorted(self._choices.items()):
+            out += self._close_call(i, c)
+            out.append(Finish(i, _reason(c), usage))
+        out.append(Done(usage))
+        return out
+
+    def _fail(self, what: str) -> list[Event]:
+        self.failed = True
+        return [Failed(e.WorkerCrashed(f"The upstream of model `{self._model}` {what}."))]
+
+
+def _object(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _reason(c: _Choice) -> Reason:
+    if c.reason == "length":
+        return "length"
+    if c.made_calls or c.reason in ("tool_calls", "function_call"):
+        return "tool_calls"
+    return "stop"  # "stop", and what has no counterpart ("content_filter")
+
+
+def _usage(u: dict[str, Any]) -> Usage:
+    def count(v: Any) -> int:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+    details = u.get("prompt_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Usage(prompt_tokens=count(u.get("prompt_tokens")), completion_tokens=count(u.get("completion_tokens")),
+                 cached_tokens=cached)
+
+
+def _message(obj: Any) -> str:
+    """The message of an OpenAI-shaped error body (or a plain one), bounded."""
+    err = obj.get("error") if isinstance(obj, dict) else None
+    text = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
+    if not isinstance(text, str) and isinstance(obj, dict) and isinstance(obj.get("message"), str):
+        text = obj["message"]
+    text = text if isinstance(text, str) and text else "no message"
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
+def upstream_error(model: str, status: int, body: bytes, retry_after: float | None) -> e.CorralError:
+    """The error for an upstream's answer that is not a stream (`status` >= 300).
+
+    A 400-class answer is the client's request refused: the same status class, with the
+    upstream's message and the parameter it names. A refused key (401, 403) or an unknown
+    model name (404) is the operator's configuration, never the client's key or name: 502.
+    A 429 is passed on as one, 503 and 504 as 503, and anything else as 502."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    param = err.get("param") if isinstance(err, dict) and isinstance(err.get("param"), str) else None
+    said = f"The upstream of model `{model}` answered {status}: {_message(obj)}"
+    if status in (401, 403):
+        return e.WorkerCrashed(f"{said} (check the model's api_key_env or api_key_file).")
+    if status == 404:
+        return e.WorkerCrashed(f"{said} (check the model's upstream and upstream_model).")
+    if status == 429:
+        return e.Overloaded(said, retry_after=retry_after or 1.0)
+    if status in (503, 504):
+        return e.WorkerUnavailable(said, retry_after=retry_after or 1.0)
+    if 400 <= status < 500:
+        code = err.get("code") if isinstance(err, dict) else None
+        if code == "context_length_exceeded":
+            return e.ContextOverflow(said, param or "messages")
+        return e.InvalidRequest(said, param)
+    return e.WorkerCrashed(said)

@@ -1,0 +1,112 @@
+"""An OpenAI-compatible upstream's stream read back into the internal events
+(router/generation/remote/inbound.py): as llama-server and vLLM write their chunks,
+split anywhere by the network, and cut off or refused as a failing upstream answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.generation.events import (
+    Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+)
+from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
+from supervisor import errors as e
+from worker.protocol import Usage
+
+
+def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None, index: int = 0, **extra: Any) -> str:
+    choices = [] if delta is None else [{"index": index, "delta": delta, "finish_reason": finish}]
+    return json.dumps({"object": "chat.completion.chunk", "choices": choices, **extra})
+
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 6}}
+STREAM = [
+    _chunk({"role": "assistant", "content": ""}),
+    _chunk({"reasoning_content": "Hmm."}),
+    _chunk({"content": "Hi"}),
+    _chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}),
+    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]}),
+    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+    _chunk({"tool_calls": [{"index": 1, "id": "c2", "function": {"name": "g", "arguments": "{}"}}]}),
+    _chunk({}, "tool_calls"),
+    _chunk(None, usage=USAGE),
+    "[DONE]",
+]
+
+
+def _read(datas: list[str], chat: bool = True) -> list[Event]:
+    reader = ChunkReader("m", chat)
+    out = [ev for d in datas for ev in reader.feed(d)]
+    return out + reader.end()
+
+
+def test_a_stream_becomes_the_internal_events_with_each_call_whole() -> None:
+    usage = Usage(prompt_tokens=10, completion_tokens=4, cached_tokens=6)
+    assert _read(STREAM) == [
+        Begin(0), ReasoningDelta(0, "Hmm."), TextDelta(0, "Hi"),
+        ToolCallStart(0, 0, "c1", "f"), ToolCallDelta(0, 0, '{"a": 1}'), ToolCallEnd(0, 0),
+        ToolCallStart(0, 1, "c2", "g"), ToolCallDelta(0, 1, "{}"), ToolCallEnd(0, 1),
+        Finish(0, "tool_calls", usage), Done(usage),
+    ]
+
+
+def test_vllms_reasoning_field_and_a_text_completion_are_read_too() -> None:
+    assert _read([_chunk({"reasoning": "R"}), _chunk({}, "length"), "[DONE]"])[1] == ReasoningDelta(0, "R")
+    text = [json.dumps({"choices": [{"index": 0, "text": "abc", "finish_reason": None}]}),
+            json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})]
+    events = _read(text, chat=False)
+    assert events[:2] == [Begin(0), TextDelta(0, "abc")] and isinstance(events[2], Finish) and events[2].reason == "stop"
+    assert events[2].usage == Usage(prompt_tokens=0, completion_tokens=0)  # no usage sent: none made up
+
+
+@pytest.mark.parametrize("datas, why", [
+    ([_chunk({"content": "Half"})], "before it was complete"),  # cut: no finish_reason
+    ([], "without any choice"),
+    ([_chunk({"content": "a"}), "not json"], "not JSON"),
+    ([_chunk({"content": "a"}), json.dumps({"error": {"message": "out of memory"}})], "out of memory"),
+])
+def test_an_answer_that_is_not_whole_ends_failed(datas: list[str], why: str) -> None:
+    events = _read(datas)
+    assert isinstance(events[-1], Failed) and why in events[-1].error.message
+    assert not any(isinstance(ev, (Finish, Done)) for ev in events)
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), max_size=30), st.booleans())
+def test_events_split_anywhere_read_the_same(cuts: list[int], crlf: bool) -> None:
+    sep = "\r\n\r\n" if crlf else "\n\n"
+    raw = "".join(f"data: {d}{sep}" for d in STREAM).encode()
+    lines, got, at = EventLines(), [], 0
+    for n in cuts:
+        got += lines.feed(raw[at:at + n])
+        at += n
+    got += lines.feed(raw[at:]) + lines.end()
+    assert got == STREAM
+
+
+def test_a_last_event_without_its_blank_line_is_kept_and_comments_are_not_data() -> None:
+    lines = EventLines()
+    assert lines.feed(b": keep-alive\n\nevent: x\ndata: 1\n\ndata: 2") == ["1"]
+    assert lines.end() == ["2"]
+
+
+@pytest.mark.parametrize("status, body, kind, param", [
+    (400, {"error": {"message": "bad temperature", "param": "temperature"}}, e.InvalidRequest, "temperature"),
+    (400, {"error": {"message": "too long", "code": "context_length_exceeded"}}, e.ContextOverflow, "messages"),
+    (422, {"detail": "x"}, e.InvalidRequest, None),
+    (401, {"error": {"message": "Incorrect API key"}}, e.WorkerCrashed, None),  # the operator's key, not the client's
+    (404, {"error": {"message": "model not found"}}, e.WorkerCrashed, None),
+    (429, {"error": {"message": "slow down"}}, e.Overloaded, None),
+    (503, {"error": "loading"}, e.WorkerUnavailable, None),
+    (500, "<html>oops</html>", e.WorkerCrashed, None),
+])
+def test_an_upstreams_refusal_says_whose_fault_it_is(status: int, body: Any, kind: type, param: str | None) -> None:
+    raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    err = upstream_error("m", status, raw, retry_after=3.0)
+    assert type(err) is kind and err.param == param and f"answered {status}" in err.message
+    if isinstance(err, e.Overloaded):
+        assert err.retry_after == 3.0
