@@ -8,7 +8,7 @@ closed when its answer is done, however it ends (a client gone mid-stream includ
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
 
 from quart import Response
 
@@ -18,24 +18,50 @@ from router.generation.prompts import Prompt, is_tokens
 from router.generation.run import Generation
 from router.generation.stream import events
 from router.server import access_log, sse
+from router.generation.remote.outbound import sent_fields
+from router.generation.remote.run import RemoteGeneration
+from router.upstream.remote import RemoteModel
+from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
-from worker.protocol import EmbedResult
+from worker.protocol import EmbedResult, SamplingParams
 
 Whole = Callable[[AsyncIterator[Event]], Awaitable[bytes]]
 Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
+# What a route that generates runs its job on: a local model, or one served elsewhere that
+# the request reaches through translation (router/upstream/remote.py).
+Target = Union[ModelHandle, RemoteModel]
+
+
+def job_for(target: Target, make: Callable[[SamplingParams], GenerationJob]) -> GenerationJob:
+    """The job `make` builds from the target's generation defaults: a local model's
+    config; for a model served elsewhere, Corral's, with the fields the client set marked,
+    as only those are sent (router/generation/remote/outbound.py)."""
+    if isinstance(target, RemoteModel):
+        return sent_fields(make)
+    return make(target.spec.defaults)
 
 
 async def answer(
-    handle: ModelHandle,
+    target: Target,
     job: GenerationJob,
     whole: Whole,
     streamed: Streamed,
     content_type: str = "application/json",
     stream_headers: Mapping[str, str] = sse.HEADERS,
 ) -> Response:
-    """Run `job` on `handle`'s model; `whole` renders the events into one body,
+    """Run `job` on the target's model; `whole` renders the events into one body,
     `streamed` into the chunks of a streamed one (when the job streams)."""
-    gen = await Generation.start(handle, job)
+    if isinstance(target, RemoteModel):
+        remote = await RemoteGeneration.start(target, job)
+        if not job.stream:
+            try:
+                body = await whole(remote.events())
+            finally:
+                await remote.aclose()
+            return Response(body, content_type=content_type)
+        streamed_body = sse.Body(streamed(remote.events()), lambda: None, remote.aclose)
+        return Response(streamed_body, status=200, headers=dict(stream_headers))
+    gen = await Generation.start(target, job)
     if not job.stream:
         try:
             body = await whole(events(gen, job))
@@ -91,12 +117,18 @@ async def embed(
             ticket.release()
 
 
-async def prompt_tokens(handle: ModelHandle, job: GenerationJob) -> int:
+async def prompt_tokens(target: Target, job: GenerationJob) -> int:
     """How many tokens the prompt of `job` (a chat) would be, rendered and tokenized as its
     generation would, for the routes that count input tokens (llama-server's
     input_tokens, Anthropic's count_tokens, Responses' input_tokens). Generates nothing;
     the model loads, as its template and tokenizer are the model's. The access log counts
-    them as the request's prompt."""
+    them as the request's prompt. A model served elsewhere has no tokenizer here: a 400."""
+    if isinstance(target, RemoteModel):
+        raise Unsupported(
+            f"The model `{target.name}` is served by an upstream that speaks only OpenAI's API, "
+            "which has no route to count a prompt's tokens.", "model",
+        )
+    handle = target
     async with handle.lease() as conn:
         offered = list(job.tools.offered) if job.tools.offered else None
         prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)

@@ -17,7 +17,9 @@ from quart import Blueprint
 
 from router.server.errors import Rendered
 from router.server.openapi import Operation
+from router.upstream import remote
 from router.upstream.pool import Upstreams
+from router.upstream.remote import RemoteModel
 from supervisor.errors import CorralError, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.supervisor import Supervisor
@@ -46,6 +48,12 @@ class Server:
         if handle.spec.embeddings:
             raise Unsupported(f"The model `{model or handle.name}` serves embeddings only{hint}.", "model")
         return handle
+
+    def target(self, model: str | None, hint: str = "; use /v1/embeddings") -> ModelHandle | RemoteModel:
+        """`generating`, for a route that can also answer through translation: the model
+        served elsewhere that the upstream hook chose for this request, if it chose one."""
+        chosen = remote.current()
+        return chosen if chosen is not None else self.generating(model, hint)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Every dialect that streams SSE frames its events here; the dialects build the ob
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 HEADERS = {
     "content-type": "text/event-stream",
@@ -26,11 +26,15 @@ class Body:
     between the headers and the first event would leak what the stream holds (a lease, so
     the model could never unload, and a generation the worker keeps running). Quart calls
     `aclose()` on a body iterator whether or not it was iterated, so cleanup lives there.
-    `on_close` must be idempotent and must not block.
+    `on_close` must be idempotent and must not block; `then`, where given, is awaited after
+    it (closing an upstream's connection: router/upstream/remote.py).
     """
 
-    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        self._events, self._on_close = events, on_close
+    def __init__(
+        self, events: AsyncIterator[bytes], on_close: Callable[[], None],
+        then: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._events, self._on_close, self._then = events, on_close, then
 
     def __aiter__(self) -> Body:
         return self
@@ -45,3 +49,5 @@ class Body:
                 await aclose()
         finally:
             self._on_close()
+            if self._then is not None:
+                await self._then()

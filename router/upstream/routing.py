@@ -2,9 +2,10 @@
 
 A POST whose JSON body names (by `model`, or by the default model when it names none) a
 model with an `upstream` is relayed, in the dialect it came in, when that upstream speaks
-the dialect; otherwise it goes on to the route, which serves it locally. A model that is
-upstream only and does not speak the request's dialect is a 400 naming `model`: Corral
-does not translate between dialects for an upstream yet.
+the dialect. Otherwise it goes on to the route: a model with a local worker too serves it
+there; a model served elsewhere only, whose upstream speaks OpenAI's dialect, is reached
+through translation (router/upstream/remote.py) from the routes in TRANSLATED; any other is
+a 400 naming `model`.
 
 The key the client sent is checked first (router/server/auth.py runs before this hook),
 and a key limited to other models sees an upstream model as one that does not exist, as
@@ -22,6 +23,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from router.server import access_log, auth, bodies
+from router.upstream import remote
 from router.upstream.affinity import session_key
 from router.upstream.relay import Relay, loop_problem
 from supervisor.config.schema import UpstreamSpec
@@ -31,6 +33,14 @@ from supervisor.supervisor import Supervisor, unknown_model
 # Routes that manage a server rather than use its model: never relayed (an upstream's
 # slots and loaded models are its own operator's business).
 _NOT_RELAYED = ("/models/", "/slots", "/admin", "/metrics")
+# The routes that reach an OpenAI-compatible upstream in OpenAI's dialect when it does not
+# speak theirs (router/generation/remote/): the chat and generation routes of the
+# Anthropic, Responses and Ollama dialects, and their token counts (whose routes explain
+# that an upstream cannot count).
+TRANSLATED = frozenset({
+    "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
+    "/responses/input_tokens", "/api/chat", "/api/generate",
+})
 
 
 class _Named(msgspec.Struct):
@@ -96,19 +106,22 @@ def install(
                 record.model = spec.name
             if (loop := loop_problem(request.headers.get("via"), via_name)) is not None:
                 raise WorkerUnavailable(f"The request for model `{spec.name}` cannot be relayed: {loop}.", retry=False)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            # No session key: any replica, the least busy first (router/upstream/choice.py, rule 4).
+            key = session_key(headers, decoded) or f"random:{random.random()}"
             dialect = dialect_of(path)
             if dialect not in spec.dialects:
                 if spec.local:
                     return None  # its own worker serves it in every dialect
+                if "openai" in spec.dialects and path in TRANSLATED:
+                    remote.put(remote.RemoteModel(spec, relay, key, headers))
+                    return None  # the route decodes it, and answers through translation
                 raise Unsupported(
                     f"The model `{spec.name}` is served by an upstream that speaks "
                     f"{', '.join(sorted(spec.dialects))}; requests in the {dialect} dialect cannot reach it "
                     "(set upstream_dialects if the upstream speaks it).",
                     "model",
                 )
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            # No session key: any replica, the least busy first (router/upstream/choice.py, rule 4).
-            key = session_key(headers, decoded) or f"random:{random.random()}"
             relayed = await relay.send(
                 spec, key, path, request.query_string.decode("latin-1"), headers, _renamed(body, decoded, spec)
             )
@@ -131,6 +144,10 @@ def _upstream_of(supervisor: Supervisor, model: str | None) -> UpstreamSpec | No
     if name is None:
         return None
     spec = config.upstream(name)
+    if spec is None and name.endswith(":latest"):
+        # Ollama's clients name a model as /api/tags lists it, with its tag
+        # (router/api/ollama/models.py, untagged).
+        spec = config.upstream(name[: -len(":latest")])
     if spec is None and model is not None and default is not None and config.server.unknown_model == "default":
         # A name nothing answers to goes to the default model, as for a local one.
         if config.resolve(model) is None:

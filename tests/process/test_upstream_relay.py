@@ -75,8 +75,12 @@ class FakeUpstream:
 
 
 @asynccontextmanager
-async def upstream_and_front(tmp_path: Path, tables: str, server: str = "") -> AsyncIterator[tuple[FakeUpstream, str]]:
-    fake = FakeUpstream()
+async def upstream_and_front(
+    tmp_path: Path, tables: str, server: str = "", fake: Any = None
+) -> AsyncIterator[tuple[Any, str]]:
+    """`fake` (an ASGI app; a FakeUpstream by default) served on a free port as {UP}'s
+    server, and the front with `tables`; yields both."""
+    fake = FakeUpstream() if fake is None else fake
     hc = HyperConfig()
     hc.bind = ["127.0.0.1:0"]
     async with trio.open_nursery() as nursery:
@@ -109,6 +113,10 @@ upstream = ["{UP}", "http://127.0.0.1:9/v1"]
 upstream = "{UP}"
 upstream_model = "llama3.2:3b"
 upstream_dialects = ["openai", "ollama"]
+
+[models.claude]
+upstream = "{UP}"
+upstream_dialects = ["anthropic"]
 """
 
 
@@ -216,12 +224,18 @@ async def test_what_a_hostile_client_sends_never_reaches_past_the_api(tmp_path: 
 
 @pytest.mark.trio
 async def test_ollama_lists_the_upstream_models_that_take_its_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """/api/tags lists a model served elsewhere only if its upstream speaks Ollama's API
-    (else a client would pick a model it cannot reach), as Ollama lists its cloud models:
-    no size or digest, the name there as remote_model."""
+    """/api/tags lists a model served elsewhere if its upstream speaks Ollama's API, or
+    OpenAI's, which Ollama's requests reach translated (else a client would pick a model it
+    cannot reach), as Ollama lists its cloud models: no size or digest, the name there as
+    remote_model. A client names it with its tag, as listed."""
     monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
-    async with upstream_and_front(tmp_path, TABLES) as (_, front):
+    async with upstream_and_front(tmp_path, TABLES) as (fake, front):
         async with httpx.AsyncClient(timeout=10) as c:
             listed = (await c.get(front + "/api/tags")).json()["models"]
-    assert [(m["name"], m["remote_model"], m["size"]) for m in listed] == [("llama:latest", "llama3.2:3b", 0)]
+            r = await c.post(front + "/api/chat", json={"model": "llama:latest", "messages": []})
+    assert r.status_code == 200 and json.loads(fake.seen[-1][2])["model"] == "llama3.2:3b"
+    assert [(m["name"], m["remote_model"], m["size"]) for m in listed] == [
+        ("chat:latest", "renamed", 0), ("hangs:latest", "hangs", 0), ("breaks:latest", "breaks", 0),
+        ("fails:latest", "fails", 0), ("llama:latest", "llama3.2:3b", 0),
+    ]  # not `claude`, whose upstream speaks Anthropic's API only
     assert listed[0]["modified_at"].endswith("Z") and listed[0]["details"]["format"] == ""

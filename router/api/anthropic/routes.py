@@ -17,7 +17,7 @@ from quart import Blueprint, Response
 from router.api.anthropic import schemas
 from router.api.anthropic.render import Reply, stream, whole
 from router.api.anthropic.translate import chat_messages, messages_job, thinking_kwargs, tools
-from router.api.answering import answer, prompt_tokens
+from router.api.answering import answer, job_for, prompt_tokens
 from router.api.dialect import Server
 from router.generation.job import GenerationJob
 from router.server import access_log, bodies
@@ -43,20 +43,20 @@ def register(app: Blueprint, server: Server) -> None:
     @app.post("/v1/messages")
     async def messages() -> Response:
         r: schemas.MessagesRequest = decode(await bodies.read_body(), schemas.MessagesRequest, api="Anthropic")
-        handle = server.generating(r.model, _HINT)
-        job = messages_job(r, r.model or handle.name, handle.spec.defaults)
+        target = server.target(r.model, _HINT)
+        job = job_for(target, partial(messages_job, r, r.model or target.name))
         reply = Reply(model=job.model, stop_sequences=tuple(r.stop_sequences or ()))
-        return _with_request_id(await answer(handle, job, partial(whole, reply=reply), partial(stream, reply=reply)))
+        return _with_request_id(await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply)))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
         """The prompt's tokens, as /v1/messages would render and tokenize it. Generates
         nothing (the model loads, as its tokenizer is the model's)."""
         r: schemas.CountTokensRequest = decode(await bodies.read_body(), schemas.CountTokensRequest, api="Anthropic")
-        handle = server.generating(r.model, _HINT)
+        target = server.target(r.model, _HINT)
         job = GenerationJob(
-            model=r.model or handle.name, params=SamplingParams(), messages=tuple(chat_messages(r.system, r.messages)),
+            model=r.model or target.name, params=SamplingParams(), messages=tuple(chat_messages(r.system, r.messages)),
             tools=tools(r.tools, r.tool_choice), template_kwargs=thinking_kwargs(r.thinking),
         )
-        n = await prompt_tokens(handle, job)
+        n = await prompt_tokens(target, job)
         return _with_request_id(Response(_json.encode({"input_tokens": n}), content_type="application/json"))

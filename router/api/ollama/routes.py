@@ -19,7 +19,7 @@ import msgspec
 from quart import Blueprint, Response
 
 
-from router.api.answering import answer, embed
+from router.api.answering import answer, embed, job_for
 from router.api.dialect import Server
 from router.api.ollama import models
 from router.api.ollama.render import HEADERS, Reply, lines, whole
@@ -31,6 +31,7 @@ from router.generation.job import GenerationJob, KeepAlive
 from router.generation.prompts import MAX_PROMPTS
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
+from router.upstream import remote
 from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import idle_limit
@@ -75,6 +76,15 @@ def register(app: Blueprint, server: Server) -> None:
         (no messages, or no prompt), which loads the model, or with keep_alive 0 unloads it.
         `job_of` builds the job from the model's generation defaults."""
         reply = Reply(model=name, chat=chat, record=access_log.current())
+        elsewhere = remote.current()
+        if elsewhere is not None:  # served elsewhere: nothing here to load, unload or keep
+            job = job_for(elsewhere, job_of)
+            if empty:
+                return done(reply, "unload" if kept.seconds == 0 else "load")
+            return await answer(
+                elsewhere, job, partial(whole, reply=reply), partial(lines, reply=reply), stream_headers=HEADERS,
+                content_type="application/json; charset=utf-8",
+            )
         if empty and kept.seconds == 0:
             # Ollama unloads before it asks what the model can do: `ollama stop` works on
             # an embedding model too.
@@ -123,11 +133,12 @@ def register(app: Blueprint, server: Server) -> None:
     async def tags() -> Response:
         visible = [h for h in server.supervisor.handles.values() if auth.visible(h)]
         key = auth.current_key()
-        # Models served elsewhere that take Ollama's requests (router/upstream/).
+        # Models served elsewhere that take Ollama's requests: as they come, or translated
+        # to OpenAI's (router/upstream/).
         remote = [
             models.remote_tag_entry(up.name, up.model, server.started)
             for up in server.supervisor.config.upstreams.values()
-            if not up.local and "ollama" in up.dialects and (key is None or key.may_use(up.name))
+            if not up.local and ("ollama" in up.dialects or "openai" in up.dialects) and (key is None or key.may_use(up.name))
         ]
         return _json_response({"models": [models.tag_entry(h) for h in visible] + remote})
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from quart import Blueprint, Response, request
 
-from router.api.answering import answer, prompt_tokens
+from router.api.answering import answer, job_for, prompt_tokens
 from router.api.dialect import Server
 from router.api.responses import items
 from router.api.responses.errors import PreviousNotFound, ResponseNotFound
@@ -68,10 +68,10 @@ def register(app: Blueprint, server: Server) -> None:
     async def create() -> Response:
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         refuse_unserved(r)
-        handle = server.generating(r.model, "")
+        target = server.target(r.model, "")
         turns = conversation(r)
         tools, namespaces = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
-        job = responses_job(r, r.model or handle.name, handle.spec.defaults, turns, tools)
+        job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, turns, tools))
         owner = _owner()
 
         def keep(obj: dict[str, Any], turn: ChatMessage) -> None:
@@ -79,16 +79,17 @@ def register(app: Blueprint, server: Server) -> None:
             store.put(obj["id"], owner, _json.encode(obj), turns + (turn,), ttl, max_bytes)
 
         reply = Reply(model=job.model, echo=echo(r, job.params), keep=keep if r.store else None, namespaces=namespaces)
-        return await answer(handle, job, partial(whole, reply=reply), partial(stream, reply=reply))
+        return await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply))
 
     @app.post("/v1/responses/input_tokens")
     @app.post("/responses/input_tokens")
     async def input_tokens() -> Response:
         """The tokens of the prompt a create with this body would run. Generates nothing."""
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
-        handle = server.generating(r.model, "")
+        target = server.target(r.model, "")
         tools, _ = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
-        n = await prompt_tokens(handle, responses_job(r, r.model or handle.name, handle.spec.defaults, conversation(r), tools))
+        job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, conversation(r), tools))
+        n = await prompt_tokens(target, job)
         return Response(_json.encode({"object": "response.input_tokens", "input_tokens": n}), content_type="application/json")
 
     def kept(response_id: str) -> bytes:

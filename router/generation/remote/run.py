@@ -1,0 +1,115 @@
+"""One generation job on a model served elsewhere, in OpenAI's dialect: the upstream's
+counterpart of router/generation/run.py.
+
+The job goes out as a streamed chat (or text) completion (outbound.py) through the relay
+(router/upstream/relay.py), so replicas, affinity, failover and max_concurrency apply as
+to a relayed request; the chunks come back as the internal events (inbound.py) that the
+route renders in its own dialect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+import msgspec
+
+from router.generation.events import Begin, Done, Event, Failed
+from router.generation.job import GenerationJob
+from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
+from router.generation.remote.outbound import chat_body, completion_body
+from router.server import access_log
+from router.upstream.relay import RelayedBody
+from router.upstream.remote import RemoteModel
+from supervisor.errors import WorkerCrashed
+from worker.protocol import Usage
+
+# The most of an error answer read: enough for any API's error object.
+MAX_ERROR_BYTES = 64 * 1024
+
+
+class RemoteGeneration:
+    """One job on an upstream. `events()` yields its internal events once; `aclose()`
+    ends the upstream request (a client that left cancels the generation there) and is
+    safe to call more than once."""
+
+    def __init__(self, remote: RemoteModel, body: RelayedBody, chat: bool) -> None:
+        self._body = body
+        self._reader = ChunkReader(remote.name, chat)
+        self._record = access_log.current()
+
+    @classmethod
+    async def start(cls, remote: RemoteModel, job: GenerationJob) -> RemoteGeneration:
+        """Send the job and wait for the upstream's status, so that its refusal (a 400
+        naming a parameter, a 429) is the response's status, before any header."""
+        chat = job.messages is not None
+        body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
+        headers = {**remote.headers, "content-type": "application/json", "accept": "text/event-stream"}
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        relayed = await remote.relay.send(remote.spec, remote.key, path, "", headers, msgspec.json.encode(body))
+        if relayed is None:  # the hook sends only upstream-only models here
+            raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
+        if (record := access_log.current()) is not None:
+            record.upstream = relayed.replica
+        if relayed.status >= 300 or "text/event-stream" not in relayed.headers.get("content-type", ""):
+            try:
+                text = await _read_bounded(relayed.body)
+            finally:
+                await relayed.body.aclose()
+            if relayed.status < 300:
+                raise WorkerCrashed(
+                    f"The upstream of model `{remote.name}` answered a stream request with "
+                    f"{relayed.headers.get('content-type', 'no content type')}, not server-sent events."
+                )
+            raise upstream_error(remote.name, relayed.status, text, _retry_after(relayed.headers))
+        return cls(remote, relayed.body, chat)
+
+    async def events(self) -> AsyncIterator[Event]:
+        lines = EventLines()
+        try:
+            async for chunk in self._body:
+                for data in lines.feed(chunk):
+                    for ev in self._reader.feed(data):
+                        if self._record is not None and self._record.first_token is None and not isinstance(ev, Begin):
+                            self._record.first_token = time.monotonic()
+                        yield ev
+                        if isinstance(ev, Failed):
+                            return
+            for data in lines.end():
+                for ev in self._reader.feed(data):
+                    yield ev
+        except (httpx.TransportError, ValueError) as exc:
+            yield Failed(WorkerCrashed(f"The upstream's answer broke off: {exc}"))
+            return
+        finally:
+            await self.aclose()
+        for ev in self._reader.end():
+            if isinstance(ev, Done):
+                self._count(ev.usage)
+            yield ev
+
+    def _count(self, usage: Usage) -> None:
+        """The answer's usage into the access log and the metrics, as the upstream told it."""
+        if self._record is not None:
+            self._record.prompt_tokens, self._record.generated_tokens = usage.prompt_tokens, usage.completion_tokens
+            self._record.cached_tokens = usage.cached_tokens
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
+async def _read_bounded(body: RelayedBody) -> bytes:
+    out = b""
+    async for chunk in body:
+        out += chunk
+        if len(out) >= MAX_ERROR_BYTES:
+            break
+    return out[:MAX_ERROR_BYTES]
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    try:
+        return max(0.0, float(headers.get("retry-after", "")))
+    except ValueError:
+        return None
