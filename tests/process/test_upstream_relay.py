@@ -29,6 +29,24 @@ UPSTREAM_KEY = secret("upstream")
 ADMIN = secret("admin")
 
 
+async def request_body(scope: Any, receive: Any, send: Any) -> bytes | None:
+    """A fake ASGI server's start: its lifespan answered (None), or an HTTP request's body."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return None
+    if scope["type"] != "http":
+        return None
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class FakeUpstream:
     """An OpenAI-compatible server that records what it is sent; what it answers depends on
     the `model` the body names."""
@@ -37,20 +55,9 @@ class FakeUpstream:
         self.seen: list[tuple[str, dict[str, str], bytes]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        if scope["type"] != "http":
+        body = await request_body(scope, receive, send)
+        if body is None:
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         headers = {k.decode(): v.decode("latin-1") for k, v in scope["headers"]}
         self.seen.append((scope["path"], headers, body))
         model = json.loads(body).get("model") if body else None

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trio
 
-from tests.process.test_upstream_relay import upstream_and_front
+from tests.process.test_upstream_relay import request_body, upstream_and_front
 
 CHUNK = "chat.completion.chunk"
 
@@ -60,20 +60,9 @@ class OpenAIUpstream:
         self.gone = trio.Event()  # a client of "slow" went away mid-stream
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        if scope["type"] != "http":
+        body = await request_body(scope, receive, send)
+        if body is None:
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         sent = json.loads(body) if body else {}
         self.seen.append((scope["path"], sent))
         model = sent.get("model")
