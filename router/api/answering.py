@@ -15,11 +15,11 @@ from quart import Response
 from router.generation.events import Event
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, is_tokens
+from router.generation.remote.outbound import sent_fields
+from router.generation.remote.run import RemoteGeneration
 from router.generation.run import Generation
 from router.generation.stream import events
 from router.server import access_log, sse
-from router.generation.remote.outbound import sent_fields
-from router.generation.remote.run import RemoteGeneration
 from router.upstream.remote import RemoteModel
 from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle

@@ -135,12 +135,12 @@ def register(app: Blueprint, server: Server) -> None:
         key = auth.current_key()
         # Models served elsewhere that take Ollama's requests: as they come, or translated
         # to OpenAI's (router/upstream/).
-        remote = [
+        served_elsewhere = [
             models.remote_tag_entry(up.name, up.model, server.started)
             for up in server.supervisor.config.upstreams.values()
             if not up.local and ("ollama" in up.dialects or "openai" in up.dialects) and (key is None or key.may_use(up.name))
         ]
-        return _json_response({"models": [models.tag_entry(h) for h in visible] + remote})
+        return _json_response({"models": [models.tag_entry(h) for h in visible] + served_elsewhere})
 
     @app.post("/api/show")
     async def show() -> Response:
