@@ -78,7 +78,7 @@ def register(app: Blueprint, server: Server) -> None:
             ttl, max_bytes = limits()
             store.put(obj["id"], owner, _json.encode(obj), turns + (turn,), ttl, max_bytes)
 
-        reply = Reply(model=job.model, echo=echo(r, job.params), keep=keep if r.store else None, namespaces=namespaces)
+        reply = Reply(model=job.model, echo=echo(r, job.params, job.sent), keep=keep if r.store else None, namespaces=namespaces)
         return await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply))
 
     @app.post("/v1/responses/input_tokens")

@@ -85,8 +85,14 @@ def responses_job(
     )
 
 
-def echo(r: ResponsesRequest, params: SamplingParams) -> dict[str, Any]:
-    """The request's settings as every response object repeats them."""
+def echo(r: ResponsesRequest, params: SamplingParams, sent: frozenset[str] | None = None) -> dict[str, Any]:
+    """The request's settings as every response object repeats them. `sent`: the fields a
+    job for a model served elsewhere carries (GenerationJob.sent); one it does not carry
+    is the upstream's to choose, and unknown here (null)."""
+
+    def value(name: str) -> Any:
+        return getattr(params, name) if sent is None or name in sent else None
+
     fmt = r.text.format if r.text is not None and r.text.format is not None else None
     text: dict[str, Any] = {"format": msgspec.to_builtins(fmt) if fmt is not None else {"type": "text"}}
     return {
@@ -101,12 +107,12 @@ def echo(r: ResponsesRequest, params: SamplingParams) -> dict[str, Any]:
         "safety_identifier": r.safety_identifier,
         "service_tier": "default",
         "store": r.store,
-        "temperature": params.temperature,
+        "temperature": value("temperature"),
         "text": text,
         "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
         "tools": r.tools or [],
         "top_logprobs": 0,
-        "top_p": params.top_p,
+        "top_p": value("top_p"),
         "truncation": r.truncation or "disabled",
         "user": r.user,
     }

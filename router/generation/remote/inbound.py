@@ -7,8 +7,9 @@ choice's deltas become `Begin`, `TextDelta`, `ReasoningDelta` (llama-server's an
 (an upstream that sends no usage leaves it at zero tokens: Corral cannot count another
 server's tokens).
 
-A tool call's arguments are gathered and given whole, in one `ToolCallDelta` when the call
-ends, as the internal events promise (Ollama's clients read them as one object). A stream
+A choice's tool calls are gathered and given whole at its end, each in one
+`ToolCallDelta`, as the internal events promise (Anthropic's `input` and Ollama's
+`arguments` are objects): pieces may interleave between calls. A stream
 that ends without a choice's finish_reason was cut: it ends in `Failed`, never as if the
 answer were whole. An answer that is an error (before the stream, or as an `error` event
 in it) becomes the error in the client's dialect, with the status that says whose fault it
@@ -62,21 +63,32 @@ def _data(block: bytes) -> str | None:
 
 
 @dataclass
+class _Call:
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass
 class _Choice:
     reason: str | None = None
-    calls: dict[int, int] = field(default_factory=dict)  # the upstream's call index: ours
-    open_call: int | None = None  # ours, its arguments being gathered
-    arguments: str = ""
-    made_calls: bool = False
+    calls: list[_Call] = field(default_factory=list)  # in the order they began
+    by_index: dict[int, _Call] = field(default_factory=dict)  # the upstream's call index
 
 
 class ChunkReader:
     """Reads one answer's chunks (`chat`: chat completion chunks, else text completion
-    chunks) and gives the internal events they make. `feed` takes each event's data;
-    `end` the stream's end, whether or not [DONE] came."""
+    chunks) for a job of `n` choices, and gives the internal events they make. `feed`
+    takes each event's data; `end` the stream's end, whether or not [DONE] came.
 
-    def __init__(self, model: str, chat: bool) -> None:
-        self._model, self._chat = model, chat
+    A choice's tool calls are given at its end, each whole (start, all its arguments,
+    end): a call's arguments may come in pieces, interleaved with another call's (that
+    is what `index` is for), and a call is only known whole when its choice finishes.
+    A piece with a new `id` under an index already taken is a new call (some servers
+    number every call 0); a piece without an index belongs to the last call."""
+
+    def __init__(self, model: str, chat: bool, n: int = 1) -> None:
+        self._model, self._chat, self._n = model, chat, n
         self._choices: dict[int, _Choice] = {}
         self._usage: Usage | None = None
         self.done = False  # [DONE] came
@@ -94,63 +106,72 @@ class ChunkReader:
             return self._fail(f"sent an event that is not JSON: {data[:80]!r}")
         if not isinstance(obj, dict):
             return self._fail("sent an event that is not a JSON object")
-        if "error" in obj:
+        if obj.get("error"):  # some proxies send "error": null in every chunk
             return self._fail(f"failed mid-answer: {_message(obj)}")
         if isinstance(obj.get("usage"), dict):
             self._usage = _usage(obj["usage"])
         out: list[Event] = []
         for ch in obj.get("choices") or ():
-            if isinstance(ch, dict) and isinstance(ch.get("index", 0), int):
-                out += self._choice(ch)
+            index = ch.get("index") if isinstance(ch, dict) else -1
+            index = 0 if index is None else index
+            # A choice the job did not ask for (n) is not part of its answer.
+            if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < self._n:
+                out += self._choice(index, ch)
         return out
 
-    def _choice(self, ch: dict[str, Any]) -> list[Event]:
-        i = int(ch.get("index", 0))
+    def _choice(self, i: int, ch: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
         c = self._choices.get(i)
         if c is None:
             c = self._choices[i] = _Choice()
             out.append(Begin(i))
+        if c.reason is not None:
+            return out  # nothing of a choice counts after its finish_reason
         if self._chat:
             d = _object(ch.get("delta"))
             reasoning = d.get("reasoning_content") or d.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
-                out += self._close_call(i, c)
                 out.append(ReasoningDelta(i, reasoning))
             if isinstance(d.get("content"), str) and d["content"]:
-                out += self._close_call(i, c)
                 out.append(TextDelta(i, d["content"]))
             for tc in d.get("tool_calls") or ():
                 if isinstance(tc, dict):
-                    out += self._call(i, c, tc)
+                    self._call(c, tc)
         elif isinstance(ch.get("text"), str) and ch["text"]:
             out.append(TextDelta(i, ch["text"]))
         if isinstance(ch.get("finish_reason"), str):
             c.reason = ch["finish_reason"]
         return out
 
-    def _call(self, i: int, c: _Choice, tc: dict[str, Any]) -> list[Event]:
-        index = tc.get("index", len(c.calls))
+    @staticmethod
+    def _call(c: _Choice, tc: dict[str, Any]) -> None:
         fn = _object(tc.get("function"))
-        out: list[Event] = []
-        if index not in c.calls:
-            out += self._close_call(i, c)
-            call = c.calls[index] = len(c.calls)
-            given = tc.get("id")
-            call_id = given if isinstance(given, str) and given else f"call_{secrets.token_hex(12)}"
-            out.append(ToolCallStart(i, call, call_id, str(fn.get("name") or "")))
-            c.open_call, c.arguments, c.made_calls = call, "", True
-        if isinstance(fn.get("arguments"), str) and c.open_call == c.calls[index]:
-            c.arguments += fn["arguments"]
-        return out
+        given, index = tc.get("id"), tc.get("index")
+        call_id = given if isinstance(given, str) and given else None
+        known = c.by_index.get(index) if isinstance(index, int) else None
+        if known is not None and call_id is not None and call_id != known.id:
+            known = None  # a new call under a number already taken
+        if known is None and not isinstance(index, int) and call_id is None and c.calls:
+            known = c.calls[-1]  # more of the last call
+        if known is None:
+            known = _Call(call_id or f"call_{secrets.token_hex(12)}", "")
+            c.calls.append(known)
+        if isinstance(index, int):
+            c.by_index[index] = known
+        if isinstance(fn.get("name"), str) and fn["name"] and not known.name:
+            known.name = fn["name"]
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            known.arguments += args
+        elif isinstance(args, dict):  # an object where OpenAI sends its JSON text
+            known.arguments += json.dumps(args)
 
     @staticmethod
-    def _close_call(i: int, c: _Choice) -> list[Event]:
-        if c.open_call is None:
-            return []
-        call, args = c.open_call, c.arguments
-        c.open_call, c.arguments = None, ""
-        return [ToolCallDelta(i, call, args or "{}"), ToolCallEnd(i, call)]
+    def _calls(i: int, c: _Choice) -> list[Event]:
+        out: list[Event] = []
+        for n, call in enumerate(c.calls):
+            out += [ToolCallStart(i, n, call.id, call.name), ToolCallDelta(i, n, call.arguments or "{}"), ToolCallEnd(i, n)]
+        return out
 
     def end(self) -> list[Event]:
         """The events that end the answer: each choice's Finish and Done, or Failed when
@@ -164,7 +185,7 @@ class ChunkReader:
         usage = self._usage or Usage(prompt_tokens=0, completion_tokens=0)
         out: list[Event] = []
         for i, c in sorted(self._choices.items()):
-            out += self._close_call(i, c)
+            out += self._calls(i, c)
             out.append(Finish(i, _reason(c), usage))
         out.append(Done(usage))
         return out
@@ -181,7 +202,7 @@ def _object(v: Any) -> dict[str, Any]:
 def _reason(c: _Choice) -> Reason:
     if c.reason == "length":
         return "length"
-    if c.made_calls or c.reason in ("tool_calls", "function_call"):
+    if c.calls or c.reason in ("tool_calls", "function_call"):
         return "tool_calls"
     return "stop"  # "stop", and what has no counterpart ("content_filter")
 
@@ -197,7 +218,10 @@ def _usage(u: dict[str, Any]) -> Usage:
 
 
 def _message(obj: Any) -> str:
-    """The message of an OpenAI-shaped error body (or a plain one), bounded."""
+    """The message of an OpenAI-shaped error body (or a plain one, or a text), bounded."""
+    if isinstance(obj, str):
+        plain = " ".join(obj.split())
+        return (plain if len(plain) <= 200 else plain[:200] + "…") or "no message"
     err = obj.get("error") if isinstance(obj, dict) else None
     text = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
     if not isinstance(text, str) and isinstance(obj, dict) and isinstance(obj.get("message"), str):
@@ -216,7 +240,7 @@ def upstream_error(model: str, status: int, body: bytes, retry_after: float | No
     try:
         obj = json.loads(body)
     except ValueError:
-        obj = None
+        obj = body.decode("utf-8", "replace")
     err = obj.get("error") if isinstance(obj, dict) else None
     param = err.get("param") if isinstance(err, dict) and isinstance(err.get("param"), str) else None
     said = f"The upstream of model `{model}` answered {status}: {_message(obj)}"

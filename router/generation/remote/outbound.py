@@ -24,7 +24,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from router.generation.job import GenerationJob
+from router.generation.structured import ANY_OBJECT, constraint
 from supervisor.errors import Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
@@ -35,6 +38,8 @@ _PROBE = SamplingParams(
     repeat_last_n=33, presence_penalty=0.11, frequency_penalty=0.13, stop=["\x00probe"], ignore_eos=True,
 )
 _FIELDS: tuple[str, ...] = SamplingParams.__struct_fields__
+# JSON mode (OpenAI's json_object, Ollama's "json") as the constraint a dialect makes of it.
+_ANY_OBJECT = constraint([(ANY_OBJECT, "format")]).source  # type: ignore[union-attr]
 
 # SamplingParams' fields under the names an OpenAI-compatible server reads.
 _NAMES = {
@@ -65,7 +70,7 @@ def sent_fields(make: Callable[[SamplingParams], GenerationJob]) -> GenerationJo
 def chat_body(job: GenerationJob, model: str) -> dict[str, Any]:
     """The chat completion request for a chat job, streamed with its usage at the end."""
     assert job.messages is not None
-    body: dict[str, Any] = {"model": model, "messages": [_message(m) for m in job.messages]}
+    body: dict[str, Any] = {"model": model, "messages": _messages(job.messages)}
     body.update(_sampling(job))
     tools = job.tools
     if tools.offered:
@@ -112,14 +117,35 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
         out["n"] = job.n
     c = p.constraint
     if c is not None:
-        if c.kind == "json_schema":
-            out["response_format"] = {
-                "type": "json_schema", "json_schema": {"name": "output", "schema": json.loads(c.source), "strict": True},
-            }
+        if c.kind == "json_schema" and c.source == _ANY_OBJECT:
+            out["response_format"] = {"type": "json_object"}  # JSON mode, as the client asked
+        elif c.kind == "json_schema":
+            # Not strict: OpenAI's strict mode refuses schemas that do not require every
+            # property, which the client did not ask to be held to.
+            out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": json.loads(c.source)}}
         elif c.kind == "gbnf":
             out["grammar"] = c.source  # llama-server's
         else:
             raise Unsupported(f"'{c.param}': a Lark grammar cannot be sent to this model's upstream.", c.param)
+    return out
+
+
+def _messages(turns: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
+    """The conversation as OpenAI's messages. A tool result without the id of the call it
+    answers (Ollama's carry only the tool's name) gets the id of the call it answers: the
+    earliest unanswered call of the assistant's last turn with that name, else the earliest
+    unanswered one, since OpenAI's API refuses a tool message without one."""
+    out: list[dict[str, Any]] = []
+    unanswered: list[tuple[str, str]] = []  # (id, name) of the last assistant turn's calls
+    for m in turns:
+        if m.role == "assistant" and m.tool_calls:
+            unanswered = [(c.id, c.name) for c in m.tool_calls]
+        if m.role == "tool" and m.tool_call_id is None and unanswered:
+            match = next((c for c in unanswered if c[1] == m.name), unanswered[0])
+            m = msgspec.structs.replace(m, tool_call_id=match[0])
+        if m.role == "tool":
+            unanswered = [c for c in unanswered if c[0] != m.tool_call_id]
+        out.append(_message(m))
     return out
 
 

@@ -34,9 +34,9 @@ class RemoteGeneration:
     ends the upstream request (a client that left cancels the generation there) and is
     safe to call more than once."""
 
-    def __init__(self, remote: RemoteModel, body: RelayedBody, chat: bool) -> None:
+    def __init__(self, remote: RemoteModel, body: RelayedBody, chat: bool, n: int) -> None:
         self._body = body
-        self._reader = ChunkReader(remote.name, chat)
+        self._reader = ChunkReader(remote.name, chat, n)
         self._record = access_log.current()
 
     @classmethod
@@ -63,7 +63,7 @@ class RemoteGeneration:
                     f"{relayed.headers.get('content-type', 'no content type')}, not server-sent events."
                 )
             raise upstream_error(remote.name, relayed.status, text, _retry_after(relayed.headers))
-        return cls(remote, relayed.body, chat)
+        return cls(remote, relayed.body, chat, job.n)
 
     async def events(self) -> AsyncIterator[Event]:
         lines = EventLines()
@@ -80,7 +80,7 @@ class RemoteGeneration:
                 for ev in self._reader.feed(data):
                     yield ev
         except (httpx.TransportError, ValueError) as exc:
-            yield Failed(WorkerCrashed(f"The upstream's answer broke off: {exc}"))
+            yield Failed(WorkerCrashed(f"The upstream's answer broke off: {str(exc) or type(exc).__name__}"))
             return
         finally:
             await self.aclose()

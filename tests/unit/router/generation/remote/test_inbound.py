@@ -110,3 +110,47 @@ def test_an_upstreams_refusal_says_whose_fault_it_is(status: int, body: Any, kin
     assert type(err) is kind and err.param == param and f"answered {status}" in err.message
     if isinstance(err, e.Overloaded):
         assert err.retry_after == 3.0
+
+
+def _calls(events: list[Event]) -> list[tuple[str, str, Any]]:
+    starts = {ev.call: ev for ev in events if isinstance(ev, ToolCallStart)}
+    return [(starts[ev.call].id, starts[ev.call].name, json.loads(ev.arguments))
+            for ev in events if isinstance(ev, ToolCallDelta)]
+
+
+def _tc(**fields: Any) -> str:
+    return _chunk({"tool_calls": [fields]})
+
+
+def test_calls_are_whole_however_their_pieces_come() -> None:
+    """Found by probing the front (2026-11-27): interleaved pieces lost arguments; servers
+    that number every call 0, or send no index, merged or split calls; all with a 200."""
+    interleaved = [
+        _tc(index=0, id="a1", function={"name": "a", "arguments": '{"x"'}),
+        _tc(index=1, id="b1", function={"name": "b", "arguments": '{"y": 2}'}),
+        _tc(index=0, function={"arguments": ": 1}"}),
+    ]
+    same_index = [_tc(index=0, id="a1", function={"name": "a", "arguments": '{"x": 1}'}),
+                  _tc(index=0, id="b1", function={"name": "b", "arguments": '{"y": 2}'})]
+    no_index = [_tc(id="a1", function={"name": "a", "arguments": '{"x": '}), _tc(function={"arguments": "1}"}),
+                _tc(id="b1", function={"name": "b", "arguments": {"y": 2}})]  # an object, not JSON text
+    for pieces in (interleaved, same_index, no_index):
+        events = _read([*pieces, _chunk({}, "tool_calls"), "[DONE]"])
+        assert _calls(events) == [("a1", "a", {"x": 1}), ("b1", "b", {"y": 2})], pieces
+
+
+def test_what_is_not_part_of_the_answer_is_left_out() -> None:
+    events = _read([
+        json.dumps({"choices": [{"index": None, "delta": {"content": "A"}, "finish_reason": None}], "error": None}),
+        _chunk({"content": "never asked for"}, index=1),  # a second choice of a job of one
+        _chunk({}, "stop"),
+        _chunk({"content": "after the end"}),
+        "[DONE]",
+    ])
+    assert [ev for ev in events if isinstance(ev, TextDelta)] == [TextDelta(0, "A")]
+    assert isinstance(events[-1], Done)
+
+
+def test_a_refusal_that_is_not_json_is_quoted() -> None:
+    err = upstream_error("m", 400, b"<html><body>Bad   Request</body></html>", None)
+    assert "<html><body>Bad Request</body></html>" in err.message

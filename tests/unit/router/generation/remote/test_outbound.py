@@ -127,3 +127,25 @@ def test_a_text_prompt_is_a_text_completion_and_token_prompts_are_refused() -> N
     assert (body["prompt"], body["max_tokens"], body["stream"]) == ("Once", 4, True)
     with pytest.raises(Unsupported):
         completion_body(GenerationJob(model="m", params=SamplingParams(), prompt_list=((1, 2),)), "up")
+
+
+def test_an_ollama_tool_result_gets_the_id_of_the_call_it_answers() -> None:
+    """Found by probing the front: Ollama's tool results carry the tool's name, not the
+    call's id, and OpenAI's API refuses a tool message without one."""
+    turns = (
+        ChatMessage(role="user", content="?"),
+        ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="a", arguments="{}"),
+                                                  ToolCall(id="c2", name="b", arguments="{}")]),
+        ChatMessage(role="tool", content="B", name="b"),
+        ChatMessage(role="tool", content="A"),
+    )
+    sent = chat_body(GenerationJob(model="m", params=SamplingParams(), messages=turns, sent=frozenset()), "up")
+    assert [(m["content"], m["tool_call_id"]) for m in sent["messages"][2:]] == [("B", "c2"), ("A", "c1")]
+
+
+def test_json_mode_is_json_mode_and_no_schema_is_made_strict() -> None:
+    r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "format": "json"},
+                        OllamaChatRequest)
+    assert chat_body(sent_fields(partial(ollama_chat_job, r, "m")), "up")["response_format"] == {"type": "json_object"}
+    job = _anthropic(output_format={"type": "json_schema", "schema": {"type": "object", "properties": {"a": {}}}})
+    assert "strict" not in chat_body(job, "up")["response_format"]["json_schema"]
