@@ -182,6 +182,10 @@ def add(sub: Subparsers) -> None:
 
     s = parser("status", "show what every model of the running server is doing", status, 10)
     s.add_argument("--json", action="store_true", help="print GET /admin/models's JSON as it is")
+    s.add_argument(
+        "--fleet", action="store_true",
+        help="the server and the servers of its [server] fleet, one table for them all (GET /admin/fleet)",
+    )
     p = parser("load", "load a model now; returns once it is ready", load, 900)
     p.add_argument("name", help="the model (or an alias)")
     p = parser("unload", "unload a model, letting requests in flight finish", unload, 60)
@@ -235,6 +239,8 @@ def status(args: argparse.Namespace) -> int:
 
     def run(server: Server, args: argparse.Namespace) -> int:
         body = server.admin("GET", "/admin/models")
+        if args.fleet:
+            return _print_fleet(args, [(server.url, body), *_fleet_of(server)])
         if args.json:
             print(json.dumps(body, indent=2))
             return at.OK
@@ -273,13 +279,28 @@ def _fleet_status(args: argparse.Namespace) -> int:
 
     with ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
         answers = list(pool.map(ask, urls))
-    bodies = [(url, body) for url, (body, _) in zip(urls, answers)]
+    _print_fleet(args, [(url, body) for url, (body, _) in zip(urls, answers)])
+    return next((code for _, code in answers if code != at.OK), at.OK)
+
+
+def _fleet_of(server: Server) -> list[tuple[str, dict[str, Any] | str]]:
+    """The servers of the server's [server] fleet, as it asked them (GET /admin/fleet)."""
+    body = server.admin("GET", "/admin/fleet")
+    hosts = body.get("hosts") if isinstance(body, dict) else None
+    if not isinstance(hosts, list):
+        raise Exit(at.FAILED, f"{server.url}: GET /admin/fleet did not answer a fleet")
+    return [
+        (str(h.get("url", "?")), str(h["error"]) if "error" in h else h) for h in hosts if isinstance(h, dict)
+    ]
+
+
+def _print_fleet(args: argparse.Namespace, bodies: list[tuple[str, dict[str, Any] | str]]) -> int:
     if args.json:
         hosts = [{"url": u, **b} if isinstance(b, dict) else {"url": u, "error": b} for u, b in bodies]
         print(json.dumps({"hosts": hosts}, indent=2))
     else:
         print(render_fleet(bodies, _width(), time.time()))
-    return next((code for _, code in answers if code != at.OK), at.OK)
+    return at.OK
 
 
 def _describe(model: Any) -> str:

@@ -131,7 +131,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         blueprint = Blueprint(d.name, __name__)
         d.register(blueprint, server)
         app.register_blueprint(blueprint)
-    admin.register(app, supervisor, upstreams.view)
+    admin.register(app, supervisor, upstreams.view, upstreams.fleet)
     dashboard.register(app)
     metrics.register(app, supervisor, [UpstreamCollector(upstreams.pool)])
     return app

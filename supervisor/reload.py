@@ -17,6 +17,7 @@ LIVE_SERVER_KEYS = frozenset(
     {
         "default_model", "unknown_model", "api_keys", "api_keys_file", "admin_keys", "models_dir", "cors_origins",
         "allowed_hosts", "slots_endpoint", "v1_error_shape", "verbose_responses", "public_metrics",
+        "fleet", "fleet_key_env", "fleet_key_file",
     }
 )
 

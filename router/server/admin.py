@@ -6,7 +6,7 @@ They need an admin key, or, with none configured, a client on loopback (router/s
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import msgspec
 import trio
@@ -41,10 +41,18 @@ def _event(obj: dict[str, Any]) -> bytes:
     return b"event: " + str(obj["type"]).encode() + b"\n" + sse.event(_json.encode(obj))
 
 
+async def _no_fleet() -> list[dict[str, Any]]:
+    return []
+
+
 def register(
-    app: QuartTrio, supervisor: Supervisor, upstreams: Callable[[], list[dict[str, Any]]] = lambda: []
+    app: QuartTrio,
+    supervisor: Supervisor,
+    upstreams: Callable[[], list[dict[str, Any]]] = lambda: [],
+    fleet: Callable[[], Awaitable[list[dict[str, Any]]]] = _no_fleet,
 ) -> None:
-    """`upstreams`: the models served elsewhere, each with its replicas (router/upstream/)."""
+    """`upstreams`: the models served elsewhere, each with its replicas; `fleet`: what the
+    other servers of [server] fleet answer for their models (router/upstream/)."""
 
     def reply(obj: object, status: int = 200) -> Response:
         return Response(_json.encode(obj), status=status, content_type="application/json")
@@ -65,6 +73,11 @@ def register(
                 "upstreams": upstreams(),
             }
         )
+
+    @app.get("/admin/fleet")
+    async def admin_fleet() -> Response:
+        """The [server] fleet's servers and their models, each asked now (router/upstream/fleet.py)."""
+        return reply({"hosts": await fleet()})
 
     @app.get("/admin/events")
     async def admin_events() -> Response:

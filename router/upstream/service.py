@@ -1,5 +1,6 @@
-"""Upstream models in the server: the replicas' state, one HTTP client for relaying and
-checking, the hook that relays, and the health-check task that `corral serve` runs."""
+"""Upstream models in the server: the replicas' state, one HTTP client for relaying,
+checking and asking the fleet, the hook that relays, and the health-check task that
+`corral serve` runs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
-from router.upstream import checks, routing
+from router.upstream import checks, fleet, routing
 from router.upstream.pool import LocalLoad, Upstreams, replica_view
 from router.upstream.relay import VIA_TOKEN, Relay
 from supervisor.supervisor import Supervisor
@@ -67,6 +68,11 @@ class UpstreamService:
         body = {"status": "ok" if up else "unavailable", "model": spec.name, "state": "ready" if up else "failed",
                 "replicas_up": len(up), "replicas": len(spec.urls)}
         return Response(json.dumps(body), status=200 if up else 503, content_type="application/json")
+
+    async def fleet(self) -> list[dict[str, Any]]:
+        """The other servers of [server] fleet, each with its /admin/models or why none."""
+        config = self.supervisor.config
+        return await fleet.gather(self.client, list(config.server.fleet), config.fleet_key)
 
     @property
     def in_flight(self) -> int:

@@ -65,6 +65,7 @@ def parse(
     problems = early + problems + list(check(file, base_dir, broken))
     for name, m in file.models.items():
         problems += upstreams.problems(f"models.{quote(name)}", m, base_dir, os.environ)
+    problems += upstreams.fleet_problems(file.server, base_dir, os.environ)
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
     # A file that is not a GGUF model, or was cut short, would fail every load.
@@ -117,7 +118,11 @@ def parse(
         pid_file=None if srv.pid_file is None else str(resolve_path(srv.pid_file, base_dir)),
     )
     return with_server(
-        Config(server, file.supervisor, models, keys=keyring, unloadable=unloadable, upstreams=remote), overrides
+        Config(
+            server, file.supervisor, models, keys=keyring, unloadable=unloadable, upstreams=remote,
+            fleet_key=upstreams.fleet_key(file.server, base_dir, os.environ)[0],
+        ),
+        overrides,
     )
 
 

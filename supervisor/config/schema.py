@@ -96,6 +96,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # all (the oldest go first). 0 keeps none. Applies on reload; a restart forgets them.
     responses_ttl: Seconds = 3600.0
     responses_max_bytes: int = 64 * 1024 * 1024
+    # Other Corral servers this one shows beside its own (GET /admin/fleet, the dashboard's
+    # fleet, `corral status --fleet`): their root URLs ("http://10.0.0.2:8080"), asked for
+    # their /admin/models with the admin key in fleet_key_env or fleet_key_file (one key for
+    # all, as `corral status --url A --url B` sends one). Applies on reload.
+    fleet: list[str] = []
+    fleet_key_env: str | None = None
+    fleet_key_file: str | None = None
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -285,6 +292,9 @@ class Config:
     # Models with an `upstream`: name -> where they are served. One with a `path` too is in
     # `models` as well, and its worker is one of the replicas.
     upstreams: dict[str, UpstreamSpec] = field(default_factory=dict)
+    # The admin key sent to the [server] fleet's servers (read from fleet_key_env or
+    # fleet_key_file), or None.
+    fleet_key: str | None = None
 
     def resolve(self, name: str) -> ModelSpec | None:
         """The model a request's `model` field names, by name or alias."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from supervisor.config.schema import UPSTREAM_KEYS, ModelConfig, UpstreamSpec
+from supervisor.config.schema import UPSTREAM_KEYS, ModelConfig, ServerConfig, UpstreamSpec
 
 # The API dialects Corral serves (router/api/*), by the name each registers.
 DIALECTS = ("openai", "anthropic", "responses", "ollama", "llama")
@@ -122,29 +122,57 @@ def problems(at: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]
 
 def _api_key(at: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
     """The key to send upstream, or the problem in reading it."""
-    if m.api_key_env is not None and m.api_key_file is not None:
-        return None, f"{at}.api_key_file: set api_key_env or api_key_file, not both"
-    if m.api_key_env is not None:
-        value = environ.get(m.api_key_env, "").strip()
+    return read_key(f"{at}.api_key_env", m.api_key_env, f"{at}.api_key_file", m.api_key_file, base_dir, environ)
+
+
+def read_key(
+    env_at: str, env: str | None, file_at: str, file: str | None, base_dir: Path, environ: Mapping[str, str]
+) -> tuple[str | None, str | None]:
+    """A key to send to another server, from the environment variable `env` or the file
+    `file` (relative to the config's folder), or the problem in reading it, named by the
+    key's place in the file (`env_at`, `file_at`)."""
+    if env is not None and file is not None:
+        return None, f"{file_at}: set {env_at.rsplit('.', 1)[-1]} or {file_at.rsplit('.', 1)[-1]}, not both"
+    if env is not None:
+        value = environ.get(env, "").strip()
         if not value:
-            return None, f"{at}.api_key_env: the environment variable {m.api_key_env} is not set"
+            return None, f"{env_at}: the environment variable {env} is not set"
         if (why := _key_problem(value)) is not None:
-            return None, f"{at}.api_key_env: the key in {m.api_key_env} {why}"
+            return None, f"{env_at}: the key in {env} {why}"
         return value, None
-    if m.api_key_file is not None:
-        path = (base_dir / os.path.expanduser(m.api_key_file)).resolve()
+    if file is not None:
+        path = (base_dir / os.path.expanduser(file)).resolve()
         try:
             value = path.read_text(encoding="utf-8-sig").strip()  # a BOM, as Notepad writes one, is no part of it
         except OSError as exc:
-            return None, f"{at}.api_key_file: cannot read {path}: {exc.strerror}"
+            return None, f"{file_at}: cannot read {path}: {exc.strerror}"
         except UnicodeDecodeError:
-            return None, f"{at}.api_key_file: {path} is not UTF-8 text"
+            return None, f"{file_at}: {path} is not UTF-8 text"
         if not value or "\n" in value:
-            return None, f"{at}.api_key_file: {path} must hold one key on one line"
+            return None, f"{file_at}: {path} must hold one key on one line"
         if (why := _key_problem(value)) is not None:
-            return None, f"{at}.api_key_file: the key in {path} {why}"
+            return None, f"{file_at}: the key in {path} {why}"
         return value, None
     return None, None
+
+
+def fleet_problems(server: ServerConfig, base_dir: Path, environ: Mapping[str, str]) -> Iterator[str]:
+    """What is wrong with [server]'s fleet: its URLs (a server's root, where /admin/models
+    is), and its key."""
+    for i, url in enumerate(server.fleet):
+        if (why := _url_problem(url)) is not None:
+            yield f"server.fleet[{i}]: {why}"
+        elif urllib.parse.urlsplit(url).path.rstrip("/"):
+            yield f"server.fleet[{i}]: {url!r}: give the server's root URL (\"http://host:8080\"), with no path"
+    _, why = fleet_key(server, base_dir, environ)
+    if why is not None:
+        yield why
+
+
+def fleet_key(server: ServerConfig, base_dir: Path, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    return read_key(
+        "server.fleet_key_env", server.fleet_key_env, "server.fleet_key_file", server.fleet_key_file, base_dir, environ
+    )
 
 
 def _key_problem(key: str) -> str | None:

@@ -117,3 +117,21 @@ def test_model_defaults_give_each_kind_of_table_only_its_own_keys(base: Path) ->
     assert problems_of('[model_defaults]\nupstream = "http://h/v1"\n[models.a]\npath = "m.gguf"\n', base) == [
         "model_defaults.upstream: set per model, not for all"
     ]
+
+
+def test_the_fleet_names_servers_by_their_root_and_reads_one_key(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_KEY", "adm-1")
+    cfg = parse('[server]\nfleet = ["http://10.0.0.2:8080", "https://b.example"]\nfleet_key_env = "FLEET_KEY"\n'
+                '[models.m]\npath = "m.gguf"\n', base)
+    assert cfg.server.fleet == ["http://10.0.0.2:8080", "https://b.example"] and cfg.fleet_key == "adm-1"
+    monkeypatch.delenv("FLEET_KEY")
+    assert problems_of('[server]\nfleet = ["http://10.0.0.2:8080/v1", "ftp://x", "http://a b"]\n'
+                       'fleet_key_env = "FLEET_KEY"\n[models.m]\npath = "m.gguf"\n', base) == [
+        "server.fleet[0]: 'http://10.0.0.2:8080/v1': give the server's root URL (\"http://host:8080\"), with no path",
+        "server.fleet[1]: 'ftp://x' is not an http:// or https:// URL",
+        "server.fleet[2]: 'http://a b' has spaces or control characters",
+        "server.fleet_key_env: the environment variable FLEET_KEY is not set",
+    ]
+    assert problems_of('[server]\nfleet_key_env = "A"\nfleet_key_file = "k"\n[models.m]\npath = "m.gguf"\n', base) == [
+        "server.fleet_key_file: set fleet_key_env or fleet_key_file, not both"
+    ]
