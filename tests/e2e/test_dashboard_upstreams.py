@@ -1,7 +1,9 @@
 """The dashboard of a front whose models are served elsewhere (issue 25, item 4): headless
 Chromium against a `corral serve` front with one upstream model on two replicas, a real
 back and an address where nothing listens. The page lists each replica, in rotation or
-out of it with the reason, and chats with the upstream model through the front."""
+out of it with the reason, and chats with the upstream model through the front. The
+same two are the front's fleet: its table shows the back's models, and the other as not
+answering."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ BACK = BACKEND + "max_tokens = 16\n"
 FRONT = """
 [server]
 port = {PORT}
+fleet = ["%s", "%s"]
 
 [supervisor]
 health_interval = 0.5
@@ -35,8 +38,9 @@ upstream_model = "demo"
 @pytest.fixture
 def front_and_back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, str]]:
     back = start_server(tmp_path_factory.mktemp("back"), BACK)
-    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    front = start_server(tmp_path_factory.mktemp("front"), FRONT % (back.base, dead))
+    dead_root = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    dead = dead_root + "/v1"
+    front = start_server(tmp_path_factory.mktemp("front"), FRONT % (back.url, dead_root, back.base, dead))
     try:
         yield front, back, dead
     finally:
@@ -69,4 +73,11 @@ def test_the_dashboard_shows_each_replica_and_chats_through_the_front(
         assert page.evaluate("document.querySelector('#chat-log .msg.assistant').classList.contains('error')") is False
         assert page.evaluate("document.querySelector('#chat-log .msg.assistant span').textContent").strip()
         page.wait_for(f"{rows}.some(r => r[1] === {back.base!r} && r[4].startsWith('1 ok'))", 30, "the request counted")
+        fleet = "[...document.querySelectorAll('#fleet tr')].map(r => [...r.cells].map(c => c.textContent))"
+        page.wait_for(f"{fleet}.length === 2", 30, "the fleet: the back's model, and the host that is not there")
+        (back_row, dead_row) = page.evaluate(fleet)
+        dead_root = dead.removesuffix("/v1")
+        assert back_row[:2] == [back.url.split("://")[1], "demo"] and back_row[2] in ("ready", "stopped", "starting")
+        assert back_row[3].endswith("/ 2")
+        assert dead_row[0] == dead_root.split("://")[1] and dead_row[2] == "not answering" and "cannot reach" in dead_row[5]
         assert page.problems == []
