@@ -18,6 +18,7 @@ there (Corral and llama-server both stop a request whose client went away).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -204,6 +205,7 @@ class RelayedBody:
         self._chunks = response.aiter_raw()
         self._broke = False
         self._closed = False
+        self._counted: str | None = None  # the outcome its end was counted as
 
     def __aiter__(self) -> RelayedBody:
         return self
@@ -221,6 +223,22 @@ class RelayedBody:
             await self.aclose()
             raise
 
+    def broken(self, why: str) -> None:
+        """The answer came whole over HTTP but is not a whole answer (a stream cut before
+        its end, an event that is not JSON): the replica's failure, counted as a break,
+        also once its end has been counted as a good one (its reader learns it last)."""
+        if self._broke:
+            return
+        self._broke = True
+        log.warning("upstream %s of model %s sent a broken answer: %s", self._replica, self._model, why)
+        if self._counted == "ok":
+            state = self._upstreams.of(self._model, self._replica)
+            state.outcomes["ok"] -= 1
+            state.outcomes["failed"] += 1
+            state.outcomes += Counter()  # a count taken back to 0 is dropped
+            self._counted = "failed"
+        self._upstreams.observe(self._model, self._replica, False, why)
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -229,7 +247,8 @@ class RelayedBody:
         status = self._response.status_code
         state = self._upstreams.of(self._model, self._replica)
         state.in_flight -= 1
-        state.outcomes["failed" if self._broke or status >= 500 else "ok"] += 1
+        self._counted = "failed" if self._broke or status >= 500 else "ok"
+        state.outcomes[self._counted] += 1
         if not self._broke:
             unavailable = status in UNAVAILABLE
             self._upstreams.observe(self._model, self._replica, not unavailable, f"answered {status}" if unavailable else None)

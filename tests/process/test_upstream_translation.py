@@ -39,6 +39,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         _chunk({}, "stop"),
         _chunk(None, usage=USAGE),
     ],
+    # Whole over HTTP, [DONE] and all, but the choice never finished: a cut answer.
+    "unfinished": [_chunk({"content": "Half"})],
     "calls": [
         _chunk({"role": "assistant", "content": None, "tool_calls": [
             {"index": 0, "id": "call_w1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
@@ -105,7 +107,7 @@ def _tables(*names: str) -> str:
     )
 
 
-TABLES = _tables("talks", "calls", "refuses", "badkey", "cuts", "slow")
+TABLES = _tables("talks", "calls", "refuses", "badkey", "cuts", "slow", "unfinished")
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 
 
@@ -243,6 +245,8 @@ async def test_the_upstreams_refusals_and_breaks_reach_the_client_in_its_dialect
             cut_whole = await c.post(front + "/v1/messages", json={"model": "cuts", "max_tokens": 8, "messages": user})
             counted = await c.post(front + "/v1/messages/count_tokens", json={"model": "talks", "messages": user})
             native = await c.post(front + "/completion", json={"model": "talks", "prompt": "Hi"})
+            unfinished = await c.post(front + "/api/chat", json={"model": "unfinished", "messages": user, "stream": False})
+            replicas = {u["name"]: u["replicas"][0] for u in (await c.get(front + "/admin/models")).json()["upstreams"]}
             # A client error found by the route is Corral's own 400, before anything is sent.
             n = len(fake.seen)
             bad = await c.post(front + "/v1/messages", json={"model": "talks", "max_tokens": 8, "messages": []})
@@ -257,6 +261,11 @@ async def test_the_upstreams_refusals_and_breaks_reach_the_client_in_its_dialect
     assert counted.status_code == 400 and "count" in counted.json()["error"]["message"]
     assert native.status_code == 400 and "`talks`" in native.json()["error"]["message"]
     assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
+    # An answer that is not whole counts against its replica, as a broken connection does.
+    assert unfinished.status_code == 502 and "before it was complete" in unfinished.json()["error"]
+    assert replicas["unfinished"]["requests"] == {"failed": 1}
+    assert "before it was complete" in replicas["unfinished"]["last_error"]
+    assert replicas["cuts"]["requests"] == {"failed": 2} and replicas["talks"]["requests"].get("failed", 0) == 0
 
 
 @pytest.mark.trio

@@ -73,21 +73,30 @@ class RemoteGeneration:
                     for ev in self._reader.feed(data):
                         if self._record is not None and self._record.first_token is None and not isinstance(ev, Begin):
                             self._record.first_token = time.monotonic()
+                        self._judge(ev)
                         yield ev
                         if isinstance(ev, Failed):
                             return
-            for data in lines.end():
-                for ev in self._reader.feed(data):
-                    yield ev
-        except (httpx.TransportError, ValueError) as exc:
-            yield Failed(WorkerCrashed(f"The upstream's answer broke off: {str(exc) or type(exc).__name__}"))
+            ending = [ev for data in lines.end() for ev in self._reader.feed(data)] + self._reader.end()
+            for ev in ending:
+                self._judge(ev)
+        except (httpx.TransportError, ValueError) as exc:  # a break, counted by the body; an event too long
+            failed = Failed(WorkerCrashed(f"The upstream's answer broke off: {str(exc) or type(exc).__name__}"))
+            self._judge(failed)
+            yield failed
             return
         finally:
             await self.aclose()
-        for ev in self._reader.end():
-            if isinstance(ev, Done):
-                self._count(ev.usage)
+        for ev in ending:
             yield ev
+
+    def _judge(self, ev: Event) -> None:
+        """An answer that ends Failed counts against the replica, as a break would; a
+        whole one's usage goes to the access log."""
+        if isinstance(ev, Failed):
+            self._body.broken(ev.error.message)
+        elif isinstance(ev, Done):
+            self._count(ev.usage)
 
     def _count(self, usage: Usage) -> None:
         """The answer's usage into the access log and the metrics, as the upstream told it."""
