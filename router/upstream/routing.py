@@ -35,11 +35,11 @@ from supervisor.supervisor import Supervisor, unknown_model
 _NOT_RELAYED = ("/models/", "/slots", "/admin", "/metrics")
 # The routes that reach an OpenAI-compatible upstream in OpenAI's dialect when it does not
 # speak theirs (router/generation/remote/): the chat and generation routes of the
-# Anthropic, Responses and Ollama dialects, and their token counts (whose routes explain
-# that an upstream cannot count).
+# Anthropic, Responses and Ollama dialects, Ollama's embeddings, and the token counts
+# (whose routes explain that an upstream cannot count).
 TRANSLATED = frozenset({
     "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
-    "/responses/input_tokens", "/api/chat", "/api/generate",
+    "/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
 })
 
 

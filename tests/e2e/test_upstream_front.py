@@ -170,6 +170,10 @@ def test_other_dialects_reach_an_openai_only_upstream_translated(fleet: Fleet) -
 
     assert olla(front, "plain") == olla(back, "demo") != ""
     assert responses(fleet.front.base, "plain") == responses(fleet.backs[0].base, "demo") != ""
+    # `embed` speaks OpenAI's dialect only: Ollama's embeddings reach it as /v1/embeddings.
+    far = ollama.Client(host=front).embed(model="embed", input=["one", "two"])
+    near = ollama.Client(host=back).embed(model="embed", input=["one", "two"])
+    assert len(far.embeddings) == 2 and far.embeddings[1] == pytest.approx(near.embeddings[1], abs=1e-5)
     # The conversation is the front's to keep: a second turn names the first by its id.
     oa = openai.OpenAI(base_url=fleet.front.base, api_key="none", max_retries=0)
     first = oa.responses.create(model="plain", input="Name three colours.", max_output_tokens=8)

@@ -68,6 +68,13 @@ class OpenAIUpstream:
         sent = json.loads(body) if body else {}
         self.seen.append((scope["path"], sent))
         model = sent.get("model")
+        if scope["path"].endswith("/embeddings"):  # in reverse order: the index says where each goes
+            vectors = [{"object": "embedding", "index": i, "embedding": [float(i), 0.5]} for i in range(len(sent["input"]))]
+            answer = {"object": "list", "data": vectors[::-1][: 1 if model == "cuts" else None],
+                      "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+            return
         if model in ("refuses", "badkey"):
             status, error = (400, {"message": "temperature is out of range", "type": "invalid_request_error",
                                    "param": "temperature", "code": None}) if model == "refuses" else (
@@ -293,3 +300,19 @@ async def test_an_upstream_that_speaks_the_dialect_still_gets_it_as_it_came(tmp_
         async with httpx.AsyncClient(timeout=10, headers=ANTHROPIC) as c:
             await c.post(front + "/v1/messages", json={"model": "both", "max_tokens": 8, "messages": []})
     assert fake.seen == [("/v1/messages", {"model": "both", "max_tokens": 8, "messages": []})]
+
+
+@pytest.mark.trio
+async def test_ollamas_embeddings_reach_an_openai_upstream(tmp_path: Path) -> None:
+    async with upstream_and_front(tmp_path, TABLES, fake=OpenAIUpstream()) as (fake, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            embedded = (await c.post(front + "/api/embed", json={"model": "talks", "input": ["a", "b", "c"]})).json()
+            legacy = (await c.post(front + "/api/embeddings", json={"model": "talks:latest", "prompt": "a"})).json()
+            short = await c.post(front + "/api/embed", json={"model": "cuts", "input": ["a", "b"]})
+            empty = (await c.post(front + "/api/embed", json={"model": "talks", "input": []})).json()
+    assert fake.seen[0] == ("/v1/embeddings", {"model": "talks", "input": ["a", "b", "c"], "encoding_format": "float"})
+    assert embedded["embeddings"] == [[0.0, 0.5], [1.0, 0.5], [2.0, 0.5]] and embedded["prompt_eval_count"] == 7
+    assert legacy == {"embedding": [0.0, 0.5]}
+    # One vector for two inputs: refused, never passed on with one missing.
+    assert short.status_code == 502 and "1 embeddings for 2 inputs" in short.json()["error"]
+    assert empty["embeddings"] == [] and len(fake.seen) == 3

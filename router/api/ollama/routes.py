@@ -31,7 +31,9 @@ from router.generation.job import GenerationJob, KeepAlive
 from router.generation.prompts import MAX_PROMPTS
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
+from router.generation.remote.embed import embed as remote_embed
 from router.upstream import remote
+from router.upstream.remote import RemoteModel
 from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import idle_limit
@@ -182,7 +184,11 @@ def register(app: Blueprint, server: Server) -> None:
         kept = keep_alive(r.keep_alive)
         vectors: list[list[float]] = []
         prompt_tokens = 0
-        if not texts:  # an empty request loads the model, as Ollama's (or unloads it)
+        if isinstance(handle, RemoteModel):  # served elsewhere: nothing here to load or keep
+            if texts:
+                got = await remote_embed(handle, texts)
+                vectors, prompt_tokens = got.data, got.prompt_tokens
+        elif not texts:  # an empty request loads the model, as Ollama's (or unloads it)
             await load_or_unload(handle, kept)
         else:
             # Ollama cuts an input too long for the model at its end unless told not to.
@@ -204,6 +210,8 @@ def register(app: Blueprint, server: Server) -> None:
         r: OllamaEmbeddingsRequest = decode(await bodies.read_body(), OllamaEmbeddingsRequest, api="Ollama")
         handle = embedding_model(r.model)
         kept = keep_alive(r.keep_alive)  # a bad one is a 400 before any work
+        if isinstance(handle, RemoteModel):
+            return _json_response({"embedding": (await remote_embed(handle, [r.prompt])).data[0] if r.prompt else []})
         if not r.prompt:
             await hold(handle, kept)
             return _json_response({"embedding": []})
@@ -211,7 +219,12 @@ def register(app: Blueprint, server: Server) -> None:
         handle.set_keep_alive(kept.seconds)
         return _json_response({"embedding": result.data[0]})
 
-    def embedding_model(name: str) -> ModelHandle:
+    def embedding_model(name: str) -> ModelHandle | RemoteModel:
+        """The model to embed with: a local one that serves embeddings, or one served
+        elsewhere that the request reaches translated (router/generation/remote/embed.py)."""
+        elsewhere = remote.current()
+        if elsewhere is not None:
+            return elsewhere
         handle = resolve(name, generating=False)
         if not handle.spec.embeddings:
             raise Unsupported(

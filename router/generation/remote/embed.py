@@ -1,0 +1,83 @@
+"""Embeddings from a model served elsewhere, in OpenAI's dialect: Ollama's /api/embed and
+/api/embeddings reaching an upstream that speaks only OpenAI's API (POST /v1/embeddings).
+
+The answer must be what was asked: one vector of numbers per input, in the inputs'
+order (OpenAI's `index`), else the upstream's answer is refused as broken rather than
+passed on with a vector missing or out of place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from router.generation.remote.inbound import upstream_error
+from router.server import access_log
+from router.upstream.remote import RemoteModel
+from supervisor.errors import WorkerCrashed
+
+# The most of an answer read: 2048 inputs of 4096 numbers as JSON text is about 200 MB.
+MAX_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Vectors:
+    data: list[list[float]]
+    prompt_tokens: int  # 0 where the upstream does not say
+
+
+async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
+    body = msgspec.json.encode({"model": remote.spec.model, "input": texts, "encoding_format": "float"})
+    headers = {**remote.headers, "content-type": "application/json", "accept": "application/json"}
+    relayed = await remote.relay.send(remote.spec, remote.key, "/v1/embeddings", "", headers, body)
+    if relayed is None:  # the hook sends only upstream-only models here
+        raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
+    if (record := access_log.current()) is not None:
+        record.upstream = relayed.replica
+    raw = b""
+    try:
+        async for chunk in relayed.body:
+            raw += chunk
+            if len(raw) > MAX_BYTES:
+                relayed.body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
+                raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
+    finally:
+        await relayed.body.aclose()
+    if relayed.status >= 300:
+        raise upstream_error(remote.name, relayed.status, raw[:65536], None)
+    try:
+        vectors = read(raw, len(texts))
+    except ValueError as exc:
+        relayed.body.broken(str(exc))
+        raise WorkerCrashed(f"The upstream of model `{remote.name}` {exc}.") from None
+    if record is not None:
+        record.prompt_tokens = vectors.prompt_tokens
+    return vectors
+
+
+def read(raw: bytes, n: int) -> Vectors:
+    """The vectors of an OpenAI embeddings answer for `n` inputs; ValueError saying what
+    is wrong with it."""
+    try:
+        obj: Any = json.loads(raw)
+    except ValueError:
+        raise ValueError("answered embeddings that are not JSON") from None
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list) or len(data) != n:
+        got = len(data) if isinstance(data, list) else "no"
+        raise ValueError(f"answered {got} embeddings for {n} inputs")
+    out: list[list[float] | None] = [None] * n
+    for i, item in enumerate(data):
+        at = item.get("index", i) if isinstance(item, dict) else None
+        vector = item.get("embedding") if isinstance(item, dict) else None
+        if not isinstance(at, int) or not 0 <= at < n or out[at] is not None:
+            raise ValueError(f"answered an embedding with a wrong index ({at!r})")
+        if not isinstance(vector, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+            raise ValueError("answered an embedding that is not a list of numbers (base64?)")
+        out[at] = [float(x) for x in vector]
+    usage = obj.get("usage")
+    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return Vectors([v for v in out if v is not None], tokens if isinstance(tokens, int) and tokens >= 0 else 0)
