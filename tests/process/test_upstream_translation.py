@@ -83,6 +83,10 @@ class OpenAIUpstream:
                         "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": json.dumps({"error": error}).encode()})
             return
+        if model == "whole":  # a server that ignores stream: true
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b'{"object": "chat.completion", "choices": []}'})
+            return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         if model == "cuts":
             first = _chunk({"content": "Half an"})
@@ -114,7 +118,7 @@ def _tables(*names: str) -> str:
     )
 
 
-TABLES = _tables("talks", "calls", "refuses", "badkey", "cuts", "slow", "unfinished")
+TABLES = _tables("talks", "calls", "refuses", "badkey", "cuts", "slow", "unfinished", "whole")
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 
 
@@ -253,6 +257,7 @@ async def test_the_upstreams_refusals_and_breaks_reach_the_client_in_its_dialect
             counted = await c.post(front + "/v1/messages/count_tokens", json={"model": "talks", "messages": user})
             native = await c.post(front + "/completion", json={"model": "talks", "prompt": "Hi"})
             unfinished = await c.post(front + "/api/chat", json={"model": "unfinished", "messages": user, "stream": False})
+            whole = await c.post(front + "/api/chat", json={"model": "whole", "messages": user, "stream": False})
             replicas = {u["name"]: u["replicas"][0] for u in (await c.get(front + "/admin/models")).json()["upstreams"]}
             # A client error found by the route is Corral's own 400, before anything is sent.
             n = len(fake.seen)
@@ -272,6 +277,8 @@ async def test_the_upstreams_refusals_and_breaks_reach_the_client_in_its_dialect
     assert unfinished.status_code == 502 and "before it was complete" in unfinished.json()["error"]
     assert replicas["unfinished"]["requests"] == {"failed": 1}
     assert "before it was complete" in replicas["unfinished"]["last_error"]
+    assert whole.status_code == 502 and "not server-sent events" in whole.json()["error"]
+    assert replicas["whole"]["requests"] == {"failed": 1}
     assert replicas["cuts"]["requests"] == {"failed": 2} and replicas["talks"]["requests"].get("failed", 0) == 0
 
 

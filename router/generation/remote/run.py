@@ -58,10 +58,12 @@ class RemoteGeneration:
             finally:
                 await relayed.body.aclose()
             if relayed.status < 300:
-                raise WorkerCrashed(
+                error = WorkerCrashed(
                     f"The upstream of model `{remote.name}` answered a stream request with "
                     f"{relayed.headers.get('content-type', 'no content type')}, not server-sent events."
                 )
+                relayed.body.broken(error.message)
+                raise error
             raise upstream_error(remote.name, relayed.status, text, _retry_after(relayed.headers))
         return cls(remote, relayed.body, chat, job.n)
 
