@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from router.generation.remote.inbound import upstream_error
+from router.generation.remote.run import read_bounded
 from router.server import access_log
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -37,15 +38,13 @@ async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
         raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
     if (record := access_log.current()) is not None:
         record.upstream = relayed.replica
-    raw = b""
     try:
-        async for chunk in relayed.body:
-            raw += chunk
-            if len(raw) > MAX_BYTES:
-                relayed.body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
-                raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
+        raw, more = await read_bounded(relayed.body, MAX_BYTES)
     finally:
         await relayed.body.aclose()
+    if more:
+        relayed.body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
+        raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
     if relayed.status >= 300:
         raise upstream_error(remote.name, relayed.status, raw[:65536], None)
     try:

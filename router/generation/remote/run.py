@@ -54,7 +54,7 @@ class RemoteGeneration:
             record.upstream = relayed.replica
         if relayed.status >= 300 or "text/event-stream" not in relayed.headers.get("content-type", ""):
             try:
-                text = await _read_bounded(relayed.body)
+                text, _ = await read_bounded(relayed.body, MAX_ERROR_BYTES)
             finally:
                 await relayed.body.aclose()
             if relayed.status < 300:
@@ -110,13 +110,15 @@ class RemoteGeneration:
         await self._body.aclose()
 
 
-async def _read_bounded(body: RelayedBody) -> bytes:
+async def read_bounded(body: RelayedBody, limit: int) -> tuple[bytes, bool]:
+    """An upstream answer's bytes, up to `limit` of them, and whether there were more
+    (its reading stops there: the caller closes the body)."""
     out = b""
     async for chunk in body:
         out += chunk
-        if len(out) >= MAX_ERROR_BYTES:
-            break
-    return out[:MAX_ERROR_BYTES]
+        if len(out) > limit:
+            return out[:limit], True
+    return out, False
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
