@@ -124,9 +124,10 @@ async def prompt_tokens(target: Target, job: GenerationJob) -> int:
     the model loads, as its template and tokenizer are the model's. The access log counts
     them as the request's prompt. A model served elsewhere has no tokenizer here: a 400."""
     if isinstance(target, RemoteModel):
+        api = "Anthropic's Messages API" if target.speaks == "anthropic" else "OpenAI's API"
         raise Unsupported(
-            f"The model `{target.name}` is served by an upstream that speaks only OpenAI's API, "
-            "which has no route to count a prompt's tokens.", "model",
+            f"The model `{target.name}` is served by an upstream that is reached in {api}, "
+            "whose prompts this server cannot count.", "model",
         )
     handle = target
     async with handle.lease() as conn:

@@ -24,12 +24,14 @@ SCOPE_KEY = "corral.remote_model"
 @dataclass(frozen=True)
 class RemoteModel:
     """A model whose requests go, translated, to its upstream: `key` is the request's
-    session key (router/upstream/affinity.py), `headers` the client's, lower-cased."""
+    session key (router/upstream/affinity.py), `headers` the client's, lower-cased;
+    `speaks` the dialect the upstream is spoken to in ("openai" or "anthropic")."""
 
     spec: UpstreamSpec
     relay: Relay
     key: str
     headers: Mapping[str, str]
+    speaks: str = "openai"
 
     @property
     def name(self) -> str:

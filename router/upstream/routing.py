@@ -3,9 +3,9 @@
 A POST whose JSON body names (by `model`, or by the default model when it names none) a
 model with an `upstream` is relayed, in the dialect it came in, when that upstream speaks
 the dialect. Otherwise it goes on to the route: a model with a local worker too serves it
-there; a model served elsewhere only, whose upstream speaks OpenAI's dialect, is reached
-through translation (router/upstream/remote.py) from the routes in TRANSLATED; any other is
-a 400 naming `model`.
+there; a model served elsewhere only, whose upstream speaks OpenAI's or Anthropic's
+dialect, is reached through translation (router/upstream/remote.py) from the routes in
+TRANSLATED; any other is a 400 naming `model`.
 
 The key the client sent is checked first (router/server/auth.py runs before this hook),
 and a key limited to other models sees an upstream model as one that does not exist, as
@@ -33,14 +33,31 @@ from supervisor.supervisor import Supervisor, unknown_model
 # Routes that manage a server rather than use its model: never relayed (an upstream's
 # slots and loaded models are its own operator's business).
 _NOT_RELAYED = ("/models/", "/slots", "/admin", "/metrics")
-# The routes that reach an OpenAI-compatible upstream in OpenAI's dialect when it does not
-# speak theirs (router/generation/remote/): the chat and generation routes of the
-# Anthropic, Responses and Ollama dialects, Ollama's embeddings, and the token counts
-# (whose routes explain that an upstream cannot count).
-TRANSLATED = frozenset({
-    "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
-    "/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
-})
+# The routes whose requests reach an upstream that does not speak their dialect, in the
+# dialect it does speak (router/generation/remote/), OpenAI's tried first:
+# - OpenAI's: the chat and generation routes of the Anthropic, Responses and Ollama
+#   dialects, Ollama's embeddings, and the token counts (whose routes explain that an
+#   upstream cannot count);
+# - Anthropic's Messages: the chat routes of the OpenAI, Responses and Ollama dialects,
+#   and OpenAI's text completions and the token counts, whose routes explain what the
+#   Messages API lacks.
+TRANSLATED: dict[str, frozenset[str]] = {
+    "openai": frozenset({
+        "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
+        "/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+    }),
+    "anthropic": frozenset({
+        "/v1/chat/completions", "/chat/completions", "/v1/completions", "/v1/chat/completions/input_tokens",
+        "/chat/completions/input_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
+        "/responses/input_tokens", "/api/chat", "/api/generate",
+    }),
+}
+
+
+def translation(dialects: frozenset[str], path: str) -> str | None:
+    """The dialect a request on `path` is sent in to an upstream that speaks `dialects`
+    (none of them the request's own), or None: it cannot reach that upstream."""
+    return next((d for d in TRANSLATED if d in dialects and path in TRANSLATED[d]), None)
 
 
 class _Named(msgspec.Struct):
@@ -113,13 +130,13 @@ def install(
             if dialect not in spec.dialects:
                 if spec.local:
                     return None  # its own worker serves it in every dialect
-                if "openai" in spec.dialects and path in TRANSLATED:
-                    remote.put(remote.RemoteModel(spec, relay, key, headers))
+                if (speaks := translation(spec.dialects, path)) is not None:
+                    remote.put(remote.RemoteModel(spec, relay, key, headers, speaks))
                     return None  # the route decodes it, and answers through translation
                 raise Unsupported(
                     f"The model `{spec.name}` is served by an upstream that speaks "
-                    f"{', '.join(sorted(spec.dialects))}; requests in the {dialect} dialect cannot reach it "
-                    "(set upstream_dialects if the upstream speaks it).",
+                    f"{', '.join(sorted(spec.dialects))}; requests to {path} cannot reach it "
+                    "(set upstream_dialects if the upstream speaks this route's dialect).",
                     "model",
                 )
             relayed = await relay.send(

@@ -9,6 +9,7 @@ model), so what the front relays is what a back really answers."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -60,6 +61,13 @@ upstream = [%%s]
 [models.plain]
 upstream = %%s
 upstream_model = "demo"
+
+# And as an upstream that speaks Anthropic's Messages API only (api.anthropic.com's
+# place): OpenAI's, Responses' and Ollama's chats reach it translated.
+[models.claude]
+upstream = %%s
+upstream_model = "demo"
+upstream_dialects = ["anthropic"]
 """ % HEALTH_INTERVAL
 
 
@@ -79,7 +87,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     dirs = [tmp_path_factory.mktemp(f"back{i}") for i in range(2)]
     backs = [start_server(d, BACK) for d in dirs]
     urls = ", ".join(f'"{b.base}"' for b in backs)
-    front = start_server(tmp_path_factory.mktemp("front"), FRONT % (urls, urls, f'"{backs[0].base}"'))
+    front = start_server(tmp_path_factory.mktemp("front"), FRONT % (urls, urls, f'"{backs[0].base}"', f'"{backs[0].base}"'))
     try:
         yield Fleet(front, backs, dirs)
     finally:
@@ -185,6 +193,50 @@ def test_other_dialects_reach_an_openai_only_upstream_translated(fleet: Fleet) -
     first = oa.responses.create(model="plain", input="Name three colours.", max_output_tokens=8)
     again = oa.responses.create(model="plain", input="And one more?", previous_response_id=first.id, max_output_tokens=8)
     assert again.output_text and again.usage is not None and again.usage.input_tokens > first.usage.input_tokens  # type: ignore[union-attr]
+
+
+def test_openai_and_ollama_clients_reach_an_anthropic_only_upstream_translated(fleet: Fleet) -> None:
+    """`claude` is the first back's model behind an upstream that speaks only Anthropic's
+    Messages API: the openai client (chat, streamed chat, Responses) and the ollama client
+    get, through the front's translation to /v1/messages, the answer the back gives their
+    dialect natively (greedy, the near-tie-free prompt of the test above)."""
+    system, turn = {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three colours."}
+
+    def chat(base: str, model: str) -> openai.types.chat.ChatCompletion:
+        oa = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
+        return oa.chat.completions.create(model=model, messages=[system, turn], max_tokens=8, temperature=0)  # type: ignore[list-item]
+
+    via_front, native = chat(fleet.front.base, "claude"), chat(fleet.backs[0].base, "demo")
+    assert via_front.choices[0].message.content == native.choices[0].message.content != ""
+    assert via_front.choices[0].finish_reason == native.choices[0].finish_reason
+    assert via_front.usage is not None and native.usage is not None
+    assert (via_front.usage.prompt_tokens, via_front.usage.completion_tokens) == (
+        native.usage.prompt_tokens, native.usage.completion_tokens)
+    oa = openai.OpenAI(base_url=fleet.front.base, api_key="none", max_retries=0)
+    streamed = oa.chat.completions.create(
+        model="claude", messages=[system, turn], max_tokens=8, temperature=0, stream=True,  # type: ignore[list-item]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == native.choices[0].message.content
+
+    def olla(host: str, model: str) -> str:
+        answer = ollama.Client(host=host).chat(model=model, messages=[system, turn], options={"temperature": 0, "num_predict": 8})
+        return answer.message.content or ""
+
+    assert olla(fleet.front.url, "claude") == olla(fleet.backs[0].url, "demo") != ""
+    responses = oa.responses.create(
+        model="claude", instructions="Answer briefly.", input="Name three colours.", max_output_tokens=8, temperature=0,
+    )
+    assert responses.output_text == native.choices[0].message.content
+    # A forced call: the back's tool_use block comes back as OpenAI's tool call.
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    called = oa.chat.completions.create(
+        model="claude", messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=40,
+        tools=[weather], tool_choice={"type": "function", "function": {"name": "get_weather"}},  # type: ignore[list-item]
+    )
+    (call,) = called.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)  # type: ignore[union-attr]
+    assert called.choices[0].finish_reason == "tool_calls"
 
 
 def test_a_stream_arrives_as_the_back_sends_it(fleet: Fleet) -> None:

@@ -17,7 +17,7 @@ import msgspec
 from quart import Blueprint, Response
 
 
-from router.api.answering import answer, embed, prompt_tokens
+from router.api.answering import Target, answer, embed, job_for, prompt_tokens
 from router.api.dialect import Server
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
@@ -133,8 +133,11 @@ def register(app: Blueprint, server: Server) -> None:
     @app.post("/chat/completions")
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
-        handle = generating_model(r.model)  # 404 before the body's own checks, as OpenAI does
-        job = chat_job(r, r.model or handle.name, handle.spec.defaults)
+        target = server.target(r.model)  # 404 before the body's own checks, as OpenAI does
+        job = job_for(target, partial(chat_job, r, r.model or target.name))
+        if not isinstance(target, ModelHandle):  # served elsewhere, through translation
+            return await _answer(target, job)
+        handle = target
         verbose = r.verbose if r.verbose is not None else server.supervisor.config.server.verbose_responses
         if verbose and not job.stream:
             async with handle.lease() as conn:
@@ -149,17 +152,15 @@ def register(app: Blueprint, server: Server) -> None:
         """llama-server's token count of a chat body: the tokens its prompt would be, as
         the chat route renders and tokenizes it. Generates nothing."""
         r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
-        handle = generating_model(r.model)
-        n = await prompt_tokens(handle, chat_job(r, r.model or handle.name, handle.spec.defaults))
+        target = server.target(r.model)
+        n = await prompt_tokens(target, job_for(target, partial(chat_job, r, r.model or target.name)))
         return json_response({"object": "response.input_tokens", "input_tokens": n})
 
     @app.post("/v1/completions")  # /completions, without /v1, is llama-server's native one
     async def completions() -> Response:
         r: schemas.CompletionRequest = decode(await bodies.read_body(), schemas.CompletionRequest)
-        handle = generating_model(r.model)
-        return await _answer(handle, completion_job(r, r.model or handle.name, handle.spec.defaults))
-
-    generating_model = server.generating
+        target = server.target(r.model)
+        return await _answer(target, job_for(target, partial(completion_job, r, r.model or target.name)))
 
     @app.post("/v1/embeddings")  # /embeddings, without /v1, is llama-server's native one
     async def embeddings() -> Response:
@@ -184,7 +185,7 @@ def register(app: Blueprint, server: Server) -> None:
         return json_response({"object": "list", "data": data, "model": r.model or handle.name, "usage": usage})
 
 
-async def _answer(handle: ModelHandle, job: GenerationJob, extra: dict[str, object] | None = None) -> Response:
+async def _answer(target: Target, job: GenerationJob, extra: dict[str, object] | None = None) -> Response:
     """The answer; `extra`: fields added to a whole answer (llama-server's `__verbose`)."""
     fmt = Completion(model=job.model, chat=job.chat)
 
@@ -192,7 +193,7 @@ async def _answer(handle: ModelHandle, job: GenerationJob, extra: dict[str, obje
         body = await whole(evs, fmt=fmt, job=job)
         return _json.encode({**_json_decode(body), **extra}) if extra else body
 
-    return await answer(handle, job, whole_with_extra, partial(chunks, fmt=fmt, job=job))
+    return await answer(target, job, whole_with_extra, partial(chunks, fmt=fmt, job=job))
 
 
 def _encode_vector(v: list[float], fmt: str) -> list[float] | str:

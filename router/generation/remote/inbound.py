@@ -107,7 +107,7 @@ class ChunkReader:
         if not isinstance(obj, dict):
             return self._fail("sent an event that is not a JSON object")
         if obj.get("error"):  # some proxies send "error": null in every chunk
-            return self._fail(f"failed mid-answer: {_message(obj)}")
+            return self._fail(f"failed mid-answer: {message_of(obj)}")
         if isinstance(obj.get("usage"), dict):
             self._usage = _usage(obj["usage"])
         out: list[Event] = []
@@ -217,7 +217,7 @@ def _usage(u: dict[str, Any]) -> Usage:
                  cached_tokens=cached)
 
 
-def _message(obj: Any) -> str:
+def message_of(obj: Any) -> str:
     """The message of an OpenAI-shaped error body (or a plain one, or a text), bounded."""
     if isinstance(obj, str):
         plain = " ".join(obj.split())
@@ -236,25 +236,26 @@ def upstream_error(model: str, status: int, body: bytes, retry_after: float | No
     A 400-class answer is the client's request refused: the same status class, with the
     upstream's message and the parameter it names. A refused key (401, 403) or an unknown
     model name (404) is the operator's configuration, never the client's key or name: 502.
-    A 429 is passed on as one, 503 and 504 as 503, and anything else as 502."""
+    A 429 is passed on as one, 503, 504 and 529 as 503, and anything else as 502. The
+    body may be OpenAI's error object or Anthropic's (whose `error` has no `param`)."""
     try:
         obj = json.loads(body)
     except ValueError:
         obj = body.decode("utf-8", "replace")
     err = obj.get("error") if isinstance(obj, dict) else None
     param = err.get("param") if isinstance(err, dict) and isinstance(err.get("param"), str) else None
-    said = f"The upstream of model `{model}` answered {status}: {_message(obj)}"
+    said = f"The upstream of model `{model}` answered {status}: {message_of(obj)}"
     if status in (401, 403):
         return e.WorkerCrashed(f"{said} (check the model's api_key_env or api_key_file).")
     if status == 404:
         return e.WorkerCrashed(f"{said} (check the model's upstream and upstream_model).")
     if status == 429:
         return e.Overloaded(said, retry_after=retry_after or 1.0)
-    if status in (503, 504):
+    if status in (503, 504, 529):  # 529: Anthropic's "overloaded"
         return e.WorkerUnavailable(said, retry_after=retry_after or 1.0)
     if 400 <= status < 500:
         code = err.get("code") if isinstance(err, dict) else None
-        if code == "context_length_exceeded":
+        if code == "context_length_exceeded" or message_of(obj).startswith("prompt is too long"):  # OpenAI's, Anthropic's
             return e.ContextOverflow(said, param or "messages")
         return e.InvalidRequest(said, param)
     return e.WorkerCrashed(said)

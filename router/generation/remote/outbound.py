@@ -39,7 +39,7 @@ _PROBE = SamplingParams(
 )
 _FIELDS: tuple[str, ...] = SamplingParams.__struct_fields__
 # JSON mode (OpenAI's json_object, Ollama's "json") as the constraint a dialect makes of it.
-_ANY_OBJECT = constraint([(ANY_OBJECT, "format")]).source  # type: ignore[union-attr]
+JSON_MODE = constraint([(ANY_OBJECT, "format")]).source  # type: ignore[union-attr]
 
 # SamplingParams' fields under the names an OpenAI-compatible server reads.
 _NAMES = {
@@ -101,12 +101,19 @@ def completion_body(job: GenerationJob, model: str) -> dict[str, Any]:
     return body
 
 
-def _sampling(job: GenerationJob) -> dict[str, Any]:
+def sent_set(job: GenerationJob) -> frozenset[str]:
+    """The sampling fields the request set, refusing those no upstream can take (a 400
+    naming the first)."""
     p, sent = job.params, job.sent if job.sent is not None else frozenset(_FIELDS)
-    out: dict[str, Any] = {}
     for field, why in _NOT_CARRIED.items():
         if field in sent and getattr(p, field) != getattr(SamplingParams(), field):
             raise Unsupported(f"'{field}' cannot be sent to this model's upstream: {why}.", field)
+    return sent
+
+
+def _sampling(job: GenerationJob) -> dict[str, Any]:
+    p, sent = job.params, sent_set(job)
+    out: dict[str, Any] = {}
     for field, name in _NAMES.items():
         value = getattr(p, field)
         # An empty stop list and ignore_eos false are every server's defaults; a dialect that
@@ -117,7 +124,7 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
         out["n"] = job.n
     c = p.constraint
     if c is not None:
-        if c.kind == "json_schema" and c.source == _ANY_OBJECT:
+        if c.kind == "json_schema" and c.source == JSON_MODE:
             out["response_format"] = {"type": "json_object"}  # JSON mode, as the client asked
         elif c.kind == "json_schema":
             # Not strict: OpenAI's strict mode refuses schemas that do not require every
@@ -131,11 +138,15 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
 
 
 def _messages(turns: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
-    """The conversation as OpenAI's messages. A tool result without the id of the call it
+    return [_message(m) for m in answered_ids(turns)]
+
+
+def answered_ids(turns: tuple[ChatMessage, ...]) -> list[ChatMessage]:
+    """The conversation with an id on every tool result. One without the id of the call it
     answers (Ollama's carry only the tool's name) gets the id of the call it answers: the
     earliest unanswered call of the assistant's last turn with that name, else the earliest
-    unanswered one, since OpenAI's API refuses a tool message without one."""
-    out: list[dict[str, Any]] = []
+    unanswered one, since OpenAI's and Anthropic's APIs refuse a tool result without one."""
+    out: list[ChatMessage] = []
     unanswered: list[tuple[str, str]] = []  # (id, name) of the last assistant turn's calls
     for m in turns:
         if m.role == "assistant" and m.tool_calls:
@@ -145,7 +156,7 @@ def _messages(turns: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
             m = msgspec.structs.replace(m, tool_call_id=match[0])
         if m.role == "tool":
             unanswered = [c for c in unanswered if c[0] != m.tool_call_id]
-        out.append(_message(m))
+        out.append(m)
     return out
 
 

@@ -1,10 +1,11 @@
-"""One generation job on a model served elsewhere, in OpenAI's dialect: the upstream's
-counterpart of router/generation/run.py.
+"""One generation job on a model served elsewhere, in OpenAI's dialect or Anthropic's:
+the upstream's counterpart of router/generation/run.py.
 
-The job goes out as a streamed chat (or text) completion (outbound.py) through the relay
-(router/upstream/relay.py), so replicas, affinity, failover and max_concurrency apply as
-to a relayed request; the chunks come back as the internal events (inbound.py) that the
-route renders in its own dialect.
+The job goes out as a streamed chat (or text) completion (outbound.py), or as a streamed
+Messages request (anthropic_request.py), through the relay (router/upstream/relay.py), so
+replicas, affinity, failover and max_concurrency apply as to a relayed request; the stream
+comes back as the internal events (inbound.py, anthropic_events.py) that the route renders
+in its own dialect.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import msgspec
 
 from router.generation.events import Begin, Done, Event, Failed
 from router.generation.job import GenerationJob
+from router.generation.remote.anthropic_events import MessageReader
+from router.generation.remote.anthropic_request import ANTHROPIC_VERSION, messages_body
 from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
 from router.generation.remote.outbound import chat_body, completion_body
 from router.server import access_log
@@ -34,19 +37,26 @@ class RemoteGeneration:
     ends the upstream request (a client that left cancels the generation there) and is
     safe to call more than once."""
 
-    def __init__(self, remote: RemoteModel, body: RelayedBody, chat: bool, n: int) -> None:
+    def __init__(self, body: RelayedBody, reader: ChunkReader | MessageReader) -> None:
         self._body = body
-        self._reader = ChunkReader(remote.name, chat, n)
+        self._reader = reader
         self._record = access_log.current()
 
     @classmethod
     async def start(cls, remote: RemoteModel, job: GenerationJob) -> RemoteGeneration:
         """Send the job and wait for the upstream's status, so that its refusal (a 400
         naming a parameter, a 429) is the response's status, before any header."""
-        chat = job.messages is not None
-        body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
         headers = {**remote.headers, "content-type": "application/json", "accept": "text/event-stream"}
-        path = "/v1/chat/completions" if chat else "/v1/completions"
+        reader: ChunkReader | MessageReader
+        if remote.speaks == "anthropic":
+            body, path = messages_body(job, remote.spec.model), "/v1/messages"
+            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+            reader = MessageReader(remote.name)
+        else:
+            chat = job.messages is not None
+            body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            reader = ChunkReader(remote.name, chat, job.n)
         relayed = await remote.relay.send(remote.spec, remote.key, path, "", headers, msgspec.json.encode(body))
         if relayed is None:  # the hook sends only upstream-only models here
             raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
@@ -65,7 +75,7 @@ class RemoteGeneration:
                 relayed.body.broken(error.message)
                 raise error
             raise upstream_error(remote.name, relayed.status, text, _retry_after(relayed.headers))
-        return cls(remote, relayed.body, chat, job.n)
+        return cls(relayed.body, reader)
 
     async def events(self) -> AsyncIterator[Event]:
         lines = EventLines()

@@ -1,0 +1,165 @@
+"""An Anthropic Messages stream read back into the internal events.
+
+The upstream streams `message_start` (the prompt's usage), then content blocks, each a
+`content_block_start`, its deltas and a `content_block_stop`, then `message_delta` (the
+stop reason and the output's usage) and `message_stop`. Text blocks become `TextDelta`s,
+thinking blocks `ReasoningDelta`s, and a `tool_use` block one whole call (start, its
+arguments, end) when the block stops, its `partial_json` pieces joined. Blocks of a kind
+the internal events have no place for (a server tool's, a redacted thinking block) are
+passed over. `ping` is nothing.
+
+A stream that ends without `message_stop` and a stop reason was cut: it ends in `Failed`,
+never as if the answer were whole; so does an `error` event.
+
+Pure: JSON in, events out, tested without an upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.generation.events import (
+    Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+)
+from router.generation.remote.inbound import message_of
+from supervisor import errors as e
+from worker.protocol import StopType, Usage
+
+# Anthropic's stop reasons as the internal ones, with llama-server's stop type. A refusal
+# is the model's own end of its turn; pause_turn (a server tool's pause) ends this answer.
+_REASONS: dict[str, tuple[Reason, StopType]] = {
+    "end_turn": ("stop", "eos"), "stop_sequence": ("stop", "word"), "max_tokens": ("length", "limit"),
+    "model_context_window_exceeded": ("length", "limit"), "tool_use": ("tool_calls", "eos"),
+    "refusal": ("stop", "eos"), "pause_turn": ("stop", "eos"),
+}
+
+
+@dataclass
+class _Block:
+    kind: str
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    given: Any = None  # a tool_use block's `input` as it started
+
+
+class MessageReader:
+    """Reads one Messages stream; `feed` takes each event's data, `end` the stream's end."""
+
+    def __init__(self, model: str) -> None:
+        self._model = model
+        self._begun = False
+        self._blocks: dict[int, _Block] = {}
+        self._calls = 0
+        self._prompt = self._cached = self._output = 0
+        self._reason: str | None = None
+        self._word = ""
+        self.done = False  # message_stop came
+        self.failed = False
+
+    def feed(self, data: str) -> list[Event]:
+        if self.done or self.failed:
+            return []
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return self._fail(f"sent an event that is not JSON: {data[:80]!r}")
+        if not isinstance(obj, dict):
+            return self._fail("sent an event that is not a JSON object")
+        kind = obj.get("type")
+        if kind == "error":
+            return self._fail(f"failed mid-answer: {message_of(obj)}")
+        out: list[Event] = []
+        if not self._begun and kind in ("message_start", "content_block_start", "content_block_delta"):
+            self._begun = True
+            if kind == "message_start":
+                self._usage(_object(_object(obj.get("message")).get("usage")))
+            out.append(Begin(0, Usage(prompt_tokens=self._prompt, completion_tokens=0, cached_tokens=self._cached)))
+        if kind == "content_block_start":
+            out += self._start(obj)
+        elif kind == "content_block_delta":
+            out += self._delta(obj)
+        elif kind == "content_block_stop":
+            out += self._stop(obj)
+        elif kind == "message_delta":
+            delta = _object(obj.get("delta"))
+            if isinstance(delta.get("stop_reason"), str):
+                self._reason = delta["stop_reason"]
+                self._word = delta["stop_sequence"] if isinstance(delta.get("stop_sequence"), str) else ""
+            self._usage(_object(obj.get("usage")))
+        elif kind == "message_stop":
+            self.done = True
+        return out
+
+    def _usage(self, u: dict[str, Any]) -> None:
+        """Anthropic's counts, cumulative where they come again: its input_tokens leave out
+        the prompt's cached part, which OpenAI's prompt_tokens include."""
+        if "input_tokens" in u or "cache_read_input_tokens" in u:
+            cached = _count(u.get("cache_read_input_tokens"))
+            self._prompt = _count(u.get("input_tokens")) + cached + _count(u.get("cache_creation_input_tokens"))
+            self._cached = cached
+        if "output_tokens" in u:
+            self._output = _count(u.get("output_tokens"))
+
+    def _start(self, obj: dict[str, Any]) -> list[Event]:
+        block = _object(obj.get("content_block"))
+        index = obj.get("index")
+        if not isinstance(index, int):
+            return []
+        b = self._blocks[index] = _Block(str(block.get("type")))
+        if b.kind == "tool_use":
+            b.id = block["id"] if isinstance(block.get("id"), str) else f"toolu_{index}"
+            b.name = block["name"] if isinstance(block.get("name"), str) else ""
+            b.given = block.get("input")
+        elif b.kind == "text" and isinstance(block.get("text"), str) and block["text"]:
+            return [TextDelta(0, block["text"])]  # a block may start with text of its own
+        return []
+
+    def _delta(self, obj: dict[str, Any]) -> list[Event]:
+        d = _object(obj.get("delta"))
+        kind = d.get("type")
+        if kind == "text_delta" and isinstance(d.get("text"), str) and d["text"]:
+            return [TextDelta(0, d["text"])]
+        if kind == "thinking_delta" and isinstance(d.get("thinking"), str) and d["thinking"]:
+            return [ReasoningDelta(0, d["thinking"])]
+        b = self._blocks.get(obj["index"]) if isinstance(obj.get("index"), int) else None
+        if kind == "input_json_delta" and b is not None and b.kind == "tool_use" and isinstance(d.get("partial_json"), str):
+            b.arguments.append(d["partial_json"])
+        return []  # signature_delta, citations_delta: nothing the internal events carry
+
+    def _stop(self, obj: dict[str, Any]) -> list[Event]:
+        b = self._blocks.pop(obj["index"], None) if isinstance(obj.get("index"), int) else None
+        if b is None or b.kind != "tool_use":
+            return []
+        arguments = "".join(b.arguments) or (json.dumps(b.given) if isinstance(b.given, dict) else "{}")
+        n, self._calls = self._calls, self._calls + 1
+        return [ToolCallStart(0, n, b.id, b.name), ToolCallDelta(0, n, arguments), ToolCallEnd(0, n)]
+
+    def end(self) -> list[Event]:
+        """The events that end the answer: its Finish and Done, or Failed when the stream
+        did not end as a whole answer does."""
+        if self.failed:
+            return []
+        if not self._begun:
+            return self._fail("ended its answer before it began")
+        if not self.done or self._reason is None or self._blocks:
+            return self._fail("ended its answer before it was complete")
+        reason, stop_type = _REASONS.get(self._reason, ("stop", "eos"))
+        if self._calls and reason == "stop":
+            reason = "tool_calls"
+        usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._output, cached_tokens=self._cached)
+        return [Finish(0, reason, usage, stop_type=stop_type, stopping_word=self._word), Done(usage)]
+
+    def _fail(self, what: str) -> list[Event]:
+        self.failed = True
+        return [Failed(e.WorkerCrashed(f"The upstream of model `{self._model}` {what}."))]
+
+
+def _object(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0

@@ -1,0 +1,159 @@
+"""The internal request written as an Anthropic Messages request, for an upstream that
+speaks only Anthropic's API (router/generation/remote/anthropic_request.py). The shapes
+are the Messages API reference's (docs.anthropic.com/en/api/messages): `system` at the
+top, tool_use and tool_result blocks, `max_tokens` required, `output_config.format` for
+a JSON schema; what it has no counterpart for is a 400 naming the parameter."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.api.ollama.schemas import OllamaChatRequest
+from router.api.ollama.translate import chat_job as ollama_chat_job
+from router.api.openai.schemas import ChatRequest
+from router.api.openai.translate import chat_job
+from router.generation.job import GenerationJob
+from router.generation.remote.anthropic_request import DEFAULT_MAX_TOKENS, messages_body
+from router.generation.remote.outbound import sent_fields
+from router.generation.tool_schemas import ToolRequest
+from supervisor.errors import InvalidRequest, Unsupported
+from worker.protocol import ChatMessage, Constraint, SamplingParams, ToolCall
+
+SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop_sequences"}
+
+
+def _openai(**fields: Any) -> GenerationJob:
+    r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], **fields}, ChatRequest)
+    return sent_fields(partial(chat_job, r, "m"))
+
+
+def _job(params: SamplingParams = SamplingParams(), sent: frozenset[str] = frozenset(), **fields: Any) -> GenerationJob:
+    return GenerationJob(model="m", params=params, messages=(ChatMessage(role="user", content="x"),), sent=sent, **fields)
+
+
+@given(
+    temperature=st.none() | st.sampled_from([0.0, 0.8, 1.0]),
+    top_p=st.none() | st.sampled_from([0.5, 0.95]),
+    max_tokens=st.none() | st.sampled_from([1, 300]),
+    stop=st.none() | st.sampled_from([["END"], ["a", "b"]]),
+)
+def test_exactly_the_parameters_the_client_set_are_sent_and_max_tokens_always(
+    temperature: float | None, top_p: float | None, max_tokens: int | None, stop: list[str] | None
+) -> None:
+    given_fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop}
+    body = messages_body(_openai(**{k: v for k, v in given_fields.items() if v is not None}), "claude-x")
+    expected = {("stop_sequences" if k == "stop" else k): v for k, v in given_fields.items() if v is not None}
+    expected.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # required by the Messages API
+    assert {k: v for k, v in body.items() if k in SAMPLING_KEYS} == expected
+    assert body["model"] == "claude-x" and body["stream"] is True
+
+
+def test_system_messages_go_to_the_top_and_turns_of_one_role_are_one_turn() -> None:
+    job = _openai(messages=[
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "user", "content": "Again"},
+        {"role": "developer", "content": "No lists."},
+        {"role": "assistant", "content": "Hello."},
+    ])
+    body = messages_body(job, "c")
+    assert body["system"] == "Be brief.\n\nNo lists."
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "Again"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+    ]
+
+
+def test_calls_and_results_are_tool_use_and_tool_result_blocks() -> None:
+    turns = (
+        ChatMessage(role="user", content="Weather in Oslo and Rome?"),
+        ChatMessage(role="assistant", content="Looking.", reasoning_content="Two calls.", tool_calls=[
+            ToolCall(id="c1", name="w", arguments='{"city": "Oslo"}'), ToolCall(id="c2", name="w", arguments="")]),
+        ChatMessage(role="tool", content="cold", tool_call_id="c1"),
+        ChatMessage(role="tool", content="warm", name="w"),  # Ollama's: no call id
+        ChatMessage(role="user", content="Thanks"),
+    )
+    body = messages_body(GenerationJob(model="m", params=SamplingParams(), messages=turns, sent=frozenset()), "c")
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo and Rome?"}]},
+        # Reasoning is not sent back: a thinking block needs Anthropic's own signature.
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "c1", "name": "w", "input": {"city": "Oslo"}},
+            {"type": "tool_use", "id": "c2", "name": "w", "input": {}},
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "c1", "content": "cold"},
+            {"type": "tool_result", "tool_use_id": "c2", "content": "warm"},
+            {"type": "text", "text": "Thanks"},
+        ]},
+    ]
+
+
+def test_arguments_that_are_not_an_object_are_refused_naming_them() -> None:
+    turns = (ChatMessage(role="user", content="?"),
+             ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="w", arguments="[1, 2]")]))
+    with pytest.raises(InvalidRequest) as refused:
+        messages_body(GenerationJob(model="m", params=SamplingParams(), messages=turns, sent=frozenset()), "c")
+    assert refused.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_tools_and_tool_choice_keep_their_meaning() -> None:
+    fns = tuple(
+        {"type": "function", "function": {"name": n, "description": f"does {n}", "parameters": {"type": "object"}}}
+        for n in ("a", "b")
+    )
+    auto = messages_body(_job(tools=ToolRequest(offered=fns)), "c")
+    assert auto["tools"] == [{"name": n, "description": f"does {n}", "input_schema": {"type": "object"}} for n in "ab"]
+    assert "tool_choice" not in auto
+    required = messages_body(_job(tools=ToolRequest(offered=fns, forced=fns, parallel=False)), "c")
+    assert required["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    named = messages_body(_job(tools=ToolRequest(offered=fns, forced=fns[1:])), "c")
+    assert named["tool_choice"] == {"type": "tool", "name": "b"}
+    serial = messages_body(_job(tools=ToolRequest(offered=fns, parallel=False)), "c")
+    assert serial["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    bare = {"type": "function", "function": {"name": "x"}}
+    assert messages_body(_job(tools=ToolRequest(offered=(bare,))), "c")["tools"] == [
+        {"name": "x", "input_schema": {"type": "object"}}
+    ]
+
+
+def test_a_schema_is_output_config_and_what_has_no_counterpart_is_refused_naming_it() -> None:
+    schema = Constraint(kind="json_schema", source='{"type": "object", "properties": {"a": {}}}', param="response_format")
+    body = messages_body(_job(params=SamplingParams(constraint=schema)), "c")
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {}}}}}
+    for fields, param in (
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"seed": 3}, "seed"),
+        ({"n": 2}, "n"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"grammar": 'root ::= "a"'}, "grammar"),
+        ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+    ):
+        with pytest.raises(Unsupported) as refused:
+            messages_body(_openai(**fields), "c")
+        assert refused.value.param == param, fields
+
+
+def test_neutral_values_of_what_anthropic_lacks_are_dropped_not_refused() -> None:
+    """Clients that send every field at its neutral value (presence_penalty 0, an agent
+    framework's defaults) must not be refused for asking nothing."""
+    body = messages_body(_openai(presence_penalty=0, frequency_penalty=0, n=1, min_p=0), "c")
+    assert not {"presence_penalty", "frequency_penalty", "n", "min_p"} & body.keys()
+    r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "think": False}, OllamaChatRequest)
+    assert "thinking" not in messages_body(sent_fields(partial(ollama_chat_job, r, "m")), "c")
+
+
+def test_a_text_prompt_is_refused_naming_it() -> None:
+    with pytest.raises(Unsupported) as refused:
+        messages_body(GenerationJob(model="m", params=SamplingParams(), prompt="Once"), "c")
+    assert refused.value.param == "prompt"
