@@ -36,8 +36,8 @@ _NOT_RELAYED = ("/models/", "/slots", "/admin", "/metrics")
 # The routes whose requests reach an upstream that does not speak their dialect, in the
 # dialect it does speak (router/generation/remote/), OpenAI's tried first:
 # - OpenAI's: the chat and generation routes of the Anthropic, Responses and Ollama
-#   dialects, Ollama's embeddings, and the token counts (whose routes explain that an
-#   upstream cannot count);
+#   dialects, llama-server's /completion (a text completion), Ollama's embeddings, and
+#   the token counts (whose routes explain that an upstream cannot count);
 # - Anthropic's Messages: the chat routes of the OpenAI, Responses and Ollama dialects,
 #   and OpenAI's text completions and the token counts, whose routes explain what the
 #   Messages API lacks.
@@ -45,6 +45,7 @@ TRANSLATED: dict[str, frozenset[str]] = {
     "openai": frozenset({
         "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/responses", "/v1/responses/input_tokens",
         "/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+        "/completion", "/completions",
     }),
     "anthropic": frozenset({
         "/v1/chat/completions", "/chat/completions", "/v1/completions", "/v1/chat/completions/input_tokens",

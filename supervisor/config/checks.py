@@ -217,6 +217,8 @@ def _generation_problems(at: str, m: ModelConfig) -> Iterator[str]:
         yield f"{at}.repeat_penalty: must be above 0 (1.0 disables it)"
     if m.top_k is not None and m.top_k < 0:
         yield f"{at}.top_k: must be >= 0 (0 disables it), got {m.top_k}"
+    if m.repeat_last_n is not None and not -1 <= m.repeat_last_n <= 2**31 - 1:
+        yield f"{at}.repeat_last_n: must be -1 (the whole context) or at least 0, got {m.repeat_last_n}"
     if m.seed is not None and not -1 <= m.seed <= 0xFFFFFFFF:
         yield f"{at}.seed: must be -1 (random) or 0..4294967295, got {m.seed}"
     if m.stop is not None:

@@ -155,6 +155,7 @@ class GenerationDefaults(ModelOptions, forbid_unknown_fields=True, frozen=True, 
     top_p: float | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    repeat_last_n: int | None = None  # the tokens repeat_penalty looks back over (-1: all)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None  # -1: a random seed each request
@@ -174,7 +175,7 @@ class GenerationDefaults(ModelOptions, forbid_unknown_fields=True, frozen=True, 
 
 # GenerationDefaults' keys that SamplingParams has under the same name.
 _SAMPLING_KEYS = (
-    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "seed", "stop",
 )
 

@@ -137,7 +137,7 @@ def test_every_dialect_reaches_the_backs_through_the_front(fleet: Fleet) -> None
     assert native.status_code == 200 and native.json()["tokens_predicted"] == 4
     # `embed` speaks OpenAI's dialect only (the default): a route with no translation to
     # it is refused, naming model.
-    refused = httpx.post(front + "/completion", json={"model": "embed", "prompt": "x"}, timeout=10)
+    refused = httpx.post(front + "/tokenize", json={"model": "embed", "content": "x"}, timeout=10)
     assert refused.status_code == 400 and "speaks openai" in refused.json()["error"]["message"]
 
 
@@ -183,6 +183,13 @@ def test_other_dialects_reach_an_openai_only_upstream_translated(fleet: Fleet) -
         assert "".join(stream.text_stream) == native.content[0].text
 
     assert olla(front, "plain") == olla(back, "demo") != ""
+    # llama-server's /completion: a text completion there, answered in llama-server's shape.
+    far_text = httpx.post(front + "/completion", timeout=60, json={
+        "model": "plain", "prompt": CANARY_TEXT, "n_predict": 12, "temperature": 0})
+    near_text = httpx.post(back + "/completion", timeout=60, json={
+        "model": "demo", "prompt": CANARY_TEXT, "n_predict": 12, "temperature": 0})
+    assert far_text.json()["content"] == near_text.json()["content"] != ""
+    assert far_text.json()["tokens_predicted"] == near_text.json()["tokens_predicted"] == 12
     assert responses(fleet.front.base, "plain") == responses(fleet.backs[0].base, "demo") != ""
     # `embed` speaks OpenAI's dialect only: Ollama's embeddings reach it as /v1/embeddings.
     far = ollama.Client(host=front).embed(model="embed", input=["one", "two"])

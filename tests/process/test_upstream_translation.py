@@ -41,6 +41,11 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     ],
     # Whole over HTTP, [DONE] and all, but the choice never finished: a cut answer.
     "unfinished": [_chunk({"content": "Half"})],
+    "writes": [  # a text completion's chunks
+        {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "Once", "finish_reason": None}]},
+        {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": " upon", "finish_reason": "length"}]},
+        {"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": USAGE},
+    ],
     "calls": [
         _chunk({"role": "assistant", "content": None, "tool_calls": [
             {"index": 0, "id": "call_w1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
@@ -118,7 +123,7 @@ def _tables(*names: str) -> str:
     )
 
 
-TABLES = _tables("talks", "calls", "refuses", "badkey", "cuts", "slow", "unfinished", "whole")
+TABLES = _tables("talks", "writes", "calls", "refuses", "badkey", "cuts", "slow", "unfinished", "whole")
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 
 
@@ -255,7 +260,7 @@ async def test_the_upstreams_refusals_and_breaks_reach_the_client_in_its_dialect
             cut = await c.post(front + "/v1/messages", json={"model": "cuts", "max_tokens": 8, "messages": user, "stream": True})
             cut_whole = await c.post(front + "/v1/messages", json={"model": "cuts", "max_tokens": 8, "messages": user})
             counted = await c.post(front + "/v1/messages/count_tokens", json={"model": "talks", "messages": user})
-            native = await c.post(front + "/completion", json={"model": "talks", "prompt": "Hi"})
+            native = await c.post(front + "/tokenize", json={"model": "talks", "content": "Hi"})
             unfinished = await c.post(front + "/api/chat", json={"model": "unfinished", "messages": user, "stream": False})
             whole = await c.post(front + "/api/chat", json={"model": "whole", "messages": user, "stream": False})
             replicas = {u["name"]: u["replicas"][0] for u in (await c.get(front + "/admin/models")).json()["upstreams"]}
@@ -323,3 +328,26 @@ async def test_ollamas_embeddings_reach_an_openai_upstream(tmp_path: Path) -> No
     # One vector for two inputs: refused, never passed on with one missing.
     assert short.status_code == 502 and "1 embeddings for 2 inputs" in short.json()["error"]
     assert empty["embeddings"] == [] and len(fake.seen) == 3
+
+
+@pytest.mark.trio
+async def test_llama_servers_completion_reaches_an_openai_upstream_as_a_text_completion(tmp_path: Path) -> None:
+    """llama-server's /completion (its clients: llama.cpp's examples, older editor
+    plugins) for a model whose upstream speaks only OpenAI's API: the text prompt goes as
+    /v1/completions, with n_predict as max_tokens, and the answer is in llama-server's
+    shape; a prompt of token ids, which name this server's vocabulary, is a 400."""
+    async with upstream_and_front(tmp_path, TABLES, fake=OpenAIUpstream()) as (fake, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            whole = await c.post(front + "/completion", json={"model": "writes", "prompt": "Tell", "n_predict": 2})
+            streamed = await c.post(front + "/completions", json={"model": "writes", "prompt": "Tell", "stream": True})
+            tokens = await c.post(front + "/completion", json={"model": "writes", "prompt": [1, 2, 3]})
+    assert fake.seen[0] == ("/v1/completions", {
+        "model": "writes", "prompt": "Tell", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})
+    answer = whole.json()
+    assert whole.status_code == 200 and answer["content"] == "Once upon" and answer["stop"] is True
+    assert (answer["stop_type"], answer["truncated"]) == ("limit", False)  # the client's n_predict, not the context
+    assert (answer["tokens_predicted"], answer["tokens_evaluated"], answer["prompt"]) == (3, 11, "Tell")
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == "Once upon" and events[-1]["stop"] is True
+    assert tokens.status_code == 400 and tokens.json()["error"]["type"] == "invalid_request_error"
+    assert "prompt" in tokens.json()["error"]["message"] and len(fake.seen) == 2

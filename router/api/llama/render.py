@@ -117,7 +117,8 @@ class NativeCompletion:
             "prompt": prompt,
             "has_new_line": "\n" in content,
             # Generation ran into the context's end (not a token limit the client set).
-            "truncated": stop_type == "limit" and usage.prompt_tokens + usage.completion_tokens >= self.n_ctx,
+            # (n_ctx 0: not known, an upstream's)
+            "truncated": stop_type == "limit" and 0 < self.n_ctx <= usage.prompt_tokens + usage.completion_tokens,
             "stop_type": stop_type,
             "stopping_word": last.stopping_word,
             "tokens_cached": usage.cached_tokens,

@@ -9,12 +9,13 @@ llama-server's does, and reads them with the OpenAI dialect's decoders.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from functools import partial
+from typing import AsyncIterator, Awaitable, Callable
 
 from quart import Blueprint, Response, request
 
 
-from router.api.answering import embed, started
+from router.api.answering import answer, embed, job_for, started
 from router.api.llama import embedding, rerank
 from router.api.dialect import Server
 from router.api.llama.errors import error_event
@@ -40,6 +41,8 @@ from router.generation.prompt_bound import refuse_if_too_long
 from router.generation.prompts import Prompt
 from router.server import access_log, bodies, sse
 from router.server.json_body import decode
+from router.upstream import remote
+from router.upstream.remote import RemoteModel
 from supervisor.config import Config
 from supervisor.connection import WorkerConnection
 from supervisor.errors import InternalError, InvalidRequest, NotServed, Unsupported, WorkerUnavailable
@@ -47,6 +50,8 @@ from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 from worker.protocol import Ready
 
+# A prompt's text for an answer's `prompt` field.
+TextOf = Callable[[Prompt], Awaitable[str]]
 # The paths whose errors are in llama-server's shape.
 PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",
@@ -77,6 +82,9 @@ def register(app: Blueprint, server: Server) -> None:
     @app.post("/completions")  # llama-server's, as /completion: OpenAI's is /v1/completions
     async def completion() -> Response:
         r: NativeCompletionRequest = decode(await bodies.read_body(), NativeCompletionRequest)
+        elsewhere = remote.current()
+        if elsewhere is not None:  # served elsewhere: a text completion there, translated
+            return await _respond_remote(elsewhere, r)
         handle = generating_model(r.model)
         name = r.model if r.model is not None else handle.name
         job = completion_job(r, name, handle.spec.defaults)
@@ -281,16 +289,36 @@ async def _respond(
         return_tokens=r.return_tokens,
         response_fields=r.response_fields,
     )
+    text_of = partial(_prompt_text, gen.conn)
     if not r.stream:
         try:
-            body = await _whole(events, gen.conn, fmt, prompts)
+            body = await _whole(events, text_of, fmt, prompts)
         finally:
             gen.close()
         return Response(body, content_type="application/json")
-    return Response(sse.Body(_events(events, gen.conn, fmt, prompts), gen.close), status=200, headers=sse.HEADERS)
+    return Response(sse.Body(_events(events, text_of, fmt, prompts), gen.close), status=200, headers=sse.HEADERS)
 
 
-async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompts: list[Prompt]) -> bytes:
+async def _respond_remote(target: RemoteModel, r: NativeCompletionRequest) -> Response:
+    """/completion for a model served by an OpenAI-compatible upstream: its text prompt
+    as a text completion there (outbound.py refuses token prompts, naming `prompt`),
+    answered in llama-server's shape. The slot's context is not known here (n_ctx 0)."""
+    job = job_for(target, partial(completion_job, r, r.model if r.model is not None else target.name))
+    fmt = NativeCompletion(
+        model=job.model, params=job.params, n_ctx=0, stream=r.stream, return_tokens=r.return_tokens,
+        response_fields=r.response_fields,
+    )
+    prompts: list[Prompt] = [job.prompt or ""]
+
+    async def text_of(prompt: Prompt) -> str:
+        return prompt if isinstance(prompt, str) else ""
+
+    return await answer(
+        target, job, lambda evs: _whole(evs, text_of, fmt, prompts), lambda evs: _events(evs, text_of, fmt, prompts)
+    )
+
+
+async def _whole(events: AsyncIterator[Event], text_of: TextOf, fmt: NativeCompletion, prompts: list[Prompt]) -> bytes:
     """The answer; for several prompts, a list of answers in their order, as llama-server
     answers them."""
     answer = await gather(events)
@@ -298,12 +326,12 @@ async def _whole(events: AsyncIterator[Event], conn: WorkerConnection, fmt: Nati
     for i, prompt in enumerate(prompts):
         c = answer.by_index[i]
         assert c.finish is not None
-        out.append(fmt.final(c.content, c.tokens, c.finish, await _prompt_text(conn, prompt), index=i, logprobs=c.logprobs))
+        out.append(fmt.final(c.content, c.tokens, c.finish, await text_of(prompt), index=i, logprobs=c.logprobs))
     return encode(out if len(prompts) > 1 else out[0])
 
 
 async def _events(
-    events: AsyncIterator[Event], conn: WorkerConnection, fmt: NativeCompletion, prompts: list[Prompt]
+    events: AsyncIterator[Event], text_of: TextOf, fmt: NativeCompletion, prompts: list[Prompt]
 ) -> AsyncIterator[bytes]:
     """llama-server's stream: an event per step with its text and `stop: false`, then one
     with `stop: true` and the whole answer's fields; each prompt's with its `index`. No
@@ -321,7 +349,7 @@ async def _events(
         elif isinstance(ev, Finish):
             end = last.get(ev.choice)
             text, tokens = (end.text, list(end.tokens)) if end is not None else ("", [])
-            prompt = await _prompt_text(conn, prompts[ev.choice])
+            prompt = await text_of(prompts[ev.choice])
             logprobs = end.logprobs if end is not None else ()
             yield sse.event(encode(fmt.final(text, tokens, ev, prompt, index=ev.choice, logprobs=logprobs)))
         elif isinstance(ev, Failed):

@@ -43,7 +43,7 @@ def sampling_params(
         min_p=d.min_p if r.min_p is None else r.min_p,
         seed=d.seed if r.seed is None else r.seed,
         repeat_penalty=d.repeat_penalty if r.repeat_penalty is None else r.repeat_penalty,
-        repeat_last_n=r.repeat_last_n,
+        repeat_last_n=d.repeat_last_n if r.repeat_last_n is None else r.repeat_last_n,
         presence_penalty=d.presence_penalty if r.presence_penalty is None else r.presence_penalty,
         frequency_penalty=d.frequency_penalty if r.frequency_penalty is None else r.frequency_penalty,
         stop=stops,

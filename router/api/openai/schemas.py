@@ -89,7 +89,7 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     top_k: Int32 | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
-    repeat_last_n: Int32 = _DEFAULT.repeat_last_n
+    repeat_last_n: Int32 | None = None
     ignore_eos: bool = _DEFAULT.ignore_eos
     # llama-server's own: n_predict stands for max_tokens when that is absent (-1: no
     # limit); cache_prompt is accepted, as Corral always reuses a cached prefix; with

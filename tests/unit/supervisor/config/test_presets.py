@@ -93,3 +93,20 @@ def test_speculation_and_the_host_prompt_cache_translate(tmp_path: Path) -> None
     assert (data["spec_type"], data["draft_model"], data["draft_p_min"]) == ("draft", str(model), 0.6)
     off = tomllib.loads(import_preset(f"[a]\nmodel = {model}\nspec-type = none\ncache-ram = 0\n", "p.ini"))["models"]["a"]
     assert (off["spec_type"], off["prompt_cache_bytes"]) == ("none", 0)
+
+
+def test_every_sampling_key_of_a_preset_is_one_the_config_takes(tmp_path: Path) -> None:
+    """Each of llama-server's sampling flags that the importer writes must be a model key
+    the config reads: `repeat-last-n` was written as `repeat_last_n`, which the config
+    refused as an unknown key, and no request route then read a model's own value."""
+    model = write_gguf(tmp_path / "m.gguf")
+    ini = (
+        f"[a]\nmodel = {model}\ntemp = 0.3\ntop-k = 7\ntop-p = 0.5\nmin-p = 0.02\nrepeat-penalty = 1.2\n"
+        "repeat-last-n = 32\npresence-penalty = 0.1\nfrequency-penalty = 0.2\nseed = 9\nreverse-prompt = END\n"
+    )
+    defaults = parse(import_preset(ini, "p.ini"), tmp_path).models["a"].defaults
+    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.min_p) == (0.3, 7, 0.5, 0.02)
+    assert (defaults.repeat_penalty, defaults.repeat_last_n, defaults.seed, defaults.stop) == (1.2, 32, 9, ["END"])
+    assert (defaults.presence_penalty, defaults.frequency_penalty) == (0.1, 0.2)
+    with pytest.raises(Exception, match="repeat_last_n"):
+        parse(f'[models.a]\npath = "{model}"\nrepeat_last_n = -2\n', tmp_path)

@@ -183,8 +183,9 @@ def test_the_models_defaults_fill_what_the_request_leaves_unset() -> None:
     """llama-server's --temp, --top-k, --seed, ... as a model's config (issue 22, item 1):
     what the request sets wins, null included as unset (OpenAI's parameters are nullable)."""
     model = SamplingParams(temperature=0.1, top_k=3, top_p=0.5, min_p=0.2, seed=5, repeat_penalty=1.3,
-                           presence_penalty=0.5, frequency_penalty=0.25, stop=["END"])
+                           repeat_last_n=16, presence_penalty=0.5, frequency_penalty=0.25, stop=["END"])
     assert rf.sampling_params(chat(), None, defaults=model) == model
+    assert rf.sampling_params(chat(repeat_last_n=-1), None, defaults=model).repeat_last_n == -1
     assert rf.sampling_params(chat(temperature=None, seed=None, stop=None), None, defaults=model) == model
     mine = rf.sampling_params(chat(temperature=1.5, top_k=0, seed=9, stop=[], presence_penalty=0), None, defaults=model)
     assert (mine.temperature, mine.top_k, mine.seed, mine.stop, mine.presence_penalty) == (1.5, 0, 9, [], 0.0)
