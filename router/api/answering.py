@@ -15,6 +15,7 @@ from quart import Response
 from router.generation.events import Event
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, is_tokens
+from router.generation.remote.count import count_tokens
 from router.generation.remote.outbound import sent_fields
 from router.generation.remote.run import RemoteGeneration
 from router.generation.run import Generation
@@ -122,12 +123,14 @@ async def prompt_tokens(target: Target, job: GenerationJob) -> int:
     generation would, for the routes that count input tokens (llama-server's
     input_tokens, Anthropic's count_tokens, Responses' input_tokens). Generates nothing;
     the model loads, as its template and tokenizer are the model's. The access log counts
-    them as the request's prompt. A model served elsewhere has no tokenizer here: a 400."""
+    them as the request's prompt. A model served elsewhere has no tokenizer here: its
+    upstream counts, where it speaks Anthropic's API; else a 400."""
     if isinstance(target, RemoteModel):
-        api = "Anthropic's Messages API" if target.speaks == "anthropic" else "OpenAI's API"
+        if target.speaks == "anthropic":
+            return await count_tokens(target, job)  # its count_tokens
         raise Unsupported(
-            f"The model `{target.name}` is served by an upstream that is reached in {api}, "
-            "whose prompts this server cannot count.", "model",
+            f"The model `{target.name}` is served by an upstream that speaks only OpenAI's API, "
+            "which has no route to count a prompt's tokens.", "model",
         )
     handle = target
     async with handle.lease() as conn:

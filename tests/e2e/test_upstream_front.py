@@ -244,6 +244,12 @@ def test_openai_and_ollama_clients_reach_an_anthropic_only_upstream_translated(f
     (call,) = called.choices[0].message.tool_calls or []
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)  # type: ignore[union-attr]
     assert called.choices[0].finish_reason == "tool_calls"
+    # The count routes ask the upstream's count_tokens, which counts as the back renders.
+    counts = [
+        httpx.post(base + "/chat/completions/input_tokens", json={"model": model, "messages": [system, turn]}, timeout=60)
+        for base, model in ((fleet.front.base, "claude"), (fleet.backs[0].base, "demo"))
+    ]
+    assert counts[0].json()["input_tokens"] == counts[1].json()["input_tokens"] == native.usage.prompt_tokens
 
 
 def test_a_stream_arrives_as_the_back_sends_it(fleet: Fleet) -> None:

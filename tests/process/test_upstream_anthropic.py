@@ -91,6 +91,10 @@ class AnthropicUpstream:
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append((scope["path"], headers, sent))
         model = sent.get("model", "")
+        if scope["path"] == "/v1/messages/count_tokens" and model not in ERRORS:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": json.dumps({"input_tokens": 42}).encode()})
+            return
         if scope["path"] != "/v1/messages" or model in ERRORS:
             status, kind, message = ERRORS.get(model, (404, "not_found_error", f"Not found: {scope['path']}"))
             await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
@@ -208,7 +212,6 @@ async def test_what_cannot_be_carried_and_what_the_upstream_refuses_reach_the_cl
                 "model": "talks", "response_format": {"type": "json_object"}, "messages": USER})
             text = await c.post(front + "/v1/completions", json={"model": "talks", "prompt": "Once"})
             embed = await c.post(front + "/api/embed", json={"model": "talks", "input": ["a"]})
-            counted = await c.post(front + "/v1/responses/input_tokens", json={"model": "talks", "input": "Hi"})
             sent_nothing = len(fake.seen) == n
             # The Anthropic route itself is relayed as it came: the upstream speaks it.
             native = await c.post(front + "/v1/messages", headers={"anthropic-version": "2023-06-01"},
@@ -222,5 +225,25 @@ async def test_what_cannot_be_carried_and_what_the_upstream_refuses_reach_the_cl
     assert json_mode.status_code == 400 and json_mode.json()["error"]["param"] == "response_format"
     assert text.status_code == 400 and text.json()["error"]["param"] == "prompt"
     assert embed.status_code == 400 and "/api/embed" in embed.json()["error"]
-    assert counted.status_code == 400 and "cannot count" in counted.json()["error"]["message"]
     assert native.status_code == 200 and fake.seen[-1][2] == {"model": "talks", "max_tokens": 9, "messages": USER}
+
+
+@pytest.mark.trio
+async def test_the_token_count_routes_ask_the_upstreams_count_tokens(tmp_path: Path) -> None:
+    """Anthropic's API counts a conversation's tokens (POST /v1/messages/count_tokens), so
+    the count routes of the other dialects are answered by it, sent the prompt only."""
+    async with upstream_and_front(tmp_path, TABLES, fake=AnthropicUpstream()) as (fake, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            responses = await c.post(front + "/v1/responses/input_tokens", json={
+                "model": "talks", "instructions": "Be brief.", "input": "Hi", "tools": [
+                    {"type": "function", **WEATHER["function"]}], "temperature": 0.2})
+            llama = await c.post(front + "/v1/chat/completions/input_tokens", json={"model": "talks", "messages": USER})
+            refused = await c.post(front + "/v1/chat/completions/input_tokens", json={"model": "badkey", "messages": USER})
+    assert responses.status_code == 200 and responses.json()["input_tokens"] == 42
+    assert llama.status_code == 200 and llama.json()["input_tokens"] == 42
+    path, headers, sent = fake.seen[0]
+    assert path == "/v1/messages/count_tokens" and headers["anthropic-version"] == "2023-06-01"
+    assert sent == {"model": "talks", "system": "Be brief.", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "tools": [
+        {"name": "get_weather", "description": "The weather", "input_schema": WEATHER["function"]["parameters"]}]}
+    assert refused.status_code == 502 and "api_key_env" in refused.json()["error"]["message"]

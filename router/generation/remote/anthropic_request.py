@@ -45,6 +45,21 @@ _WHY = "Anthropic's Messages API has no such parameter"
 
 def messages_body(job: GenerationJob, model: str) -> dict[str, Any]:
     """The streamed Messages request for a chat job."""
+    body = conversation_body(job, model)
+    body.update(_sampling(job))
+    if job.template_kwargs and job.template_kwargs != {"enable_thinking": False}:  # off is Anthropic's default
+        raise Unsupported(
+            "'chat_template_kwargs' cannot be sent to this model's upstream: Anthropic's Messages API has "
+            "no chat template (its `thinking` is reached through its own route, /v1/messages).",
+            "chat_template_kwargs",
+        )
+    body["stream"] = True
+    return body
+
+
+def conversation_body(job: GenerationJob, model: str) -> dict[str, Any]:
+    """What a Messages request says of the prompt (model, system, messages, tools and
+    tool_choice): the whole of a count_tokens request."""
     if job.messages is None:
         raise Unsupported(
             "Only a chat can be sent to this model's upstream, which speaks Anthropic's Messages API: "
@@ -54,7 +69,6 @@ def messages_body(job: GenerationJob, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": messages}
     if system:
         body["system"] = system
-    body.update(_sampling(job))
     tools = job.tools
     if tools.offered:
         body["tools"] = [_tool(t) for t in tools.offered]
@@ -67,13 +81,6 @@ def messages_body(job: GenerationJob, model: str) -> dict[str, Any]:
             choice = {**(choice or {"type": "auto"}), "disable_parallel_tool_use": True}
         if choice is not None:
             body["tool_choice"] = choice
-    if job.template_kwargs and job.template_kwargs != {"enable_thinking": False}:  # off is Anthropic's default
-        raise Unsupported(
-            "'chat_template_kwargs' cannot be sent to this model's upstream: Anthropic's Messages API has "
-            "no chat template (its `thinking` is reached through its own route, /v1/messages).",
-            "chat_template_kwargs",
-        )
-    body["stream"] = True
     return body
 
 
