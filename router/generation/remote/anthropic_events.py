@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.generation.events import (
-    Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+    Begin, Done, Event, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
-from router.generation.remote.inbound import message_of
-from supervisor import errors as e
+from router.generation.remote.inbound import as_object, broken, count_of, event_object, message_of
 from worker.protocol import StopType, Usage
 
 # Anthropic's stop reasons as the internal ones, with llama-server's stop type. A refusal
@@ -62,12 +61,9 @@ class MessageReader:
     def feed(self, data: str) -> list[Event]:
         if self.done or self.failed:
             return []
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return self._fail(f"sent an event that is not JSON: {data[:80]!r}")
-        if not isinstance(obj, dict):
-            return self._fail("sent an event that is not a JSON object")
+        obj = event_object(data)
+        if isinstance(obj, str):
+            return self._fail(obj)
         kind = obj.get("type")
         if kind == "error":
             return self._fail(f"failed mid-answer: {message_of(obj)}")
@@ -75,7 +71,7 @@ class MessageReader:
         if not self._begun and kind in ("message_start", "content_block_start", "content_block_delta"):
             self._begun = True
             if kind == "message_start":
-                self._usage(_object(_object(obj.get("message")).get("usage")))
+                self._usage(as_object(as_object(obj.get("message")).get("usage")))
             out.append(Begin(0, Usage(prompt_tokens=self._prompt, completion_tokens=0, cached_tokens=self._cached)))
         if kind == "content_block_start":
             out += self._start(obj)
@@ -84,11 +80,11 @@ class MessageReader:
         elif kind == "content_block_stop":
             out += self._stop(obj)
         elif kind == "message_delta":
-            delta = _object(obj.get("delta"))
+            delta = as_object(obj.get("delta"))
             if isinstance(delta.get("stop_reason"), str):
                 self._reason = delta["stop_reason"]
                 self._word = delta["stop_sequence"] if isinstance(delta.get("stop_sequence"), str) else ""
-            self._usage(_object(obj.get("usage")))
+            self._usage(as_object(obj.get("usage")))
         elif kind == "message_stop":
             self.done = True
         return out
@@ -97,14 +93,14 @@ class MessageReader:
         """Anthropic's counts, cumulative where they come again: its input_tokens leave out
         the prompt's cached part, which OpenAI's prompt_tokens include."""
         if "input_tokens" in u or "cache_read_input_tokens" in u:
-            cached = _count(u.get("cache_read_input_tokens"))
-            self._prompt = _count(u.get("input_tokens")) + cached + _count(u.get("cache_creation_input_tokens"))
+            cached = count_of(u.get("cache_read_input_tokens"))
+            self._prompt = count_of(u.get("input_tokens")) + cached + count_of(u.get("cache_creation_input_tokens"))
             self._cached = cached
         if "output_tokens" in u:
-            self._output = _count(u.get("output_tokens"))
+            self._output = count_of(u.get("output_tokens"))
 
     def _start(self, obj: dict[str, Any]) -> list[Event]:
-        block = _object(obj.get("content_block"))
+        block = as_object(obj.get("content_block"))
         index = obj.get("index")
         if not isinstance(index, int):
             return []
@@ -118,7 +114,7 @@ class MessageReader:
         return []
 
     def _delta(self, obj: dict[str, Any]) -> list[Event]:
-        d = _object(obj.get("delta"))
+        d = as_object(obj.get("delta"))
         kind = d.get("type")
         if kind == "text_delta" and isinstance(d.get("text"), str) and d["text"]:
             return [TextDelta(0, d["text"])]
@@ -154,12 +150,4 @@ class MessageReader:
 
     def _fail(self, what: str) -> list[Event]:
         self.failed = True
-        return [Failed(e.WorkerCrashed(f"The upstream of model `{self._model}` {what}."))]
-
-
-def _object(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
-def _count(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+        return [broken(self._model, what)]

@@ -100,12 +100,9 @@ class ChunkReader:
         if data.strip() == "[DONE]":
             self.done = True
             return []
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return self._fail(f"sent an event that is not JSON: {data[:80]!r}")
-        if not isinstance(obj, dict):
-            return self._fail("sent an event that is not a JSON object")
+        obj = event_object(data)
+        if isinstance(obj, str):
+            return self._fail(obj)
         if obj.get("error"):  # some proxies send "error": null in every chunk
             return self._fail(f"failed mid-answer: {message_of(obj)}")
         if isinstance(obj.get("usage"), dict):
@@ -128,7 +125,7 @@ class ChunkReader:
         if c.reason is not None:
             return out  # nothing of a choice counts after its finish_reason
         if self._chat:
-            d = _object(ch.get("delta"))
+            d = as_object(ch.get("delta"))
             reasoning = d.get("reasoning_content") or d.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
                 out.append(ReasoningDelta(i, reasoning))
@@ -145,7 +142,7 @@ class ChunkReader:
 
     @staticmethod
     def _call(c: _Choice, tc: dict[str, Any]) -> None:
-        fn = _object(tc.get("function"))
+        fn = as_object(tc.get("function"))
         given, index = tc.get("id"), tc.get("index")
         call_id = given if isinstance(given, str) and given else None
         known = c.by_index.get(index) if isinstance(index, int) else None
@@ -192,11 +189,30 @@ class ChunkReader:
 
     def _fail(self, what: str) -> list[Event]:
         self.failed = True
-        return [Failed(e.WorkerCrashed(f"The upstream of model `{self._model}` {what}."))]
+        return [broken(self._model, what)]
 
 
-def _object(v: Any) -> dict[str, Any]:
+def event_object(data: str) -> dict[str, Any] | str:
+    """An event's data as the JSON object it must be, or what is wrong with it."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return f"sent an event that is not JSON: {data[:80]!r}"
+    return obj if isinstance(obj, dict) else "sent an event that is not a JSON object"
+
+
+def broken(model: str, what: str) -> Failed:
+    """The end of an answer that is not whole: `what` the upstream did."""
+    return Failed(e.WorkerCrashed(f"The upstream of model `{model}` {what}."))
+
+
+def as_object(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
+
+
+def count_of(v: Any) -> int:
+    """A token count as an upstream sent it; 0 for what is not one."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
 
 def _reason(c: _Choice) -> Reason:
@@ -208,12 +224,9 @@ def _reason(c: _Choice) -> Reason:
 
 
 def _usage(u: dict[str, Any]) -> Usage:
-    def count(v: Any) -> int:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-
     details = u.get("prompt_tokens_details")
-    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    return Usage(prompt_tokens=count(u.get("prompt_tokens")), completion_tokens=count(u.get("completion_tokens")),
+    cached = count_of(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Usage(prompt_tokens=count_of(u.get("prompt_tokens")), completion_tokens=count_of(u.get("completion_tokens")),
                  cached_tokens=cached)
 
 
