@@ -16,6 +16,7 @@ import logging
 import math
 from typing import Any, Callable, Literal
 
+import msgspec
 import trio
 
 from supervisor.errors import CorralError, InternalError, WorkerCrashed
@@ -171,6 +172,9 @@ class WorkerConnection:
         early, so the worker may send each choice's events after its first at its end."""
         rid, recv = self._open()
         self._choices[rid] = n
+        c = params.constraint
+        if c is not None and c.given is not None:  # the client's schema is the router's alone
+            params = msgspec.structs.replace(params, constraint=msgspec.structs.replace(c, given=None))
         self.send(
             Generate(
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,

@@ -56,7 +56,10 @@ def _schema(schema: dict[str, Any], param: str) -> Constraint:
     """A JSON schema constraint, narrowed as llama-server narrows it: objects closed to
     undeclared keys, integers bounded (router/generation/schema_rewrite.py)."""
     try:
-        schema = narrowed(schema)
+        narrow = narrowed(schema)
     except SchemaTooDeep as exc:
         raise InvalidRequest(f"Invalid '{param}': {exc}.", param) from None
-    return Constraint(kind="json_schema", source=msgspec.json.encode(schema).decode(), param=param)
+    return Constraint(
+        kind="json_schema", source=msgspec.json.encode(narrow).decode(), param=param,
+        given=msgspec.json.encode(schema).decode(),
+    )

@@ -9,18 +9,22 @@ from typing import Any, Literal
 import msgspec
 
 
-class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """A grammar the output must match, enforced token by token while sampling.
 
     `kind` says how to read `source`: a JSON schema (as JSON text), a Lark grammar in
     llguidance's dialect (which can embed a JSON schema with `%json { ... }`), or a GBNF
     grammar as llama.cpp writes them. `param` is the request parameter it came from, named
-    in the 400 when it does not compile.
+    in the 400 when it does not compile. `given`: a JSON schema as the client gave it,
+    before the router narrowed it into `source`, for an upstream that enforces the
+    client's schema itself (router/generation/remote/); the router never sends it to a
+    worker.
     """
 
     kind: Literal["json_schema", "lark", "gbnf"]
     source: str
     param: str
+    given: str | None = None
 
 
 # How constrained JSON is laid out (llguidance's JSON options): no free whitespace. With

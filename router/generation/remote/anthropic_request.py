@@ -110,7 +110,7 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
             )
         if c.kind != "json_schema":
             raise Unsupported(f"'{c.param}': a grammar cannot be sent to this model's upstream: {_WHY}.", c.param)
-        out["output_config"] = {"format": {"type": "json_schema", "schema": json.loads(c.source)}}
+        out["output_config"] = {"format": {"type": "json_schema", "schema": json.loads(c.given or c.source)}}
     return out
 
 

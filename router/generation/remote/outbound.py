@@ -129,7 +129,7 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
         elif c.kind == "json_schema":
             # Not strict: OpenAI's strict mode refuses schemas that do not require every
             # property, which the client did not ask to be held to.
-            out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": json.loads(c.source)}}
+            out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": json.loads(c.given or c.source)}}
         elif c.kind == "gbnf":
             out["grammar"] = c.source  # llama-server's
         else:

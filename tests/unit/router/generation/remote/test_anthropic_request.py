@@ -157,3 +157,13 @@ def test_a_text_prompt_is_refused_naming_it() -> None:
     with pytest.raises(Unsupported) as refused:
         messages_body(GenerationJob(model="m", params=SamplingParams(), prompt="Once"), "c")
     assert refused.value.param == "prompt"
+
+
+def test_the_schema_sent_is_the_clients_not_the_one_narrowed_for_a_worker() -> None:
+    """Found by probing: the router narrows a schema for the worker's grammar (integers
+    bounded, objects closed, `multipleOf` on numbers), which Anthropic's structured
+    outputs refuse (no numeric bounds) and which asks more than the client did."""
+    schema = {"type": "object", "properties": {"n": {"type": "number"}, "i": {"type": "integer"}},
+              "additionalProperties": True}
+    body = messages_body(_openai(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}), "c")
+    assert body["output_config"]["format"]["schema"] == schema

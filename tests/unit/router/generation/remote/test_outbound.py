@@ -149,3 +149,9 @@ def test_json_mode_is_json_mode_and_no_schema_is_made_strict() -> None:
     assert chat_body(sent_fields(partial(ollama_chat_job, r, "m")), "up")["response_format"] == {"type": "json_object"}
     job = _anthropic(output_format={"type": "json_schema", "schema": {"type": "object", "properties": {"a": {}}}})
     assert "strict" not in chat_body(job, "up")["response_format"]["json_schema"]
+
+
+def test_the_schema_sent_is_the_clients_not_the_one_narrowed_for_a_worker() -> None:
+    schema = {"type": "object", "properties": {"i": {"type": "integer"}}}
+    job = _anthropic(output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert chat_body(job, "up")["response_format"]["json_schema"]["schema"] == schema
