@@ -1,6 +1,7 @@
 """Health checks of upstream replicas: every `health_interval` seconds, `GET {base}/models`
 on each, with the key the model sends. It is the one route every OpenAI-compatible server
-has (Corral, llama-server, vLLM, hosted APIs), and it checks the key as well as the host.
+has (Corral, llama-server, vLLM, hosted APIs), and Anthropic's API too, and it checks the
+key as well as the host.
 Each result goes to the replica's Health (router/upstream/health.py), with the requests'
 own outcomes, so a replica leaves rotation after FALL failed checks or one refused
 connection, and comes back after RISE good ones.
@@ -20,7 +21,7 @@ import httpx
 import trio
 
 from router.upstream.pool import Upstreams
-from router.upstream.relay import request_headers
+from router.upstream.relay import ANTHROPIC_VERSION, request_headers
 from supervisor.config.schema import UpstreamSpec
 
 log = logging.getLogger("corral.upstream")
@@ -37,7 +38,7 @@ async def check(upstreams: Upstreams, client: httpx.AsyncClient, spec: UpstreamS
     dead = False
     with trio.move_on_after(timeout) as scope:
         try:
-            async with client.stream("GET", f"{url}/models", headers=request_headers({}, spec.api_key)) as response:
+            async with client.stream("GET", f"{url}/models", headers=check_headers(spec)) as response:
                 status = response.status_code
         except httpx.TransportError as exc:
             error, dead = str(exc) or type(exc).__name__, isinstance(exc, httpx.ConnectError)
@@ -49,6 +50,14 @@ async def check(upstreams: Upstreams, client: httpx.AsyncClient, spec: UpstreamS
     elif status is not None and status != 200:
         error = f"GET /models answered {status}"
     upstreams.observe(spec.name, url, error is None, error, dead=dead)
+
+
+def check_headers(spec: UpstreamSpec) -> dict[bytes, bytes]:
+    """The check's headers: the model's key, and for an upstream that speaks Anthropic's
+    API the version header, without which api.anthropic.com answers every request (its
+    GET /v1/models included) with a 400, and the replica would never be in rotation."""
+    given = {"anthropic-version": ANTHROPIC_VERSION} if "anthropic" in spec.dialects else {}
+    return request_headers(given, spec.api_key)
 
 
 async def watch(upstreams: Upstreams, client: httpx.AsyncClient, interval: Callable[[], float]) -> None:

@@ -40,6 +40,10 @@ FORWARDED = (
     "content-type", "accept", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta",
     "x-session-id", "x-conversation-id", "x-request-id",
 )
+# The version of Anthropic's API that Corral's own requests to an upstream speak (its
+# translation, router/generation/remote/, and its health checks): that API refuses a
+# request without the header.
+ANTHROPIC_VERSION = "2023-06-01"
 # Response headers passed back; hop-by-hop ones and the length (the answer is re-chunked)
 # are not. The encoding is, for an upstream that compresses although asked not to: the
 # bytes are passed on as they came, so the client must know how to read them.

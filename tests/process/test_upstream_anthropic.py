@@ -91,6 +91,15 @@ class AnthropicUpstream:
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append((scope["path"], headers, sent))
         model = sent.get("model", "")
+        if scope["method"] == "GET" and scope["path"] == "/v1/models":
+            # As api.anthropic.com answers: every request needs the version header.
+            ok = "anthropic-version" in headers
+            status, answer = (200, {"data": [{"type": "model", "id": "talks"}], "has_more": False}) if ok else (
+                400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                 "message": "anthropic-version: header is required"}})
+            await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+            return
         if scope["path"] == "/v1/messages/count_tokens" and model not in ERRORS:
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": json.dumps({"input_tokens": 42}).encode()})
@@ -247,3 +256,4 @@ async def test_the_token_count_routes_ask_the_upstreams_count_tokens(tmp_path: P
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "tools": [
         {"name": "get_weather", "description": "The weather", "input_schema": WEATHER["function"]["parameters"]}]}
     assert refused.status_code == 502 and "api_key_env" in refused.json()["error"]["message"]
+

@@ -33,8 +33,6 @@ from worker.protocol import ChatMessage
 
 # The Messages API requires max_tokens; a client of another dialect may not send it.
 DEFAULT_MAX_TOKENS = 4096
-# The version of the Messages API this translation writes and reads.
-ANTHROPIC_VERSION = "2023-06-01"
 # Sampling fields the Messages API lacks, with the value at which each does nothing (sent
 # at that value, it is dropped; at any other, it is a 400). No value of seed is neutral.
 _NEUTRAL: dict[str, object] = {

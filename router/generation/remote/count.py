@@ -12,10 +12,11 @@ import json
 import msgspec
 
 from router.generation.job import GenerationJob
-from router.generation.remote.anthropic_request import ANTHROPIC_VERSION, conversation_body
+from router.generation.remote.anthropic_request import conversation_body
 from router.generation.remote.inbound import upstream_error
 from router.generation.remote.run import read_bounded
 from router.server import access_log
+from router.upstream.relay import ANTHROPIC_VERSION
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 

@@ -19,11 +19,11 @@ import msgspec
 from router.generation.events import Begin, Done, Event, Failed
 from router.generation.job import GenerationJob
 from router.generation.remote.anthropic_events import MessageReader
-from router.generation.remote.anthropic_request import ANTHROPIC_VERSION, messages_body
+from router.generation.remote.anthropic_request import messages_body
 from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
 from router.generation.remote.outbound import chat_body, completion_body
 from router.server import access_log
-from router.upstream.relay import RelayedBody
+from router.upstream.relay import ANTHROPIC_VERSION, RelayedBody
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 from worker.protocol import Usage
