@@ -26,11 +26,15 @@ class ToolRequest:
     `offered`: the tools the prompt describes (none for tool_choice "none").
     `forced`: the tools one of which must be called ("required": all; a named choice: that
     one), or None where the model may answer instead.
+    `withheld`: the tools given with tool_choice "none", which the prompt leaves out, for
+    an upstream that is sent them with its own "none" (Anthropic's API refuses a
+    conversation with tool calls in it and no tools).
     """
 
     offered: tuple[dict[str, Any], ...] | None = None
     forced: tuple[dict[str, Any], ...] | None = None
     parallel: bool = True
+    withheld: tuple[dict[str, Any], ...] | None = None
 
 
 def _fail(message: str, param: str) -> InvalidRequest:
@@ -99,7 +103,7 @@ def tool_request(
     choice = _choice(tool_choice, checked)
     parallel = True if parallel_tool_calls is None else parallel_tool_calls
     if choice == "none" or not checked:
-        return ToolRequest(parallel=parallel)
+        return ToolRequest(parallel=parallel, withheld=tuple(checked) or None)
     offered = tuple(checked)
     if choice == "auto":
         return ToolRequest(offered=offered, parallel=parallel)

@@ -10,8 +10,9 @@ what LiteLLM's router does with an OpenAI request for Claude:
   blocks of a user turn; consecutive turns of one role are one turn (Anthropic's API
   asks that a tool result open the user turn after its call).
 - `max_tokens` is required there: the client's, else DEFAULT_MAX_TOKENS (LiteLLM's).
-- A forced tool is `tool_choice: {type: tool}`, "required" is `{type: any}`, and
-  parallel_tool_calls false is `disable_parallel_tool_use`.
+- A forced tool is `tool_choice: {type: tool}`, "required" is `{type: any}`, "none" is
+  `{type: none}` with the tools, and parallel_tool_calls false is
+  `disable_parallel_tool_use`.
 - A JSON schema goes as `output_config.format` (structured outputs).
 
 What the API has no counterpart for is a 400 here, naming the parameter, rather than a
@@ -58,16 +59,24 @@ def messages_body(job: GenerationJob, model: str) -> dict[str, Any]:
 def conversation_body(job: GenerationJob, model: str) -> dict[str, Any]:
     """What a Messages request says of the prompt (model, system, messages, tools and
     tool_choice): the whole of a count_tokens request."""
-    if job.messages is None:
+    turns = job.messages
+    if turns is None:
         raise Unsupported(
             "Only a chat can be sent to this model's upstream, which speaks Anthropic's Messages API: "
             "it has no text completion.", "prompt",
         )
-    system, messages = _conversation(job.messages)
+    system, messages = _conversation(turns)
     body: dict[str, Any] = {"model": model, "messages": messages}
     if system:
         body["system"] = system
     tools = job.tools
+    if not tools.offered:
+        # tool_choice "none": the tools with Anthropic's "none", as that API refuses a
+        # conversation with tool_use blocks and no tools; one with calls and no tools at
+        # all (OpenAI's API takes it) gets the called tools, described by name only.
+        withheld = [_tool(t) for t in tools.withheld or ()] or _called(turns)
+        if withheld:
+            body.update(tools=withheld, tool_choice={"type": "none"})
     if tools.offered:
         body["tools"] = [_tool(t) for t in tools.offered]
         choice: dict[str, Any] | None = None
@@ -156,6 +165,11 @@ def _input(i: int, j: int, arguments: str) -> dict[str, Any]:
             f"Invalid '{at}': Anthropic's Messages API takes a call's arguments as a JSON object.", at
         )
     return value
+
+
+def _called(turns: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
+    names = dict.fromkeys(c.name for m in turns if m.role == "assistant" for c in m.tool_calls or ())
+    return [{"name": n, "input_schema": {"type": "object"}} for n in names]
 
 
 def _tool(t: dict[str, Any]) -> dict[str, Any]:

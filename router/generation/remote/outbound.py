@@ -83,6 +83,8 @@ def chat_body(job: GenerationJob, model: str) -> dict[str, Any]:
             )
         if not tools.parallel:
             body["parallel_tool_calls"] = False
+    elif tools.withheld:  # tool_choice "none", as the client sent it
+        body.update(tools=list(tools.withheld), tool_choice="none")
     if job.template_kwargs:
         body["chat_template_kwargs"] = dict(job.template_kwargs)
     body.update(stream=True, stream_options={"include_usage": True})

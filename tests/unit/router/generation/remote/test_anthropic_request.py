@@ -167,3 +167,23 @@ def test_the_schema_sent_is_the_clients_not_the_one_narrowed_for_a_worker() -> N
               "additionalProperties": True}
     body = messages_body(_openai(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}), "c")
     assert body["output_config"]["format"]["schema"] == schema
+
+
+def test_tool_choice_none_sends_the_tools_with_anthropics_none() -> None:
+    """Found by probing: tool_choice "none" left the tools out, and Anthropic's API
+    refuses a conversation with tool_use blocks and no tools, so the usual last turn of a
+    tool loop (answer now, with the results) was a 400. A history with calls and no tools
+    at all, which OpenAI's API takes, gets the called tools by name."""
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "cold"},
+    ]
+    fn = {"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {}}}}
+    body = messages_body(_openai(messages=history, tools=[fn], tool_choice="none"), "c")
+    assert body["tools"] == [{"name": "w", "input_schema": {"type": "object", "properties": {}}}]
+    assert body["tool_choice"] == {"type": "none"}
+    bare = messages_body(_openai(messages=history), "c")
+    assert (bare["tools"], bare["tool_choice"]) == ([{"name": "w", "input_schema": {"type": "object"}}], {"type": "none"})
+    assert "tools" not in messages_body(_openai(), "c")

@@ -155,3 +155,9 @@ def test_the_schema_sent_is_the_clients_not_the_one_narrowed_for_a_worker() -> N
     schema = {"type": "object", "properties": {"i": {"type": "integer"}}}
     job = _anthropic(output_config={"format": {"type": "json_schema", "schema": schema}})
     assert chat_body(job, "up")["response_format"]["json_schema"]["schema"] == schema
+
+
+def test_tool_choice_none_is_sent_with_the_tools_as_the_client_sent_it() -> None:
+    fn = {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}
+    body = chat_body(_job(tools=ToolRequest(withheld=(fn,))), "up")
+    assert (body["tools"], body["tool_choice"]) == ([fn], "none")
