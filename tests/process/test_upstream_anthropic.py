@@ -65,6 +65,9 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         _ev("content_block_stop", index=0),
         *_end("tool_use", 12),
     ],
+    # Busy before it answers anything, as Anthropic's stream says so (HTTP 529's twin).
+    "busy": [_ev("error", error={"type": "overloaded_error", "message": "Overloaded"})],
+    "empty": [],
     # The connection stays whole, but message_stop never comes: a cut answer.
     "unfinished": [_start(), _ev("content_block_start", index=0, content_block={"type": "text", "text": ""}),
                    _ev("content_block_delta", index=0, delta={"type": "text_delta", "text": "Half"})],
@@ -120,7 +123,7 @@ class AnthropicUpstream:
 TABLES = "".join(
     f'[models.{n}]\nupstream = "{{UP}}"\nupstream_model = "{n}"\nupstream_dialects = ["anthropic"]\n'
     f'api_key_env = "CORRAL_TEST_UPSTREAM_KEY"\n'
-    for n in ("talks", "calls", "unfinished", "refuses", "overloaded", "badkey")
+    for n in ("talks", "calls", "unfinished", "refuses", "overloaded", "badkey", "busy", "empty")
 )
 USER = [{"role": "user", "content": "Hi"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": {
@@ -257,3 +260,22 @@ async def test_the_token_count_routes_ask_the_upstreams_count_tokens(tmp_path: P
         {"name": "get_weather", "description": "The weather", "input_schema": WEATHER["function"]["parameters"]}]}
     assert refused.status_code == 502 and "api_key_env" in refused.json()["error"]["message"]
 
+
+
+@pytest.mark.trio
+async def test_a_failure_before_any_output_is_the_responses_status(tmp_path: Path) -> None:
+    """Found by probing: an upstream that failed before its first event still started a
+    200 stream holding only an error (the openai SDK's Responses stream raised "Expected
+    to have received response.created"), and an overloaded_error took the replica out of
+    rotation. Now the first event is awaited before the headers, as for a local model."""
+    async with upstream_and_front(tmp_path, TABLES, fake=AnthropicUpstream()) as (fake, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            busy = [await c.post(front + "/v1/chat/completions", json={"model": "busy", "messages": USER, "stream": True})
+                    for _ in range(4)]
+            responses = await c.post(front + "/v1/responses", json={"model": "empty", "input": "Hi", "stream": True})
+            replicas = {u["name"]: u["replicas"][0] for u in (await c.get(front + "/admin/models")).json()["upstreams"]}
+    assert all(r.status_code == 503 and "Overloaded" in r.json()["error"]["message"] for r in busy)
+    assert all(r.headers.get("retry-after") for r in busy)
+    assert replicas["busy"]["healthy"] is True  # four times busy, never broken
+    assert responses.status_code == 502 and "before it began" in responses.json()["error"]["message"]
+    assert replicas["empty"]["requests"] == {"failed": 1}

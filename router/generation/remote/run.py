@@ -11,7 +11,7 @@ in its own dialect.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 import httpx
 import msgspec
@@ -41,6 +41,8 @@ class RemoteGeneration:
         self._body = body
         self._reader = reader
         self._record = access_log.current()
+        self._stream = self._read()
+        self._first: Event | None = None
 
     @classmethod
     async def start(cls, remote: RemoteModel, job: GenerationJob) -> RemoteGeneration:
@@ -75,9 +77,35 @@ class RemoteGeneration:
                 relayed.body.broken(error.message)
                 raise error
             raise upstream_error(remote.name, relayed.status, text, _retry_after(relayed.headers))
-        return cls(relayed.body, reader)
+        generation = cls(relayed.body, reader)
+        await generation._begin()
+        return generation
+
+    async def _begin(self) -> None:
+        """Wait for the answer's first event, as a local generation's start does: an
+        upstream that fails before it answers anything (an error event first, an empty
+        stream) is the response's status, not a 200 stream that holds only an error."""
+        try:
+            first = await self._stream.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(first, Failed):
+            await self.aclose()
+            raise first.error
+        self._first = first
 
     async def events(self) -> AsyncIterator[Event]:
+        try:
+            if self._first is not None:
+                yield self._first
+            async for ev in self._stream:
+                yield ev
+        finally:
+            await self._stream.aclose()
+            await self.aclose()
+
+    async def _read(self) -> AsyncGenerator[Event, None]:
         lines = EventLines()
         try:
             async for chunk in self._body:
@@ -103,10 +131,12 @@ class RemoteGeneration:
             yield ev
 
     def _judge(self, ev: Event) -> None:
-        """An answer that ends Failed counts against the replica, as a break would; a
-        whole one's usage goes to the access log."""
+        """An answer that ends Failed counts against the replica, as a break would,
+        unless the upstream said it is busy (a 503 or a 429 to retry); a whole one's usage
+        goes to the access log."""
         if isinstance(ev, Failed):
-            self._body.broken(ev.error.message)
+            if isinstance(ev.error, WorkerCrashed):
+                self._body.broken(ev.error.message)
         elif isinstance(ev, Done):
             self._count(ev.usage)
 

@@ -137,3 +137,17 @@ def test_anthropics_error_answers_keep_whose_fault_they_are() -> None:
     assert isinstance(overloaded, e.WorkerUnavailable)
     key = upstream_error("m", 401, body("authentication_error", "invalid x-api-key"), None)
     assert type(key) is e.WorkerCrashed and "api_key_env" in key.message
+
+
+def test_an_overloaded_or_rate_limited_event_is_a_busy_upstream_not_a_broken_one() -> None:
+    """Anthropic's streaming reference: an `overloaded_error` event is what a 529 is
+    outside a stream. Found by probing: it was read as a broken answer, a 502 that took
+    the replica out of rotation after three."""
+    def failure(kind: str) -> e.CorralError:
+        ev = _read([START, _ev("error", error={"type": kind, "message": "busy"})])[-1]
+        assert isinstance(ev, Failed)
+        return ev.error
+
+    assert type(failure("overloaded_error")) is e.WorkerUnavailable
+    assert type(failure("rate_limit_error")) is e.Overloaded
+    assert type(failure("api_error")) is e.WorkerCrashed
