@@ -4,7 +4,9 @@ The upstream streams `message_start` (the prompt's usage), then content blocks, 
 `content_block_start`, its deltas and a `content_block_stop`, then `message_delta` (the
 stop reason and the output's usage) and `message_stop`. Text blocks become `TextDelta`s,
 thinking blocks `ReasoningDelta`s, and a `tool_use` block one whole call (start, its
-arguments, end) when the block stops, its `partial_json` pieces joined. Blocks of a kind
+arguments, end) when the block stops, its `partial_json` pieces joined: input that is not a
+JSON object fails the answer, unless max_tokens cut it short (a "length" finish). A delta
+for a block that is not open fails it too. Blocks of a kind
 the internal events have no place for (a server tool's, a redacted thinking block) are
 passed over. `ping` is nothing.
 
@@ -24,7 +26,7 @@ from typing import Any
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
-from router.generation.remote.inbound import as_object, broken, count_of, event_object, message_of
+from router.generation.remote.inbound import as_object, broken, count_of, event_object, is_object, message_of
 from supervisor import errors as e
 from worker.protocol import StopType, Usage
 
@@ -54,6 +56,7 @@ class MessageReader:
         self._begun = False
         self._blocks: dict[int, _Block] = {}
         self._calls = 0
+        self._cut: list[tuple[_Block, str]] = []  # tool_use blocks whose input is not a JSON object
         self._prompt = self._cached = self._output = 0
         self._reason: str | None = None
         self._word = ""
@@ -118,12 +121,14 @@ class MessageReader:
     def _delta(self, obj: dict[str, Any]) -> list[Event]:
         d = as_object(obj.get("delta"))
         kind = d.get("type")
+        b = self._blocks.get(obj["index"]) if isinstance(obj.get("index"), int) else None
+        if b is None:  # a piece of no block: where it belongs is unknown, so the answer is
+            return self._fail(f"sent a delta for content block {obj.get('index')!r}, which is not open")
         if kind == "text_delta" and isinstance(d.get("text"), str) and d["text"]:
             return [TextDelta(0, d["text"])]
         if kind == "thinking_delta" and isinstance(d.get("thinking"), str) and d["thinking"]:
             return [ReasoningDelta(0, d["thinking"])]
-        b = self._blocks.get(obj["index"]) if isinstance(obj.get("index"), int) else None
-        if kind == "input_json_delta" and b is not None and b.kind == "tool_use" and isinstance(d.get("partial_json"), str):
+        if kind == "input_json_delta" and b.kind == "tool_use" and isinstance(d.get("partial_json"), str):
             b.arguments.append(d["partial_json"])
         return []  # signature_delta, citations_delta: nothing the internal events carry
 
@@ -132,6 +137,12 @@ class MessageReader:
         if b is None or b.kind != "tool_use":
             return []
         arguments = "".join(b.arguments) or (json.dumps(b.given) if isinstance(b.given, dict) else "{}")
+        if not is_object(arguments):  # whole only if max_tokens cut it: known at the end
+            self._cut.append((b, arguments))
+            return []
+        return self._call(b, arguments)
+
+    def _call(self, b: _Block, arguments: str) -> list[Event]:
         n, self._calls = self._calls, self._calls + 1
         return [ToolCallStart(0, n, b.id, b.name), ToolCallDelta(0, n, arguments), ToolCallEnd(0, n)]
 
@@ -145,10 +156,13 @@ class MessageReader:
         if not self.done or self._reason is None or self._blocks:
             return self._fail("ended its answer before it was complete")
         reason, stop_type = _REASONS.get(self._reason, ("stop", "eos"))
+        if self._cut and reason != "length":
+            return self._fail(f"sent a tool call whose input is not a JSON object: {self._cut[0][1][:80]!r}")
+        out = [ev for b, arguments in self._cut for ev in self._call(b, arguments)]  # cut short by max_tokens
         if self._calls and reason == "stop":
             reason = "tool_calls"
         usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._output, cached_tokens=self._cached)
-        return [Finish(0, reason, usage, stop_type=stop_type, stopping_word=self._word), Done(usage)]
+        return [*out, Finish(0, reason, usage, stop_type=stop_type, stopping_word=self._word), Done(usage)]
 
     def _error(self, obj: dict[str, Any]) -> list[Event]:
         """An `error` event: Anthropic's streaming counterpart of an error status. Its

@@ -9,7 +9,8 @@ server's tokens).
 
 A choice's tool calls are gathered and given whole at its end, each in one
 `ToolCallDelta`, as the internal events promise (Anthropic's `input` and Ollama's
-`arguments` are objects): pieces may interleave between calls. A stream
+`arguments` are objects): pieces may interleave between calls. Arguments that are not a
+JSON object fail the answer, unless max_tokens cut them short. A stream
 that ends without a choice's finish_reason was cut: it ends in `Failed`, never as if the
 answer were whole. An answer that is an error (before the stream, or as an `error` event
 in it) becomes the error in the client's dialect, with the status that says whose fault it
@@ -179,6 +180,10 @@ class ChunkReader:
             return self._fail("ended its answer without any choice")
         if any(c.reason is None for c in self._choices.values()):
             return self._fail("ended its answer before it was complete")
+        for c in self._choices.values():
+            bad = next((call for call in c.calls if not is_object(call.arguments or "{}")), None)
+            if bad is not None and c.reason != "length":  # a call cut short by max_tokens is the length's
+                return self._fail(f"sent a tool call whose arguments are not a JSON object: {bad.arguments[:80]!r}")
         usage = self._usage or Usage(prompt_tokens=0, completion_tokens=0)
         out: list[Event] = []
         for i, c in sorted(self._choices.items()):
@@ -199,6 +204,14 @@ def event_object(data: str) -> dict[str, Any] | str:
     except ValueError:
         return f"sent an event that is not JSON: {data[:80]!r}"
     return obj if isinstance(obj, dict) else "sent an event that is not a JSON object"
+
+
+def is_object(arguments: str) -> bool:
+    """Whether a tool call's arguments are the JSON object every dialect's call holds."""
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
 
 
 def broken(model: str, what: str) -> Failed:

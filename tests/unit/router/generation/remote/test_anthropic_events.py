@@ -151,3 +151,27 @@ def test_an_overloaded_or_rate_limited_event_is_a_busy_upstream_not_a_broken_one
     assert type(failure("overloaded_error")) is e.WorkerUnavailable
     assert type(failure("rate_limit_error")) is e.Overloaded
     assert type(failure("api_error")) is e.WorkerCrashed
+
+
+def test_input_that_is_not_an_object_or_a_delta_of_no_block_fails_unless_max_tokens_cut_it() -> None:
+    """Found by probing: a piece of input for a block that was never opened was dropped,
+    and input cut mid-string passed as a whole call with a 200 (Ollama's client then read
+    `{"arguments": "{\\"city\\": \\"Par"}` as the call's arguments)."""
+    def answer(pieces: list[str], reason: str, index: int = 0) -> list[Event]:
+        return _read([
+            START,
+            _ev("content_block_start", index=0, content_block={"type": "tool_use", "id": "t", "name": "w", "input": {}}),
+            *[_ev("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": p}) for p in pieces],
+            _ev("content_block_stop", index=0),
+            _ev("message_delta", delta={"stop_reason": reason}, usage={"output_tokens": 5}),
+            _ev("message_stop"),
+        ])
+
+    cut = answer(['{"city": ', '"Par'], "tool_use")
+    assert isinstance(cut[-1], Failed) and "not a JSON object" in cut[-1].error.message
+    assert not any(isinstance(ev, ToolCallStart) for ev in cut)
+    stray = answer(['{"city": "Paris"}'], "tool_use", index=7)
+    assert isinstance(stray[-1], Failed) and "not open" in stray[-1].error.message
+    limited = answer(['{"city": ', '"Par'], "max_tokens")  # the length's: given as it came
+    assert ToolCallDelta(0, 0, '{"city": "Par') in limited and isinstance(limited[-2], Finish)
+    assert limited[-2].reason == "length"  # type: ignore[union-attr]

@@ -154,3 +154,19 @@ def test_what_is_not_part_of_the_answer_is_left_out() -> None:
 def test_a_refusal_that_is_not_json_is_quoted() -> None:
     err = upstream_error("m", 400, b"<html><body>Bad   Request</body></html>", None)
     assert "<html><body>Bad Request</body></html>" in err.message
+
+
+def test_arguments_that_are_not_an_object_fail_the_answer_unless_max_tokens_cut_them() -> None:
+    def answer(arguments: str, finish: str) -> list[Event]:
+        return _read([
+            _chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": arguments}}]}),
+            _chunk({}, finish),
+            _chunk(None, usage=USAGE),
+        ])
+
+    broken = answer('{"a": "tru', "tool_calls")
+    assert isinstance(broken[-1], Failed) and "not a JSON object" in broken[-1].error.message
+    assert isinstance(answer("[1, 2]", "stop")[-1], Failed)
+    cut = answer('{"a": "tru', "length")
+    assert ToolCallDelta(0, 0, '{"a": "tru') in cut and isinstance(cut[-1], Done)
+    assert isinstance(answer("", "tool_calls")[-1], Done)  # no arguments: the empty object
