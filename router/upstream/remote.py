@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 from quart import has_request_context, request
 
-from router.upstream.relay import Relay
+from router.upstream.relay import ANTHROPIC_VERSION, Relay
 from supervisor.config.schema import UpstreamSpec
 
 SCOPE_KEY = "corral.remote_model"
+# The client's headers that a translated request keeps.
+KEPT = ("user-agent", "x-session-id", "x-conversation-id", "x-request-id")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,17 @@ class RemoteModel:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def headers_out(self, accept: str) -> dict[str, str]:
+        """The headers of a translated request: what says who sends it and which
+        conversation it is, never the client's own dialect's (its anthropic-version or
+        anthropic-beta would change the format the answer is read in, or turn a paid beta on
+        with the operator's key); the upstream's dialect's version is Corral's."""
+        out = {k: v for k in KEPT if (v := self.headers.get(k)) is not None}
+        out.update({"content-type": "application/json", "accept": accept})
+        if self.speaks == "anthropic":
+            out["anthropic-version"] = ANTHROPIC_VERSION
+        return out
 
 
 def put(remote: RemoteModel) -> None:

@@ -279,3 +279,20 @@ async def test_a_failure_before_any_output_is_the_responses_status(tmp_path: Pat
     assert replicas["busy"]["healthy"] is True  # four times busy, never broken
     assert responses.status_code == 502 and "before it began" in responses.json()["error"]["message"]
     assert replicas["empty"]["requests"] == {"failed": 1}
+
+
+@pytest.mark.trio
+async def test_a_translated_request_carries_none_of_the_clients_dialect_headers(tmp_path: Path) -> None:
+    """Found by probing: a client's anthropic-version and anthropic-beta reached the
+    translated request, so a client could change the stream format the front reads, or
+    turn a paid beta on with the operator's key. Its session header still goes."""
+    async with upstream_and_front(tmp_path, TABLES, fake=AnthropicUpstream()) as (fake, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            r = await c.post(front + "/v1/chat/completions", json={"model": "talks", "messages": USER}, headers={
+                "anthropic-version": "1999-01-01", "anthropic-beta": "context-1m-2025-08-07", "openai-beta": "x",
+                "x-session-id": "s1", "authorization": "Bearer client-key", "cookie": "a=b"})
+    assert r.status_code == 200
+    _, headers, _ = fake.seen[0]
+    assert headers["anthropic-version"] == "2023-06-01" and headers["x-session-id"] == "s1"
+    assert headers["x-api-key"] == "sk-ant-test" and headers["authorization"] == "Bearer sk-ant-test"
+    assert not {"anthropic-beta", "openai-beta", "cookie"} & headers.keys()

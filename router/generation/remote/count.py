@@ -16,7 +16,6 @@ from router.generation.remote.anthropic_request import conversation_body
 from router.generation.remote.inbound import upstream_error
 from router.generation.remote.run import read_bounded
 from router.server import access_log
-from router.upstream.relay import ANTHROPIC_VERSION
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 
@@ -26,8 +25,7 @@ MAX_BYTES = 64 * 1024
 
 async def count_tokens(remote: RemoteModel, job: GenerationJob) -> int:
     body = msgspec.json.encode(conversation_body(job, remote.spec.model))
-    headers = {**remote.headers, "content-type": "application/json", "accept": "application/json"}
-    headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+    headers = remote.headers_out("application/json")
     relayed = await remote.relay.send(remote.spec, remote.key, "/v1/messages/count_tokens", "", headers, body)
     if relayed is None:  # the hook sends only upstream-only models here
         raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")

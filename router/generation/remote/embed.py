@@ -32,7 +32,7 @@ class Vectors:
 
 async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
     body = msgspec.json.encode({"model": remote.spec.model, "input": texts, "encoding_format": "float"})
-    headers = {**remote.headers, "content-type": "application/json", "accept": "application/json"}
+    headers = remote.headers_out("application/json")
     relayed = await remote.relay.send(remote.spec, remote.key, "/v1/embeddings", "", headers, body)
     if relayed is None:  # the hook sends only upstream-only models here
         raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")

@@ -23,7 +23,7 @@ from router.generation.remote.anthropic_request import messages_body
 from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
 from router.generation.remote.outbound import chat_body, completion_body
 from router.server import access_log
-from router.upstream.relay import ANTHROPIC_VERSION, RelayedBody
+from router.upstream.relay import RelayedBody
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 from worker.protocol import Usage
@@ -48,11 +48,10 @@ class RemoteGeneration:
     async def start(cls, remote: RemoteModel, job: GenerationJob) -> RemoteGeneration:
         """Send the job and wait for the upstream's status, so that its refusal (a 400
         naming a parameter, a 429) is the response's status, before any header."""
-        headers = {**remote.headers, "content-type": "application/json", "accept": "text/event-stream"}
+        headers = remote.headers_out("text/event-stream")
         reader: ChunkReader | MessageReader
         if remote.speaks == "anthropic":
             body, path = messages_body(job, remote.spec.model), "/v1/messages"
-            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
             reader = MessageReader(remote.name)
         else:
             chat = job.messages is not None
