@@ -49,6 +49,10 @@ class GenerationJob:
     # upstream, whose own defaults apply to the rest: router/generation/remote/); None:
     # not tracked, every field is the job's.
     sent: frozenset[str] | None = None
+    # The reasoning effort the request asked for (OpenAI's reasoning_effort, Responses'
+    # reasoning.effort, Ollama's think), for an upstream that takes one (router/generation/
+    # remote/): a local model's template reads only whether it thinks (template_kwargs).
+    effort: str | None = None
 
     @property
     def chat(self) -> bool:

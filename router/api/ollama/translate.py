@@ -112,6 +112,16 @@ def _constraint(params: SamplingParams, fmt: str | dict[str, Any] | None) -> Sam
     return params if c is None else msgspec.structs.replace(params, constraint=c)
 
 
+def _effort(think: bool | str | None) -> str | None:
+    """`think` as a reasoning effort, for an upstream that takes one: true is "medium",
+    "max" OpenAI's "xhigh", false "none"."""
+    if think is None:
+        return None
+    if isinstance(think, bool):
+        return "medium" if think else "none"
+    return "xhigh" if think == "max" else think
+
+
 def _think(think: bool | str | None) -> dict[str, Any] | None:
     """`think: false` turns a reasoning template's thinking off; true and the effort
     levels ("low", "medium", "high") leave it on, as templates take no effort."""
@@ -195,6 +205,7 @@ def chat_job(r: OllamaChatRequest, model: str, defaults: SamplingParams) -> Gene
         tools=tool_schemas.tool_request(r.tools or None, None, None),
         template_kwargs=_think(r.think),
         keep_alive=keep_alive(r.keep_alive),
+        effort=_effort(r.think),
     )
 
 
@@ -219,6 +230,7 @@ def generate_job(r: OllamaGenerateRequest, model: str, defaults: SamplingParams)
         ChatMessage(role="user", content=r.prompt or "")
     ]
     return GenerationJob(
-        model=model, params=params, messages=tuple(turns), template_kwargs=_think(r.think), stream=stream,
+        model=model, params=params, messages=tuple(turns), template_kwargs=_think(r.think), effort=_effort(r.think),
+        stream=stream,
         keep_alive=kept,
     )

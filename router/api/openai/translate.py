@@ -33,6 +33,7 @@ def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = Samp
         template_kwargs=request_fields.chat_template_kwargs(r.chat_template_kwargs),
         n=r.n,
         add_generation_prompt=request_fields.generation_prompt(r),
+        effort=r.reasoning_effort,
     )
 
 

@@ -82,6 +82,7 @@ def responses_job(
         stream=r.stream,
         tools=tools,
         template_kwargs=template_kwargs(r),
+        effort=r.reasoning.effort if r.reasoning is not None else None,
     )
 
 

@@ -14,6 +14,8 @@ what LiteLLM's router does with an OpenAI request for Claude:
   `{type: none}` with the tools, and parallel_tool_calls false is
   `disable_parallel_tool_use`.
 - A JSON schema goes as `output_config.format` (structured outputs).
+- A reasoning effort (OpenAI's reasoning_effort, Responses' reasoning.effort, Ollama's
+  think) turns extended thinking on with a budget by effort (THINKING_BUDGETS).
 
 What the API has no counterpart for is a 400 here, naming the parameter, rather than a
 request that silently means less: penalties and min_p other than their neutral values,
@@ -40,12 +42,18 @@ _NEUTRAL: dict[str, object] = {
     "min_p": 0.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "ignore_eos": False,
 }
 _WHY = "Anthropic's Messages API has no such parameter"
+# A reasoning effort as extended thinking's token budget (LiteLLM's for low, medium and
+# high; the API's least, 1024, for minimal).
+THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 2048, "high": 4096, "xhigh": 8192}
 
 
 def messages_body(job: GenerationJob, model: str) -> dict[str, Any]:
     """The streamed Messages request for a chat job."""
     body = conversation_body(job, model)
     body.update(_sampling(job))
+    budget = THINKING_BUDGETS.get(job.effort or "none")
+    if budget is not None:
+        body.update(_thinking(job, budget, body["max_tokens"]))
     if job.template_kwargs and job.template_kwargs != {"enable_thinking": False}:  # off is Anthropic's default
         raise Unsupported(
             "'chat_template_kwargs' cannot be sent to this model's upstream: Anthropic's Messages API has "
@@ -89,6 +97,20 @@ def conversation_body(job: GenerationJob, model: str) -> dict[str, Any]:
         if choice is not None:
             body["tool_choice"] = choice
     return body
+
+
+def _thinking(job: GenerationJob, budget: int, max_tokens: int) -> dict[str, Any]:
+    """Anthropic's extended thinking for a reasoning effort. Its budget counts within
+    max_tokens and must stay below it: a client that set no max_tokens gets the default
+    on top of the budget; one whose max_tokens leaves no room is refused, naming it."""
+    if "max_tokens" not in sent_set(job) or job.params.max_tokens is None:
+        max_tokens = budget + DEFAULT_MAX_TOKENS
+    elif max_tokens <= budget:
+        raise Unsupported(
+            f"'max_tokens' must be above {budget} for reasoning effort {job.effort!r} on this model's upstream: "
+            "Anthropic's extended thinking spends that many tokens within max_tokens.", "max_tokens",
+        )
+    return {"max_tokens": max_tokens, "thinking": {"type": "enabled", "budget_tokens": budget}}
 
 
 def _sampling(job: GenerationJob) -> dict[str, Any]:

@@ -87,6 +87,8 @@ def chat_body(job: GenerationJob, model: str) -> dict[str, Any]:
         body.update(tools=list(tools.withheld), tool_choice="none")
     if job.template_kwargs:
         body["chat_template_kwargs"] = dict(job.template_kwargs)
+    if job.effort not in (None, "none"):  # "none" is the default of the models that take it
+        body["reasoning_effort"] = job.effort
     body.update(stream=True, stream_options={"include_usage": True})
     return body
 

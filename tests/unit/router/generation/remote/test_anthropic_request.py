@@ -187,3 +187,23 @@ def test_tool_choice_none_sends_the_tools_with_anthropics_none() -> None:
     bare = messages_body(_openai(messages=history), "c")
     assert (bare["tools"], bare["tool_choice"]) == ([{"name": "w", "input_schema": {"type": "object"}}], {"type": "none"})
     assert "tools" not in messages_body(_openai(), "c")
+
+
+def test_a_reasoning_effort_is_extended_thinking_within_max_tokens() -> None:
+    """Found by probing: reasoning_effort, Responses' reasoning.effort and Ollama's think
+    reached the upstream as nothing, though Anthropic's API has extended thinking; LiteLLM
+    maps the efforts to budgets of 1024, 2048 and 4096 tokens."""
+    assert "thinking" not in messages_body(_openai(), "c")
+    assert "thinking" not in messages_body(_openai(reasoning_effort="none"), "c")
+    high = messages_body(_openai(reasoning_effort="high"), "c")
+    assert high["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+    assert high["max_tokens"] == 4096 + DEFAULT_MAX_TOKENS  # the answer keeps its room
+    low = messages_body(_openai(reasoning_effort="low", max_tokens=3000), "c")
+    assert (low["thinking"]["budget_tokens"], low["max_tokens"]) == (1024, 3000)
+    with pytest.raises(Unsupported) as refused:
+        messages_body(_openai(reasoning_effort="medium", max_tokens=2048), "c")
+    assert refused.value.param == "max_tokens"
+    for think, budget in ((True, 2048), ("high", 4096), ("max", 8192)):
+        r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "think": think},
+                            OllamaChatRequest)
+        assert messages_body(sent_fields(partial(ollama_chat_job, r, "m")), "c")["thinking"]["budget_tokens"] == budget

@@ -161,3 +161,12 @@ def test_tool_choice_none_is_sent_with_the_tools_as_the_client_sent_it() -> None
     fn = {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}
     body = chat_body(_job(tools=ToolRequest(withheld=(fn,))), "up")
     assert (body["tools"], body["tool_choice"]) == ([fn], "none")
+
+
+def test_a_reasoning_effort_goes_as_openais_reasoning_effort() -> None:
+    rr = msgspec.convert({"model": "m", "input": "Hi", "reasoning": {"effort": "low"}}, ResponsesRequest)
+    job = sent_fields(lambda d: responses_job(rr, "m", d, (ChatMessage(role="user", content="Hi"),), ToolRequest()))
+    assert chat_body(job, "up")["reasoning_effort"] == "low"
+    off = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "think": False}, OllamaChatRequest)
+    body = chat_body(sent_fields(partial(ollama_chat_job, off, "m")), "up")
+    assert "reasoning_effort" not in body and body["chat_template_kwargs"] == {"enable_thinking": False}
