@@ -16,6 +16,7 @@ completed, which hides the cut); `failed` with its `error` when it broke after i
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -109,6 +110,13 @@ def assistant_turn(output: list[dict[str, Any]]) -> ChatMessage:
     )
 
 
+def _whole_object(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments or "{}"), dict)
+    except ValueError:
+        return False
+
+
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -184,7 +192,9 @@ class _Events:
             return []
         at, out = self._at(), []
         if item["type"] == "function_call":
-            done = item | {"status": status, "arguments": self.text}
+            # Arguments that are not whole (max_output_tokens cut the call) are not a
+            # completed call, whatever ends the response after it.
+            done = item | {"status": status if _whole_object(self.text) else "incomplete", "arguments": self.text}
             out.append(self.sse("response.function_call_arguments.done", **at, name=item["name"], arguments=self.text))
         elif item["type"] == "reasoning":
             done = _reasoning(self.text) | {"id": item["id"]}

@@ -91,6 +91,17 @@ async def test_a_cut_answer_is_incomplete_not_completed() -> None:
     assert json.loads(await whole(play(events), Reply("m", ECHO)))["status"] == "incomplete"
 
 
+async def test_a_call_that_max_output_tokens_cut_is_incomplete() -> None:
+    """Found by probing the translation: the response was `incomplete` but its cut
+    function_call item said `completed`, with arguments that are not JSON."""
+    events = answer(*call(0, "f", '{"city": "Pa'), reason="length")
+    got, _ = await through_sdk(events, Reply("m", ECHO))
+    r = Response.model_validate(got[-1]["response"])
+    assert r.status == "incomplete" and r.output[0].type == "function_call" and r.output[0].status == "incomplete"
+    whole_call = json.loads(await whole(play(answer(*call(0, "f", '{"a": 1}'), reason="tool_calls")), Reply("m", ECHO)))
+    assert whole_call["output"][0]["status"] == "completed"
+
+
 async def test_a_failure_after_the_headers_is_response_failed_with_its_error() -> None:
     events: list[Event] = [Begin(0), TextDelta(0, "Hel"), Failed(WorkerCrashed("The worker crashed."))]
     got, final = await through_sdk(events, Reply("m", ECHO))
