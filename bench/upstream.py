@@ -1,7 +1,7 @@
 """What a Corral front costs in front of a Corral back (issue 25): the latency it adds to a
 request, and whether relayed streams keep the back's tokens per second.
 
-  python -m bench.upstream [--requests 200] [--rounds 12] [--tokens 128]
+  python -m bench.upstream [--requests 200] [--rounds 12] [--tokens 128] [--back-threads N]
 
 One back (`corral serve`, the demo model, 2 slots) and one front whose model `demo` is an
 upstream of that back, both on this machine. Every measurement is a pair taken back to
@@ -14,7 +14,8 @@ both halves:
 - streams: a streamed greedy completion of `--tokens` tokens (ignore_eos) each way; the
   ratio of the front's tokens per second (first byte to last) to the back's, per pair.
 
-Results go to bench/results/upstream.json and bench/results/upstream.md.
+Results go to bench/results/upstream.json and bench/results/upstream.md (with
+--back-threads N, upstream-back-threads-N.*).
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def serving(config: str, name: str) -> Iterator[str]:
         proc.wait(timeout=60)
 
 
-def back_config(model: Path) -> str:
+def back_config(model: Path, threads: int | None = None) -> str:
     return (
         '[server]\nport = {PORT}\n[supervisor]\nidle_timeout = 0\n'
         f'[models.demo]\npath = "{model}"\nslots = 2\nn_ctx = 2048\nspec_type = "none"\n'
+        + (f"threads = {threads}\n" if threads else "")
     )
 
 
@@ -106,10 +108,16 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200, help="pairs of one-token requests")
     ap.add_argument("--rounds", type=int, default=12, help="pairs of streams")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument(
+        "--back-threads", type=int, default=None,
+        help="the back's decode threads (default: every core). 1 leaves the front a core of its own, as on "
+        "its own host: on a 2-core machine the back's two decode threads otherwise hold both cores, and the "
+        "front's CPU for each relayed token is taken from them",
+    )
     args = ap.parse_args()
     if not args.model.is_file():
         raise SystemExit(f"model not found: {args.model} (run `make model`)")
-    with serving(back_config(args.model.resolve()), "back") as back, serving(front_config(back), "front") as front:
+    with serving(back_config(args.model.resolve(), args.back_threads), "back") as back, serving(front_config(back), "front") as front:
         client = httpx.Client(timeout=600)
         for url in (back, front):  # load the model; open the front's connection to the back
             stream_rate(client, url, 0, 8)
@@ -128,10 +136,12 @@ def main() -> int:
         "direct_s": direct, "relayed_s": relayed, "stream_tok_s": rates, "stream_ratios": ratios,
     }
     ms = 1000.0
+    threads_flag = f" --back-threads {args.back_threads}" if args.back_threads else ""
     md = "\n".join([
-        f"A Corral front relaying to a Corral back on the same machine (demo model, {os.cpu_count()} CPU cores), "
+        f"A Corral front relaying to a Corral back on the same machine (demo model, {os.cpu_count()} CPU cores, "
+        f"the back's decode threads: {args.back_threads or 'every core'}), "
         f"{time.strftime('%Y-%m-%d %H:%M')}: `python -m bench.upstream --requests {args.requests} "
-        f"--rounds {args.rounds} --tokens {args.tokens}`.",
+        f"--rounds {args.rounds} --tokens {args.tokens}{threads_flag}`.",
         "",
         "| one-token completion | median | p99 |",
         "|---|---:|---:|",
@@ -145,8 +155,9 @@ def main() -> int:
         "",
     ])
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "upstream.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (OUT / "upstream.md").write_text(md)
+    name = "upstream" + (f"-back-threads-{args.back_threads}" if args.back_threads else "")
+    (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (OUT / f"{name}.md").write_text(md)
     print(md)
     return 0
 
