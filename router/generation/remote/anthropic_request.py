@@ -31,6 +31,7 @@ from typing import Any
 
 from router.generation.job import GenerationJob
 from router.generation.remote.outbound import JSON_MODE, answered_ids, sent_set
+from router.generation.tool_schemas import ToolRequest
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage
 
@@ -77,26 +78,26 @@ def conversation_body(job: GenerationJob, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "messages": messages}
     if system:
         body["system"] = system
-    tools = job.tools
+    body.update(_tools(job.tools, turns))
+    return body
+
+
+def _tools(tools: ToolRequest, turns: tuple[ChatMessage, ...]) -> dict[str, Any]:
     if not tools.offered:
         # tool_choice "none": the tools with Anthropic's "none", as that API refuses a
         # conversation with tool_use blocks and no tools; one with calls and no tools at
         # all (OpenAI's API takes it) gets the called tools, described by name only.
         withheld = [_tool(t) for t in tools.withheld or ()] or _called(turns)
-        if withheld:
-            body.update(tools=withheld, tool_choice={"type": "none"})
-    if tools.offered:
-        body["tools"] = [_tool(t) for t in tools.offered]
-        choice: dict[str, Any] | None = None
-        if tools.forced is not None:
-            choice = (
-                {"type": "tool", "name": tools.forced[0]["function"]["name"]} if len(tools.forced) == 1 else {"type": "any"}
-            )
-        if not tools.parallel:
-            choice = {**(choice or {"type": "auto"}), "disable_parallel_tool_use": True}
-        if choice is not None:
-            body["tool_choice"] = choice
-    return body
+        return {"tools": withheld, "tool_choice": {"type": "none"}} if withheld else {}
+    out: dict[str, Any] = {"tools": [_tool(t) for t in tools.offered]}
+    choice: dict[str, Any] | None = None
+    if tools.forced is not None:
+        choice = {"type": "tool", "name": tools.forced[0]["function"]["name"]} if len(tools.forced) == 1 else {"type": "any"}
+    if not tools.parallel:
+        choice = {**(choice or {"type": "auto"}), "disable_parallel_tool_use": True}
+    if choice is not None:
+        out["tool_choice"] = choice
+    return out
 
 
 def _thinking(job: GenerationJob, budget: int, max_tokens: int) -> dict[str, Any]:
