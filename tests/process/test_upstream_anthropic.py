@@ -296,3 +296,13 @@ async def test_a_translated_request_carries_none_of_the_clients_dialect_headers(
     assert headers["anthropic-version"] == "2023-06-01" and headers["x-session-id"] == "s1"
     assert headers["x-api-key"] == "sk-ant-test" and headers["authorization"] == "Bearer sk-ant-test"
     assert not {"anthropic-beta", "openai-beta", "cookie"} & headers.keys()
+
+
+@pytest.mark.trio
+async def test_ollamas_model_list_names_the_models_its_chats_reach_translated(tmp_path: Path) -> None:
+    async with upstream_and_front(tmp_path, TABLES, fake=AnthropicUpstream()) as (_, front):
+        async with httpx.AsyncClient(timeout=10) as c:
+            tags = (await c.get(front + "/api/tags")).json()
+            chat = await c.post(front + "/api/chat", json={"model": "talks:latest", "messages": USER, "stream": False})
+    assert {"talks:latest", "calls:latest"} <= {m["name"] for m in tags["models"]}
+    assert chat.status_code == 200 and chat.json()["message"]["content"] == "Hello there"

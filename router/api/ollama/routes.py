@@ -34,6 +34,7 @@ from router.server.json_body import decode
 from router.generation.remote.embed import embed as remote_embed
 from router.upstream import remote
 from router.upstream.remote import RemoteModel
+from router.upstream.routing import translation
 from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import idle_limit
@@ -135,12 +136,13 @@ def register(app: Blueprint, server: Server) -> None:
     async def tags() -> Response:
         visible = [h for h in server.supervisor.handles.values() if auth.visible(h)]
         key = auth.current_key()
-        # Models served elsewhere that take Ollama's requests: as they come, or translated
-        # to OpenAI's (router/upstream/).
+        # Models served elsewhere that take Ollama's chats: as they come, or translated to
+        # OpenAI's or Anthropic's API (router/upstream/routing.py).
         served_elsewhere = [
             models.remote_tag_entry(up.name, up.model, server.started)
             for up in server.supervisor.config.upstreams.values()
-            if not up.local and ("ollama" in up.dialects or "openai" in up.dialects) and (key is None or key.may_use(up.name))
+            if not up.local and ("ollama" in up.dialects or translation(up.dialects, "/api/chat") is not None)
+            and (key is None or key.may_use(up.name))
         ]
         return _json_response({"models": [models.tag_entry(h) for h in visible] + served_elsewhere})
 
