@@ -59,7 +59,12 @@ def _schema(schema: dict[str, Any], param: str) -> Constraint:
         narrow = narrowed(schema)
     except SchemaTooDeep as exc:
         raise InvalidRequest(f"Invalid '{param}': {exc}.", param) from None
-    return Constraint(
-        kind="json_schema", source=msgspec.json.encode(narrow).decode(), param=param,
-        given=msgspec.json.encode(schema).decode(),
-    )
+    # ANY_OBJECT itself (not an equal schema a client wrote) is JSON mode, which gave none.
+    given = None if schema is ANY_OBJECT else msgspec.json.encode(schema).decode()
+    return Constraint(kind="json_schema", source=msgspec.json.encode(narrow).decode(), param=param, given=given)
+
+
+def json_mode(c: Constraint) -> bool:
+    """Whether `c` is JSON mode (OpenAI's json_object, Ollama's "json", Responses'
+    json_object): any JSON object, with no schema from the client."""
+    return c.kind == "json_schema" and c.given is None

@@ -30,7 +30,8 @@ import json
 from typing import Any
 
 from router.generation.job import GenerationJob
-from router.generation.remote.outbound import JSON_MODE, answered_ids, sent_set
+from router.generation.remote.outbound import answered_ids, sent_set
+from router.generation.structured import json_mode
 from router.generation.tool_schemas import ToolRequest
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage
@@ -133,7 +134,7 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
         raise Unsupported(f"'n' cannot be sent to this model's upstream: {_WHY} (one answer a request).", "n")
     c = p.constraint
     if c is not None:
-        if c.kind == "json_schema" and c.source == JSON_MODE:
+        if json_mode(c):
             raise Unsupported(
                 f"'{c.param}': JSON mode without a schema cannot be sent to this model's upstream: Anthropic's "
                 "Messages API constrains output by a JSON schema only (give one).", c.param,

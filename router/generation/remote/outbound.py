@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from router.generation.job import GenerationJob
-from router.generation.structured import ANY_OBJECT, constraint
+from router.generation.structured import json_mode
 from supervisor.errors import Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
@@ -38,8 +38,6 @@ _PROBE = SamplingParams(
     repeat_last_n=33, presence_penalty=0.11, frequency_penalty=0.13, stop=["\x00probe"], ignore_eos=True,
 )
 _FIELDS: tuple[str, ...] = SamplingParams.__struct_fields__
-# JSON mode (OpenAI's json_object, Ollama's "json") as the constraint a dialect makes of it.
-JSON_MODE = constraint([(ANY_OBJECT, "format")]).source  # type: ignore[union-attr]
 
 # SamplingParams' fields under the names an OpenAI-compatible server reads.
 _NAMES = {
@@ -128,7 +126,7 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
         out["n"] = job.n
     c = p.constraint
     if c is not None:
-        if c.kind == "json_schema" and c.source == JSON_MODE:
+        if json_mode(c):
             out["response_format"] = {"type": "json_object"}  # JSON mode, as the client asked
         elif c.kind == "json_schema":
             # Not strict: OpenAI's strict mode refuses schemas that do not require every

@@ -125,7 +125,8 @@ def test_tools_and_tool_choice_keep_their_meaning() -> None:
 
 
 def test_a_schema_is_output_config_and_what_has_no_counterpart_is_refused_naming_it() -> None:
-    schema = Constraint(kind="json_schema", source='{"type": "object", "properties": {"a": {}}}', param="response_format")
+    schema = Constraint(kind="json_schema", source='{"type": "object", "properties": {"a": {}}}', param="response_format",
+                        given='{"type": "object", "properties": {"a": {}}}')
     body = messages_body(_job(params=SamplingParams(constraint=schema)), "c")
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {}}}}}
     for fields, param in (
@@ -207,3 +208,12 @@ def test_a_reasoning_effort_is_extended_thinking_within_max_tokens() -> None:
         r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "think": think},
                             OllamaChatRequest)
         assert messages_body(sent_fields(partial(ollama_chat_job, r, "m")), "c")["thinking"]["budget_tokens"] == budget
+
+
+def test_a_clients_schema_that_is_any_object_is_a_schema_not_json_mode() -> None:
+    """Found by probing: `{"type": "object"}` as the client's own schema was taken for JSON
+    mode (the same constraint once narrowed) and refused as "JSON mode without a schema"."""
+    plain = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    assert messages_body(_openai(response_format=plain), "c")["output_config"]["format"]["schema"] == {"type": "object"}
+    with pytest.raises(Unsupported):
+        messages_body(_openai(response_format={"type": "json_object"}), "c")

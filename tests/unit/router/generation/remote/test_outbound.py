@@ -107,7 +107,7 @@ def test_a_conversation_with_calls_and_results_is_written_as_openai_messages() -
 
 
 def test_constraints_go_as_the_upstream_reads_them_or_are_refused_naming_their_parameter() -> None:
-    schema = Constraint(kind="json_schema", source='{"type": "object"}', param="output_format")
+    schema = Constraint(kind="json_schema", source='{"type": "object"}', param="output_format", given='{"type": "object"}')
     body = chat_body(_job(params=SamplingParams(constraint=schema)), "up")
     assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
     gbnf = Constraint(kind="gbnf", source='root ::= "a"', param="grammar")
@@ -170,3 +170,13 @@ def test_a_reasoning_effort_goes_as_openais_reasoning_effort() -> None:
     off = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "think": False}, OllamaChatRequest)
     body = chat_body(sent_fields(partial(ollama_chat_job, off, "m")), "up")
     assert "reasoning_effort" not in body and body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_a_clients_schema_that_is_any_object_goes_as_its_schema() -> None:
+    """OpenAI's JSON mode asks the messages to say "json" (a 400 otherwise): a schema the
+    client gave must go as that schema, even the schema of any object."""
+    job = _anthropic(output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
+    fmt = chat_body(job, "up")["response_format"]
+    assert fmt == {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}
+    r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "format": "json"}, OllamaChatRequest)
+    assert chat_body(sent_fields(partial(ollama_chat_job, r, "m")), "up")["response_format"] == {"type": "json_object"}
