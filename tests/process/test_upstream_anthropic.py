@@ -66,7 +66,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         *_end("tool_use", 12),
     ],
     # Busy before it answers anything, as Anthropic's stream says so (HTTP 529's twin).
-    "busy": [_ev("error", error={"type": "overloaded_error", "message": "Overloaded"})],
+    # As it usually comes: after message_start and a ping, before any output.
+    "busy": [_start(), _ev("ping"), _ev("error", error={"type": "overloaded_error", "message": "Overloaded"})],
     "empty": [],
     # The connection stays whole, but message_stop never comes: a cut answer.
     "unfinished": [_start(), _ev("content_block_start", index=0, content_block={"type": "text", "text": ""}),

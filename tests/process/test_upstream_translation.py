@@ -39,6 +39,9 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         _chunk({}, "stop"),
         _chunk(None, usage=USAGE),
     ],
+    # Busy, said in the stream after the role-only chunk llama-server and vLLM open with.
+    "busy": [_chunk({"role": "assistant", "content": ""}),
+             {"error": {"message": "model overloaded", "type": "server_error", "code": 503}}],
     # Whole over HTTP, [DONE] and all, but the choice never finished: a cut answer.
     "unfinished": [_chunk({"content": "Half"})],
     "writes": [  # a text completion's chunks
@@ -123,7 +126,7 @@ def _tables(*names: str) -> str:
     )
 
 
-TABLES = _tables("talks", "writes", "calls", "refuses", "badkey", "cuts", "slow", "unfinished", "whole")
+TABLES = _tables("talks", "writes", "busy", "calls", "refuses", "badkey", "cuts", "slow", "unfinished", "whole")
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 
 
@@ -351,3 +354,18 @@ async def test_llama_servers_completion_reaches_an_openai_upstream_as_a_text_com
     assert "".join(e["content"] for e in events) == "Once upon" and events[-1]["stop"] is True
     assert tokens.status_code == 400 and tokens.json()["error"]["type"] == "invalid_request_error"
     assert "prompt" in tokens.json()["error"]["message"] and len(fake.seen) == 2
+
+
+@pytest.mark.trio
+async def test_an_upstream_busy_before_its_first_output_is_a_503_to_retry(tmp_path: Path) -> None:
+    """Found by probing: an error event after the role-only first chunk gave a 200 stream
+    holding only an error (the official clients do not retry that), and a busy upstream
+    counted as a broken replica."""
+    async with upstream_and_front(tmp_path, TABLES, fake=OpenAIUpstream()) as (_, front):
+        async with httpx.AsyncClient(timeout=10, headers=ANTHROPIC) as c:
+            user = [{"role": "user", "content": "Hi"}]
+            answers = [await c.post(front + "/v1/messages", json={"model": "busy", "max_tokens": 8, "messages": user,
+                                                                  "stream": True}) for _ in range(4)]
+            replicas = {u["name"]: u["replicas"][0] for u in (await c.get(front + "/admin/models")).json()["upstreams"]}
+    assert all(a.status_code == 503 and a.json()["error"]["type"] == "overloaded_error" for a in answers)
+    assert replicas["busy"]["healthy"] is True and "failed" not in replicas["busy"]["requests"]

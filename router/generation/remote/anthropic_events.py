@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.generation.events import (
-    Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
+    Begin, Done, Event, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
-from router.generation.remote.inbound import as_object, broken, count_of, event_object, is_object, message_of
-from supervisor import errors as e
+from router.generation.remote.inbound import as_object, broken, count_of, error_event, event_object, is_object
 from worker.protocol import StopType, Usage
 
 # Anthropic's stop reasons as the internal ones, with llama-server's stop type. A refusal
@@ -71,7 +70,8 @@ class MessageReader:
             return self._fail(obj)
         kind = obj.get("type")
         if kind == "error":
-            return self._error(obj)
+            self.failed = True
+            return [error_event(self._model, obj)]
         out: list[Event] = []
         if not self._begun and kind in ("message_start", "content_block_start", "content_block_delta"):
             self._begun = True
@@ -163,20 +163,6 @@ class MessageReader:
             reason = "tool_calls"
         usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._output, cached_tokens=self._cached)
         return [*out, Finish(0, reason, usage, stop_type=stop_type, stopping_word=self._word), Done(usage)]
-
-    def _error(self, obj: dict[str, Any]) -> list[Event]:
-        """An `error` event: Anthropic's streaming counterpart of an error status. Its
-        overloaded_error (HTTP 529's) is a 503 to retry and its rate_limit_error a 429,
-        neither a fault of the replica's; any other ends the answer as broken."""
-        kind = as_object(obj.get("error")).get("type")
-        said = f"The upstream of model `{self._model}` failed mid-answer: {message_of(obj)}."
-        if kind == "overloaded_error":
-            self.failed = True
-            return [Failed(e.WorkerUnavailable(said, retry_after=1.0))]
-        if kind == "rate_limit_error":
-            self.failed = True
-            return [Failed(e.Overloaded(said, retry_after=1.0))]
-        return self._fail(f"failed mid-answer: {message_of(obj)}")
 
     def _fail(self, what: str) -> list[Event]:
         self.failed = True

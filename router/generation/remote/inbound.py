@@ -105,7 +105,8 @@ class ChunkReader:
         if isinstance(obj, str):
             return self._fail(obj)
         if obj.get("error"):  # some proxies send "error": null in every chunk
-            return self._fail(f"failed mid-answer: {message_of(obj)}")
+            self.failed = True
+            return [error_event(self._model, obj)]
         if isinstance(obj.get("usage"), dict):
             self._usage = _usage(obj["usage"])
         out: list[Event] = []
@@ -212,6 +213,26 @@ def is_object(arguments: str) -> bool:
         return isinstance(json.loads(arguments), dict)
     except ValueError:
         return False
+
+
+# An error event's type or code that says the upstream is busy, not broken: a 503 to retry
+# (Anthropic's overloaded_error, HTTP 529's twin in a stream) or a 429.
+_BUSY = frozenset({"overloaded_error", "overloaded", "service_unavailable", 503, "503", 529, "529"})
+_LIMITED = frozenset({"rate_limit_error", "rate_limit_exceeded", "too_many_requests", 429, "429"})
+
+
+def error_event(model: str, obj: dict[str, Any]) -> Failed:
+    """An `error` event in an upstream's stream (OpenAI's `{"error": {...}}`, Anthropic's
+    `{"type": "error", "error": {...}}`): a 503 or a 429 to retry where its type or code
+    says the upstream is busy, which is no fault of the replica's; else a broken answer."""
+    err = as_object(obj.get("error"))
+    said = f"The upstream of model `{model}` failed mid-answer: {message_of(obj)}."
+    kinds = {err.get("type"), err.get("code")} - {None}
+    if kinds & _BUSY:
+        return Failed(e.WorkerUnavailable(said, retry_after=1.0))
+    if kinds & _LIMITED:
+        return Failed(e.Overloaded(said, retry_after=1.0))
+    return broken(model, f"failed mid-answer: {message_of(obj)}")
 
 
 def broken(model: str, what: str) -> Failed:

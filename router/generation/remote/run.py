@@ -42,7 +42,7 @@ class RemoteGeneration:
         self._reader = reader
         self._record = access_log.current()
         self._stream = self._read()
-        self._first: Event | None = None
+        self._first: list[Event] = []  # what _begin read
 
     @classmethod
     async def start(cls, remote: RemoteModel, job: GenerationJob) -> RemoteGeneration:
@@ -81,23 +81,27 @@ class RemoteGeneration:
         return generation
 
     async def _begin(self) -> None:
-        """Wait for the answer's first event, as a local generation's start does: an
-        upstream that fails before it answers anything (an error event first, an empty
-        stream) is the response's status, not a 200 stream that holds only an error."""
+        """Wait for the answer's first output (text, reasoning, a call, or its end), as a
+        local generation's start waits for its first token: an upstream that fails before
+        it answers anything (an error right after Anthropic's message_start or an OpenAI
+        server's role-only chunk, an empty stream) is the response's status, not a 200
+        stream that holds only an error."""
         try:
-            first = await self._stream.__anext__()
+            async for ev in self._stream:
+                self._first.append(ev)
+                if not isinstance(ev, Begin):
+                    break
         except BaseException:
             await self.aclose()
             raise
-        if isinstance(first, Failed):
+        if self._first and isinstance(self._first[-1], Failed):
             await self.aclose()
-            raise first.error
-        self._first = first
+            raise self._first[-1].error
 
     async def events(self) -> AsyncIterator[Event]:
         try:
-            if self._first is not None:
-                yield self._first
+            for ev in self._first:
+                yield ev
             async for ev in self._stream:
                 yield ev
         finally:

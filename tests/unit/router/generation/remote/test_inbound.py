@@ -170,3 +170,14 @@ def test_arguments_that_are_not_an_object_fail_the_answer_unless_max_tokens_cut_
     cut = answer('{"a": "tru', "length")
     assert ToolCallDelta(0, 0, '{"a": "tru') in cut and isinstance(cut[-1], Done)
     assert isinstance(answer("", "tool_calls")[-1], Done)  # no arguments: the empty object
+
+
+def test_an_error_event_that_says_busy_is_a_503_or_a_429_not_a_broken_answer() -> None:
+    def failure(err: dict[str, Any]) -> e.CorralError:
+        ev = _read([_chunk({"role": "assistant"}), json.dumps({"error": err})])[-1]
+        assert isinstance(ev, Failed)
+        return ev.error
+
+    assert type(failure({"message": "model overloaded", "type": "server_error", "code": 503})) is e.WorkerUnavailable
+    assert type(failure({"message": "slow down", "code": "rate_limit_exceeded"})) is e.Overloaded
+    assert type(failure({"message": "boom", "type": "server_error", "code": 500})) is e.WorkerCrashed
