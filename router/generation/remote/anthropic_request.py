@@ -53,9 +53,8 @@ def messages_body(job: GenerationJob, model: str) -> dict[str, Any]:
     """The streamed Messages request for a chat job."""
     body = conversation_body(job, model)
     body.update(_sampling(job))
-    budget = THINKING_BUDGETS.get(job.effort or "none")
-    if budget is not None:
-        body.update(_thinking(job, budget, body["max_tokens"]))
+    if job.effort not in (None, "none"):
+        body.update(_thinking(job, body["max_tokens"]))
     if job.template_kwargs and job.template_kwargs != {"enable_thinking": False}:  # off is Anthropic's default
         raise Unsupported(
             "'chat_template_kwargs' cannot be sent to this model's upstream: Anthropic's Messages API has "
@@ -101,11 +100,31 @@ def _tools(tools: ToolRequest, turns: tuple[ChatMessage, ...]) -> dict[str, Any]
     return out
 
 
-def _thinking(job: GenerationJob, budget: int, max_tokens: int) -> dict[str, Any]:
+def _thinking(job: GenerationJob, max_tokens: int) -> dict[str, Any]:
     """Anthropic's extended thinking for a reasoning effort. Its budget counts within
     max_tokens and must stay below it: a client that set no max_tokens gets the default
-    on top of the budget; one whose max_tokens leaves no room is refused, naming it."""
-    if "max_tokens" not in sent_set(job) or job.params.max_tokens is None:
+    on top of the budget; one whose max_tokens leaves no room is refused, naming it. What
+    that API refuses beside thinking is refused here first, naming the parameter: a
+    forced tool, a temperature other than 1, top_k, a top_p below 0.95."""
+    budget = THINKING_BUDGETS.get(job.effort or "")
+    if budget is None:
+        raise InvalidRequest(
+            f"Invalid 'reasoning_effort': {job.effort!r}; expected one of none, {', '.join(THINKING_BUDGETS)}.",
+            "reasoning_effort",
+        )
+    sent, p = sent_set(job), job.params
+    for param, refused in (
+        ("tool_choice", job.tools.forced is not None),
+        ("temperature", "temperature" in sent and p.temperature != 1.0),
+        ("top_k", "top_k" in sent),
+        ("top_p", "top_p" in sent and p.top_p < 0.95),
+    ):
+        if refused:
+            raise Unsupported(
+                f"'{param}' cannot be sent to this model's upstream with a reasoning effort: Anthropic's extended "
+                "thinking allows no forced tool, temperature 1 only, no top_k and a top_p of 0.95 or more.", param,
+            )
+    if "max_tokens" not in sent or p.max_tokens is None:
         max_tokens = budget + DEFAULT_MAX_TOKENS
     elif max_tokens <= budget:
         raise Unsupported(

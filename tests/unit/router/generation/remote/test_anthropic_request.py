@@ -217,3 +217,22 @@ def test_a_clients_schema_that_is_any_object_is_a_schema_not_json_mode() -> None
     assert messages_body(_openai(response_format=plain), "c")["output_config"]["format"]["schema"] == {"type": "object"}
     with pytest.raises(Unsupported):
         messages_body(_openai(response_format={"type": "json_object"}), "c")
+
+
+def test_what_extended_thinking_refuses_beside_it_is_refused_here_naming_it() -> None:
+    """Anthropic's extended thinking docs: no forced tool use, no temperature or top_k
+    changes, top_p 0.95 to 1. Found by probing: these went upstream and came back as its
+    400 naming no parameter; an effort OpenAI does not know passed as no thinking."""
+    fn = {"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}
+    for fields, param in (
+        ({"tools": [fn], "tool_choice": "required"}, "tool_choice"),
+        ({"temperature": 0.5}, "temperature"),
+        ({"top_k": 5}, "top_k"),
+        ({"top_p": 0.5}, "top_p"),
+        ({"reasoning_effort": "bogus"}, "reasoning_effort"),
+    ):
+        with pytest.raises((Unsupported, InvalidRequest)) as refused:
+            messages_body(_openai(**{"reasoning_effort": "low", "max_tokens": 3000, **fields}), "c")
+        assert refused.value.param == param, fields
+    ok = messages_body(_openai(reasoning_effort="low", temperature=1, top_p=0.97, tools=[fn]), "c")
+    assert ok["thinking"]["budget_tokens"] == 1024 and ok["temperature"] == 1
