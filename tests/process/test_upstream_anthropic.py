@@ -77,6 +77,7 @@ ERRORS: dict[str, tuple[int, str, str]] = {
     "refuses": (400, "invalid_request_error", "temperature: range: 0..1"),
     "overloaded": (529, "overloaded_error", "Overloaded"),
     "badkey": (401, "authentication_error", "invalid x-api-key"),
+    "limited": (429, "rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit"),
 }
 
 
@@ -110,7 +111,9 @@ class AnthropicUpstream:
             return
         if scope["path"] != "/v1/messages" or model in ERRORS:
             status, kind, message = ERRORS.get(model, (404, "not_found_error", f"Not found: {scope['path']}"))
-            await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+            wait = [(b"retry-after", b"7")] if status == 429 else []
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"), *wait]})
             await send({"type": "http.response.body",
                         "body": json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()})
             return
@@ -124,7 +127,7 @@ class AnthropicUpstream:
 TABLES = "".join(
     f'[models.{n}]\nupstream = "{{UP}}"\nupstream_model = "{n}"\nupstream_dialects = ["anthropic"]\n'
     f'api_key_env = "CORRAL_TEST_UPSTREAM_KEY"\n'
-    for n in ("talks", "calls", "unfinished", "refuses", "overloaded", "badkey", "busy", "empty")
+    for n in ("talks", "calls", "unfinished", "refuses", "overloaded", "badkey", "busy", "empty", "limited")
 )
 USER = [{"role": "user", "content": "Hi"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": {
@@ -252,6 +255,7 @@ async def test_the_token_count_routes_ask_the_upstreams_count_tokens(tmp_path: P
                     {"type": "function", **WEATHER["function"]}], "temperature": 0.2})
             llama = await c.post(front + "/v1/chat/completions/input_tokens", json={"model": "talks", "messages": USER})
             refused = await c.post(front + "/v1/chat/completions/input_tokens", json={"model": "badkey", "messages": USER})
+            limited = await c.post(front + "/v1/responses/input_tokens", json={"model": "limited", "input": "Hi"})
     assert responses.status_code == 200 and responses.json()["input_tokens"] == 42
     assert llama.status_code == 200 and llama.json()["input_tokens"] == 42
     path, headers, sent = fake.seen[0]
@@ -260,6 +264,7 @@ async def test_the_token_count_routes_ask_the_upstreams_count_tokens(tmp_path: P
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "tools": [
         {"name": "get_weather", "description": "The weather", "input_schema": WEATHER["function"]["parameters"]}]}
     assert refused.status_code == 502 and "api_key_env" in refused.json()["error"]["message"]
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "7"  # the upstream's wait, not ours
 
 
 

@@ -344,6 +344,7 @@ async def test_llama_servers_completion_reaches_an_openai_upstream_as_a_text_com
             whole = await c.post(front + "/completion", json={"model": "writes", "prompt": "Tell", "n_predict": 2})
             streamed = await c.post(front + "/completions", json={"model": "writes", "prompt": "Tell", "stream": True})
             tokens = await c.post(front + "/completion", json={"model": "writes", "prompt": [1, 2, 3]})
+            ids = await c.post(front + "/completion", json={"model": "writes", "prompt": "Tell", "return_tokens": True})
     assert fake.seen[0] == ("/v1/completions", {
         "model": "writes", "prompt": "Tell", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})
     answer = whole.json()
@@ -354,6 +355,7 @@ async def test_llama_servers_completion_reaches_an_openai_upstream_as_a_text_com
     assert "".join(e["content"] for e in events) == "Once upon" and events[-1]["stop"] is True
     assert tokens.status_code == 400 and tokens.json()["error"]["type"] == "invalid_request_error"
     assert "prompt" in tokens.json()["error"]["message"] and len(fake.seen) == 2
+    assert ids.status_code == 400 and "return_tokens" in ids.json()["error"]["message"]  # ids it cannot know
 
 
 @pytest.mark.trio

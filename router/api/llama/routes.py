@@ -303,6 +303,11 @@ async def _respond_remote(target: RemoteModel, r: NativeCompletionRequest) -> Re
     """/completion for a model served by an OpenAI-compatible upstream: its text prompt
     as a text completion there (outbound.py refuses token prompts, naming `prompt`),
     answered in llama-server's shape. The slot's context is not known here (n_ctx 0)."""
+    if r.return_tokens:
+        raise Unsupported(
+            "'return_tokens' cannot be answered for this model: its upstream's token ids are not relayed.",
+            "return_tokens",
+        )
     job = job_for(target, partial(completion_job, r, r.model if r.model is not None else target.name))
     fmt = NativeCompletion(
         model=job.model, params=job.params, n_ctx=0, stream=r.stream, return_tokens=r.return_tokens,

@@ -14,7 +14,7 @@ import msgspec
 from router.generation.job import GenerationJob
 from router.generation.remote.anthropic_request import conversation_body
 from router.generation.remote.inbound import upstream_error
-from router.generation.remote.run import read_bounded
+from router.generation.remote.run import read_bounded, retry_after_of
 from router.server import access_log
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -37,7 +37,7 @@ async def count_tokens(remote: RemoteModel, job: GenerationJob) -> int:
     finally:
         await relayed.body.aclose()
     if relayed.status >= 300:
-        raise upstream_error(remote.name, relayed.status, raw, None)
+        raise upstream_error(remote.name, relayed.status, raw, retry_after_of(relayed.headers))
     try:
         n = json.loads(raw).get("input_tokens")
     except (ValueError, AttributeError):

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from router.generation.remote.inbound import upstream_error
-from router.generation.remote.run import read_bounded
+from router.generation.remote.run import read_bounded, retry_after_of
 from router.server import access_log
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -46,7 +46,7 @@ async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
         relayed.body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
         raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
     if relayed.status >= 300:
-        raise upstream_error(remote.name, relayed.status, raw[:65536], None)
+        raise upstream_error(remote.name, relayed.status, raw[:65536], retry_after_of(relayed.headers))
     try:
         vectors = read(raw, len(texts))
     except ValueError as exc:

@@ -75,7 +75,7 @@ class RemoteGeneration:
                 )
                 relayed.body.broken(error.message)
                 raise error
-            raise upstream_error(remote.name, relayed.status, text, _retry_after(relayed.headers))
+            raise upstream_error(remote.name, relayed.status, text, retry_after_of(relayed.headers))
         generation = cls(relayed.body, reader)
         await generation._begin()
         return generation
@@ -164,7 +164,8 @@ async def read_bounded(body: RelayedBody, limit: int) -> tuple[bytes, bool]:
     return out, False
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """An answer's Retry-After in seconds, where it gives one."""
     try:
         return max(0.0, float(headers.get("retry-after", "")))
     except ValueError:
