@@ -232,9 +232,9 @@ async def test_what_a_hostile_client_sends_never_reaches_past_the_api(tmp_path: 
 @pytest.mark.trio
 async def test_ollama_lists_the_upstream_models_that_take_its_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """/api/tags lists a model served elsewhere if its upstream speaks Ollama's API, or
-    OpenAI's, which Ollama's requests reach translated (else a client would pick a model it
-    cannot reach), as Ollama lists its cloud models: no size or digest, the name there as
-    remote_model. A client names it with its tag, as listed."""
+    OpenAI's or Anthropic's, which Ollama's chats reach translated (else a client would
+    pick a model it cannot reach), as Ollama lists its cloud models: no size or digest, the
+    name there as remote_model. A client names it with its tag, as listed."""
     monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
     async with upstream_and_front(tmp_path, TABLES) as (fake, front):
         async with httpx.AsyncClient(timeout=10) as c:
@@ -243,6 +243,6 @@ async def test_ollama_lists_the_upstream_models_that_take_its_requests(tmp_path:
     assert r.status_code == 200 and json.loads(fake.seen[-1][2])["model"] == "llama3.2:3b"
     assert [(m["name"], m["remote_model"], m["size"]) for m in listed] == [
         ("chat:latest", "renamed", 0), ("hangs:latest", "hangs", 0), ("breaks:latest", "breaks", 0),
-        ("fails:latest", "fails", 0), ("llama:latest", "llama3.2:3b", 0),
-    ]  # not `claude`, whose upstream speaks Anthropic's API only
+        ("fails:latest", "fails", 0), ("llama:latest", "llama3.2:3b", 0), ("claude:latest", "claude", 0),
+    ]
     assert listed[0]["modified_at"].endswith("Z") and listed[0]["details"]["format"] == ""
