@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 import httpx
 import msgspec
+import trio
 
 from router.generation.events import Begin, Done, Event, Failed
 from router.generation.job import GenerationJob
@@ -46,8 +47,9 @@ class RemoteGeneration:
 
     @classmethod
     async def start(cls, remote: RemoteModel, job: GenerationJob) -> RemoteGeneration:
-        """Send the job and wait for the upstream's status, so that its refusal (a 400
-        naming a parameter, a 429) is the response's status, before any header."""
+        """Send the job and wait for the upstream's status and first output, so that its
+        refusal (a 400 naming a parameter, a 429) or its failure before it answers is the
+        response's status, before any header."""
         headers = remote.headers_out("text/event-stream")
         reader: ChunkReader | MessageReader
         if remote.speaks == "anthropic":
@@ -91,12 +93,13 @@ class RemoteGeneration:
                 self._first.append(ev)
                 if not isinstance(ev, Begin):
                     break
+            if self._first and isinstance(self._first[-1], Failed):
+                raise self._first[-1].error
         except BaseException:
-            await self.aclose()
+            with trio.CancelScope(shield=True):  # its connection goes back, even when cancelled
+                await self._stream.aclose()
+                await self.aclose()
             raise
-        if self._first and isinstance(self._first[-1], Failed):
-            await self.aclose()
-            raise self._first[-1].error
 
     async def events(self) -> AsyncIterator[Event]:
         try:
