@@ -25,6 +25,15 @@ def json_end(text: str) -> int | None:
     return JsonScanner().end(text)
 
 
+def arguments_whole(arguments: str) -> bool:
+    """Whether a call's arguments (JSON text; none is the empty object) are the JSON
+    object every dialect's call holds, rather than text cut short or of another kind."""
+    try:
+        return isinstance(json.loads(arguments or "{}"), dict)
+    except ValueError:
+        return False
+
+
 def _arguments_text(args: Any) -> str:
     """A call's arguments as the JSON text OpenAI's `function.arguments` holds."""
     if isinstance(args, str):

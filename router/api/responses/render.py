@@ -16,7 +16,6 @@ completed, which hides the cut); `failed` with its `error` when it broke after i
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, AsyncIterator, Callable
 
 import msgspec
 
+from router.generation.calls import arguments_whole
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
@@ -110,13 +110,6 @@ def assistant_turn(output: list[dict[str, Any]]) -> ChatMessage:
     )
 
 
-def _whole_object(arguments: str) -> bool:
-    try:
-        return isinstance(json.loads(arguments or "{}"), dict)
-    except ValueError:
-        return False
-
-
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -194,7 +187,7 @@ class _Events:
         if item["type"] == "function_call":
             # Arguments that are not whole (max_output_tokens cut the call) are not a
             # completed call, whatever ends the response after it.
-            done = item | {"status": status if _whole_object(self.text) else "incomplete", "arguments": self.text}
+            done = item | {"status": status if arguments_whole(self.text) else "incomplete", "arguments": self.text}
             out.append(self.sse("response.function_call_arguments.done", **at, name=item["name"], arguments=self.text))
         elif item["type"] == "reasoning":
             done = _reasoning(self.text) | {"id": item["id"]}

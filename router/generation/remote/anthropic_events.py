@@ -23,10 +23,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.generation.calls import arguments_whole
 from router.generation.events import (
     Begin, Done, Event, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
-from router.generation.remote.inbound import as_object, broken, count_of, error_event, event_object, is_object
+from router.generation.remote.inbound import as_object, broken, count_of, error_event, event_object
 from worker.protocol import StopType, Usage
 
 # Anthropic's stop reasons as the internal ones, with llama-server's stop type. A refusal
@@ -137,7 +138,7 @@ class MessageReader:
         if b is None or b.kind != "tool_use":
             return []
         arguments = "".join(b.arguments) or (json.dumps(b.given) if isinstance(b.given, dict) else "{}")
-        if not is_object(arguments):  # whole only if max_tokens cut it: known at the end
+        if not arguments_whole(arguments):  # whole only if max_tokens cut it: known at the end
             self._cut.append((b, arguments))
             return []
         return self._call(b, arguments)

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 
-import msgspec
-
 from router.generation.job import GenerationJob
 from router.generation.remote.anthropic_request import conversation_body
-from router.generation.remote.inbound import upstream_error
-from router.generation.remote.run import read_bounded, retry_after_of
+from router.generation.remote.run import fetch
 from router.server import access_log
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -24,27 +21,14 @@ MAX_BYTES = 64 * 1024
 
 
 async def count_tokens(remote: RemoteModel, job: GenerationJob) -> int:
-    body = msgspec.json.encode(conversation_body(job, remote.spec.model))
-    headers = remote.headers_out("application/json")
-    relayed = await remote.relay.send(remote.spec, remote.key, "/v1/messages/count_tokens", "", headers, body)
-    if relayed is None:  # the hook sends only upstream-only models here
-        raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
-    record = access_log.current()
-    if record is not None:
-        record.upstream = relayed.replica
-    try:
-        raw, _ = await read_bounded(relayed.body, MAX_BYTES)
-    finally:
-        await relayed.body.aclose()
-    if relayed.status >= 300:
-        raise upstream_error(remote.name, relayed.status, raw, retry_after_of(relayed.headers))
+    body, raw, _ = await fetch(remote, "/v1/messages/count_tokens", conversation_body(job, remote.spec.model), MAX_BYTES)
     try:
         n = json.loads(raw).get("input_tokens")
     except (ValueError, AttributeError):
         n = None
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        relayed.body.broken("a token count that is not one")
+        body.broken("a token count that is not one")
         raise WorkerCrashed(f"The upstream of model `{remote.name}` answered a token count without input_tokens.")
-    if record is not None:
+    if (record := access_log.current()) is not None:
         record.prompt_tokens, record.generated_tokens = n, 0
     return n

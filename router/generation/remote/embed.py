@@ -12,10 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from router.generation.remote.inbound import upstream_error
-from router.generation.remote.run import read_bounded, retry_after_of
+from router.generation.remote.run import fetch
 from router.server import access_log
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -31,28 +28,17 @@ class Vectors:
 
 
 async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
-    body = msgspec.json.encode({"model": remote.spec.model, "input": texts, "encoding_format": "float"})
-    headers = remote.headers_out("application/json")
-    relayed = await remote.relay.send(remote.spec, remote.key, "/v1/embeddings", "", headers, body)
-    if relayed is None:  # the hook sends only upstream-only models here
-        raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
-    if (record := access_log.current()) is not None:
-        record.upstream = relayed.replica
-    try:
-        raw, more = await read_bounded(relayed.body, MAX_BYTES)
-    finally:
-        await relayed.body.aclose()
+    asked = {"model": remote.spec.model, "input": texts, "encoding_format": "float"}
+    body, raw, more = await fetch(remote, "/v1/embeddings", asked, MAX_BYTES)
     if more:
-        relayed.body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
+        body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
         raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
-    if relayed.status >= 300:
-        raise upstream_error(remote.name, relayed.status, raw[:65536], retry_after_of(relayed.headers))
     try:
         vectors = read(raw, len(texts))
     except ValueError as exc:
-        relayed.body.broken(str(exc))
+        body.broken(str(exc))
         raise WorkerCrashed(f"The upstream of model `{remote.name}` {exc}.") from None
-    if record is not None:
+    if (record := access_log.current()) is not None:
         record.prompt_tokens = vectors.prompt_tokens
     return vectors
 

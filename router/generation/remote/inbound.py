@@ -26,6 +26,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.generation.calls import arguments_whole
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
@@ -182,7 +183,7 @@ class ChunkReader:
         if any(c.reason is None for c in self._choices.values()):
             return self._fail("ended its answer before it was complete")
         for c in self._choices.values():
-            bad = next((call for call in c.calls if not is_object(call.arguments or "{}")), None)
+            bad = next((call for call in c.calls if not arguments_whole(call.arguments)), None)
             if bad is not None and c.reason != "length":  # a call cut short by max_tokens is the length's
                 return self._fail(f"sent a tool call whose arguments are not a JSON object: {bad.arguments[:80]!r}")
         usage = self._usage or Usage(prompt_tokens=0, completion_tokens=0)
@@ -205,14 +206,6 @@ def event_object(data: str) -> dict[str, Any] | str:
     except ValueError:
         return f"sent an event that is not JSON: {data[:80]!r}"
     return obj if isinstance(obj, dict) else "sent an event that is not a JSON object"
-
-
-def is_object(arguments: str) -> bool:
-    """Whether a tool call's arguments are the JSON object every dialect's call holds."""
-    try:
-        return isinstance(json.loads(arguments), dict)
-    except ValueError:
-        return False
 
 
 # An error event's type or code that says the upstream is busy, not broken: a 503 to retry

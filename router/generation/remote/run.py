@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 import msgspec
@@ -24,7 +25,7 @@ from router.generation.remote.anthropic_request import messages_body
 from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
 from router.generation.remote.outbound import chat_body, completion_body
 from router.server import access_log
-from router.upstream.relay import RelayedBody
+from router.upstream.relay import Relayed, RelayedBody
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 from worker.protocol import Usage
@@ -50,7 +51,6 @@ class RemoteGeneration:
         """Send the job and wait for the upstream's status and first output, so that its
         refusal (a 400 naming a parameter, a 429) or its failure before it answers is the
         response's status, before any header."""
-        headers = remote.headers_out("text/event-stream")
         reader: ChunkReader | MessageReader
         if remote.speaks == "anthropic":
             body, path = messages_body(job, remote.spec.model), "/v1/messages"
@@ -60,11 +60,7 @@ class RemoteGeneration:
             body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
             path = "/v1/chat/completions" if chat else "/v1/completions"
             reader = ChunkReader(remote.name, chat, job.n)
-        relayed = await remote.relay.send(remote.spec, remote.key, path, "", headers, msgspec.json.encode(body))
-        if relayed is None:  # the hook sends only upstream-only models here
-            raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
-        if (record := access_log.current()) is not None:
-            record.upstream = relayed.replica
+        relayed = await send(remote, path, "text/event-stream", body)
         if relayed.status >= 300 or "text/event-stream" not in relayed.headers.get("content-type", ""):
             try:
                 text, _ = await read_bounded(relayed.body, MAX_ERROR_BYTES)
@@ -154,6 +150,32 @@ class RemoteGeneration:
 
     async def aclose(self) -> None:
         await self._body.aclose()
+
+
+async def send(remote: RemoteModel, path: str, accept: str, body: dict[str, Any]) -> Relayed:
+    """A translated request, sent through the relay; the replica that takes it goes into
+    the access log."""
+    headers = remote.headers_out(accept)
+    relayed = await remote.relay.send(remote.spec, remote.key, path, "", headers, msgspec.json.encode(body))
+    if relayed is None:  # the hook sends only upstream-only models here
+        raise WorkerCrashed(f"The model `{remote.name}` has no upstream to translate for.")
+    if (record := access_log.current()) is not None:
+        record.upstream = relayed.replica
+    return relayed
+
+
+async def fetch(remote: RemoteModel, path: str, body: dict[str, Any], limit: int) -> tuple[RelayedBody, bytes, bool]:
+    """A translated request whose answer is one JSON body (embeddings, a token count): the
+    answer's body, its bytes up to `limit` and whether there were more; an answer whose
+    status is not a success raises the error it is in the client's terms."""
+    relayed = await send(remote, path, "application/json", body)
+    try:
+        raw, more = await read_bounded(relayed.body, limit)
+    finally:
+        await relayed.body.aclose()
+    if relayed.status >= 300:
+        raise upstream_error(remote.name, relayed.status, raw[:MAX_ERROR_BYTES], retry_after_of(relayed.headers))
+    return relayed.body, raw, more
 
 
 async def read_bounded(body: RelayedBody, limit: int) -> tuple[bytes, bool]:
