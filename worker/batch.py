@@ -60,6 +60,11 @@ class BatchBuffer:
         if k > self.free:
             raise BatchFull(f"{k} tokens do not fit in {self.free} free batch entries")
         i, j = self.n, self.n + k
+        if k == 1:  # a generating request's one token, every step: scalar writes cost least
+            self.token[i], self.pos[i], self.seq[i] = tokens[0], first_pos, seq_id
+            self.logits[i] = logits != "none"
+            self.n = j
+            return i
         self.token[i:j] = tokens
         self.pos[i:j] = np.arange(first_pos, first_pos + k, dtype=np.int32)
         self.seq[i:j] = seq_id

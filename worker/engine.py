@@ -54,7 +54,7 @@ from worker.protocol import (
     Cancel, Error, Frame, Generate, Occupancy, SetCacheBudget, SetThreads, SlotFile, SlotState, Step, TokenEvent,
 )
 from worker.request import EmbedJob, Request, pending_tokens
-from worker.siblings import followers_to_detach
+from worker.siblings import followers_by_lead, followers_to_detach
 from worker.slot_files import SlotFiles
 from worker.speculation import Speculation
 from worker.slots import Slot
@@ -165,7 +165,7 @@ class Engine:
     @property
     def active(self) -> int:
         """Slots at work: a running request's, or a sequence of the embedding batch."""
-        return sum(1 for s in self.slots if not s.idle) + (self.embeds.busy if self.embeds is not None else 0)
+        return sum(s.request is not None for s in self.slots) + (self.embeds.busy if self.embeds is not None else 0)
 
     @property
     def kv_cells_used(self) -> int:
@@ -208,13 +208,15 @@ class Engine:
                 log.exception("reading the saved prompts failed")
         self.prep.start()
         while True:  # the process ends it: the link exits once a Shutdown has drained
-            busy = bool(self.requests.waiting) or self.active > 0 or (self.embeds is not None and not self.embeds.idle)
+            # Only this thread changes what `active` counts, so the last report's is current.
+            busy = bool(self.requests.waiting) or self._reported[0] > 0 or (self.embeds is not None and not self.embeds.idle)
             self._drain_inbox(block=not busy)
             try:
                 if self.slot_files.pending:  # before a request may take the slot
                     self.slot_files.step()
-                self.admission.admit()
-                if any(not s.idle for s in self.slots):
+                if self.requests.waiting:
+                    self.admission.admit()
+                if any(s.request is not None for s in self.slots):
                     self._step()
                 if self.embeds is not None:  # its slots never generate, so hold no cells
                     self.embeds.step()
@@ -232,6 +234,8 @@ class Engine:
             self.emit(Occupancy(active=counts[0], queued=counts[1]))
 
     def _drain_inbox(self, block: bool) -> None:
+        if not block and self.inbox.empty():  # most steps: no exception raised and caught
+            return
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
         except queue.Empty:
@@ -336,12 +340,8 @@ class Engine:
             if isinstance(remedy, Halve):
                 budget = max(1, budget // 2)
         events: list[TokenEvent] = []
-        joined = {
-            id(lead): [s.request for s in self.slots if s.request is not None and s.request.follows is lead]
-            for lead, _, _, wants, _ in plan
-            if wants
-        }
-        shared = {idx for req, _, idx, wants, _ in plan if wants and joined[id(req)]}
+        joined = followers_by_lead((s.request for s in self.slots if s.request is not None), lambda r: r.follows)
+        shared = {idx for req, _, idx, wants, _ in plan if wants and id(req) in joined} if joined else set()
         logits = StepLogits(self.m.ctx, self.m.n_vocab, shared)
         for req, n_fed, last_idx, wants, draft in plan:
             slot = req.slot
@@ -352,7 +352,7 @@ class Engine:
             if draft:
                 self.spec.verify(req, slot, start, last_idx, draft, lambda r, i: self._sample(r, i, logits, events))
             elif wants:
-                followers = joined[id(req)]
+                followers = joined.get(id(req), [])
                 for f in followers:  # before the leader's token can end it and free its slot
                     self.admission.join(req, f)
                 for r in (req, *followers):

@@ -7,7 +7,7 @@ the cells must hold is decided in worker/kv_rules.py; this module asks llama.cpp
 sequence's cells start and end, and acts.
 
 `check` compares the two for every slot, each step, before the batch is decoded. It costs
-two calls per slot that return a map's first and last key. A slot that disagrees has its
+two calls per slot that return a map's first and last key (one for a free sequence). A slot that disagrees has its
 sequence dropped (its request, if any, decodes its tokens again, as a preempted one does),
 the fact is logged as an error and counted (`repairs`, exported as
 corral_model_kv_repairs): it means a bug, and is never served from.
@@ -122,6 +122,8 @@ class KvCache:
         were dropped."""
         dropped = 0
         for slot in slots:
+            if not slot.cache and llama_cpp.llama_memory_seq_pos_max(self.memory, slot.seq_id) == -1:
+                continue  # an empty book agrees only with no cells, which one call tells
             pos_min, pos_max = self.span(slot)
             problem = self.attention.problem(len(slot.cache), pos_min, pos_max)
             if problem is None:

@@ -11,8 +11,8 @@ import math
 
 import llama_cpp
 import msgspec
-import numpy as np
 
+from worker.logits import logits_at
 from worker.protocol import SamplingParams
 
 # llama.cpp's "pick a random seed" value.
@@ -90,8 +90,7 @@ class SamplerChain:
         else aborts the process.
         """
         if self._argmax_vocab:
-            logits = llama_cpp.llama_get_logits_ith(ctx, batch_index)
-            return int(np.argmax(np.ctypeslib.as_array(logits, shape=(self._argmax_vocab,))))
+            return int(logits_at(ctx, batch_index, self._argmax_vocab).argmax())
         return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
 
     def free(self) -> None:

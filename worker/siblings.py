@@ -13,9 +13,25 @@ leader's among them, and decodes at least the prompt's last token for its own lo
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, TypeVar
+
+R = TypeVar("R")
+
 
 def followers_to_detach(leader_slot_held: bool, leader_sampled: bool) -> bool:
     """A joined sibling whose leader lost its slot (preempted, finished, failed) before its
     prompt completed, or has sampled already, will never get shared logits: it must prefill
     the prompt itself."""
     return not leader_slot_held or leader_sampled
+
+
+def followers_by_lead(running: Iterable[R], lead_of: Callable[[R], R | None]) -> dict[int, list[R]]:
+    """The joined siblings waiting on each leader, keyed by the leader's id(), in the order
+    given; a leader nobody waits on has no key. One pass over the running requests, every
+    step."""
+    joined: dict[int, list[R]] = {}
+    for r in running:
+        lead = lead_of(r)
+        if lead is not None:
+            joined.setdefault(id(lead), []).append(r)
+    return joined

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.siblings import followers_to_detach
+from worker.siblings import followers_by_lead, followers_to_detach
 from worker.slots import Slot
 from worker.step_plan import Halve, Preempt, make_room, plan_batch
 
@@ -51,3 +51,16 @@ def test_a_waiting_sibling_is_never_preempted_nor_counted() -> None:
     # Without the sibling counted, three tokens for two requests is a batch to halve.
     assert make_room([stream, leader, sib], batch_tokens=3, waits=waits) == Halve()
     assert make_room([leader, sib], batch_tokens=1, waits=waits) is None
+
+
+def test_followers_are_grouped_by_their_leader_in_slot_order() -> None:
+    @dataclass
+    class R:
+        name: str
+        follows: "R | None" = None
+
+    lead_a, lead_b = R("a"), R("b")
+    f1, f2, f3 = R("f1", lead_a), R("f2", lead_b), R("f3", lead_a)
+    joined = followers_by_lead([lead_a, f1, lead_b, f2, f3], lambda r: r.follows)
+    assert joined == {id(lead_a): [f1, f3], id(lead_b): [f2]}
+    assert followers_by_lead([lead_a, lead_b], lambda r: r.follows) == {}
