@@ -7,6 +7,7 @@ closed when its answer is done, however it ends (a client gone mid-stream includ
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
 
@@ -33,12 +34,16 @@ Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
 Target = Union[ModelHandle, RemoteModel]
 
 
-def job_for(target: Target, make: Callable[[SamplingParams], GenerationJob]) -> GenerationJob:
+def job_for(
+    target: Target, make: Callable[[SamplingParams], GenerationJob], names: Mapping[str, str] | None = None
+) -> GenerationJob:
     """The job `make` builds from the target's generation defaults: a local model's
     config; for a model served elsewhere, Corral's, with the fields the client set marked,
-    as only those are sent (router/generation/remote/outbound.py)."""
+    as only those are sent (router/generation/remote/outbound.py), and `names`, the
+    dialect's own for the job's fields, for the errors of its translation."""
     if isinstance(target, RemoteModel):
-        return sent_fields(make)
+        job = sent_fields(make)
+        return dataclasses.replace(job, names=names) if names else job
     return make(target.spec.defaults)
 
 

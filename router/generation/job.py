@@ -10,7 +10,7 @@ output constraint, n and stream.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from router.generation.prompts import Prompt
 from router.generation.tool_schemas import ToolRequest
@@ -53,6 +53,10 @@ class GenerationJob:
     # reasoning.effort, Ollama's think), for an upstream that takes one (router/generation/
     # remote/): a local model's template reads only whether it thinks (template_kwargs).
     effort: str | None = None
+    # The request's own names for the fields above that it calls otherwise (Ollama's
+    # options.seed, /completion's n_predict), for the errors that name them when the job
+    # is translated for an upstream (router/generation/remote/naming.py).
+    names: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def chat(self) -> bool:

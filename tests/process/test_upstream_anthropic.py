@@ -228,6 +228,11 @@ async def test_what_cannot_be_carried_and_what_the_upstream_refuses_reach_the_cl
                 "model": "talks", "response_format": {"type": "json_object"}, "messages": USER})
             text = await c.post(front + "/v1/completions", json={"model": "talks", "prompt": "Once"})
             embed = await c.post(front + "/api/embed", json={"model": "talks", "input": ["a"]})
+            # Each named as its client wrote it, not by the job's field (seed, max_tokens).
+            seed = await c.post(front + "/api/chat", json={
+                "model": "talks", "messages": USER, "stream": False, "options": {"seed": 3}})
+            budget = await c.post(front + "/v1/responses", json={
+                "model": "talks", "input": "hi", "reasoning": {"effort": "high"}, "max_output_tokens": 100})
             sent_nothing = len(fake.seen) == n
             # The Anthropic route itself is relayed as it came: the upstream speaks it.
             native = await c.post(front + "/v1/messages", headers={"anthropic-version": "2023-06-01"},
@@ -241,6 +246,9 @@ async def test_what_cannot_be_carried_and_what_the_upstream_refuses_reach_the_cl
     assert json_mode.status_code == 400 and json_mode.json()["error"]["param"] == "response_format"
     assert text.status_code == 400 and text.json()["error"]["param"] == "prompt"
     assert embed.status_code == 400 and "/api/embed" in embed.json()["error"]
+    assert seed.status_code == 400 and seed.json()["error"].startswith("'options.seed' cannot be sent")
+    assert budget.status_code == 400 and budget.json()["error"]["param"] == "max_output_tokens"
+    assert budget.json()["error"]["message"].startswith("'max_output_tokens' must be above")
     assert native.status_code == 200 and fake.seen[-1][2] == {"model": "talks", "max_tokens": 9, "messages": USER}
 
 

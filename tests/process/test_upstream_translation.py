@@ -345,6 +345,7 @@ async def test_llama_servers_completion_reaches_an_openai_upstream_as_a_text_com
             streamed = await c.post(front + "/completions", json={"model": "writes", "prompt": "Tell", "stream": True})
             tokens = await c.post(front + "/completion", json={"model": "writes", "prompt": [1, 2, 3]})
             ids = await c.post(front + "/completion", json={"model": "writes", "prompt": "Tell", "return_tokens": True})
+            probs = await c.post(front + "/completion", json={"model": "writes", "prompt": "Tell", "n_probs": 2})
     assert fake.seen[0] == ("/v1/completions", {
         "model": "writes", "prompt": "Tell", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})
     answer = whole.json()
@@ -356,6 +357,9 @@ async def test_llama_servers_completion_reaches_an_openai_upstream_as_a_text_com
     assert tokens.status_code == 400 and tokens.json()["error"]["type"] == "invalid_request_error"
     assert "prompt" in tokens.json()["error"]["message"] and len(fake.seen) == 2
     assert ids.status_code == 400 and "return_tokens" in ids.json()["error"]["message"]  # ids it cannot know
+    # Named as the client sent it (n_probs), not by the job's field (logprobs).
+    assert probs.status_code == 400 and probs.json()["error"]["message"].startswith("'n_probs' cannot be sent")
+    assert len(fake.seen) == 2
 
 
 @pytest.mark.trio

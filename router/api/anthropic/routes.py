@@ -44,7 +44,7 @@ def register(app: Blueprint, server: Server) -> None:
     async def messages() -> Response:
         r: schemas.MessagesRequest = decode(await bodies.read_body(), schemas.MessagesRequest, api="Anthropic")
         target = server.target(r.model, _HINT)
-        job = job_for(target, partial(messages_job, r, r.model or target.name))
+        job = job_for(target, partial(messages_job, r, r.model or target.name), {"stop": "stop_sequences"})
         reply = Reply(model=job.model, stop_sequences=tuple(r.stop_sequences or ()))
         return _with_request_id(await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply)))
 

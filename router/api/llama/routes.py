@@ -308,7 +308,10 @@ async def _respond_remote(target: RemoteModel, r: NativeCompletionRequest) -> Re
             "'return_tokens' cannot be answered for this model: its upstream's token ids are not relayed.",
             "return_tokens",
         )
-    job = job_for(target, partial(completion_job, r, r.model if r.model is not None else target.name))
+    # Its errors name the parameters as llama-server's request does: n_probs for logprobs,
+    # n_predict for the token limit unless max_tokens was the one sent.
+    names = {"logprobs": "n_probs", "max_tokens": "max_tokens" if r.max_tokens is not None or r.n_predict is None else "n_predict"}
+    job = job_for(target, partial(completion_job, r, r.model if r.model is not None else target.name), names)
     fmt = NativeCompletion(
         model=job.model, params=job.params, n_ctx=0, stream=r.stream, return_tokens=r.return_tokens,
         response_fields=r.response_fields,

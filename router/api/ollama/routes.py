@@ -26,7 +26,7 @@ from router.api.ollama.render import HEADERS, Reply, lines, whole
 from router.api.ollama.schemas import (
     OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaShowRequest,
 )
-from router.api.ollama.translate import chat_job, generate_job, keep_alive
+from router.api.ollama.translate import PARAM_NAMES, chat_job, generate_job, keep_alive
 from router.generation.job import GenerationJob, KeepAlive
 from router.generation.prompts import MAX_PROMPTS
 from router.server import access_log, auth, bodies
@@ -81,7 +81,7 @@ def register(app: Blueprint, server: Server) -> None:
         reply = Reply(model=name, chat=chat, record=access_log.current())
         elsewhere = remote.current()
         if elsewhere is not None:  # served elsewhere: nothing here to load, unload or keep
-            job = job_for(elsewhere, job_of)
+            job = job_for(elsewhere, job_of, PARAM_NAMES)
             if empty:
                 return done(reply, "unload" if kept.seconds == 0 else "load")
             return await answer(

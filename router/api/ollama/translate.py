@@ -29,6 +29,16 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
 # SamplingParams' fields under Ollama's names, for a 400 that names the option.
 _OPTION = {"max_tokens": "num_predict"}
+# The job's fields as an Ollama request names them, for the errors of one translated for
+# an upstream (router/generation/remote/naming.py).
+PARAM_NAMES = {
+    **{
+        f: "options." + _OPTION.get(f, f)
+        for f in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                  "presence_penalty", "frequency_penalty", "seed", "stop")
+    },
+    "reasoning_effort": "think",
+}
 
 
 def keep_alive(value: KeepAliveValue) -> KeepAlive:

@@ -134,7 +134,9 @@ def register(app: Blueprint, server: Server) -> None:
     async def chat_completions() -> Response:
         r: schemas.ChatRequest = decode(await bodies.read_body(), schemas.ChatRequest)
         target = server.target(r.model)  # 404 before the body's own checks, as OpenAI does
-        job = job_for(target, partial(chat_job, r, r.model or target.name))
+        # A translated request's errors name the token limit the client sent.
+        names = {"max_tokens": "max_completion_tokens"} if r.max_completion_tokens is not None else None
+        job = job_for(target, partial(chat_job, r, r.model or target.name), names)
         if not isinstance(target, ModelHandle):  # served elsewhere, through translation
             return await _answer(target, job)
         handle = target

@@ -22,7 +22,7 @@ from router.api.responses.errors import PreviousNotFound, ResponseNotFound
 from router.api.responses.render import Reply, stream, whole
 from router.api.responses.schemas import ResponsesRequest
 from router.api.responses.store import ResponseStore
-from router.api.responses.translate import echo, refuse_unserved, responses_job
+from router.api.responses.translate import PARAM_NAMES, echo, refuse_unserved, responses_job
 from router.server import auth, bodies
 from router.server.json_body import decode
 from supervisor.errors import InvalidRequest, Unsupported
@@ -71,7 +71,7 @@ def register(app: Blueprint, server: Server) -> None:
         target = server.target(r.model, "")
         turns = conversation(r)
         tools, namespaces = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
-        job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, turns, tools))
+        job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, turns, tools), PARAM_NAMES)
         owner = _owner()
 
         def keep(obj: dict[str, Any], turn: ChatMessage) -> None:
@@ -88,7 +88,7 @@ def register(app: Blueprint, server: Server) -> None:
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         target = server.target(r.model, "")
         tools, _ = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
-        job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, conversation(r), tools))
+        job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, conversation(r), tools), PARAM_NAMES)
         n = await prompt_tokens(target, job)
         return Response(_json.encode({"object": "response.input_tokens", "input_tokens": n}), content_type="application/json")
 

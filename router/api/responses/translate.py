@@ -21,6 +21,10 @@ from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams
 
 
+# The job's fields as a Responses request names them, for the errors of one translated for
+# an upstream (router/generation/remote/naming.py).
+PARAM_NAMES = {"max_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort"}
+
 def refuse_unserved(r: ResponsesRequest) -> None:
     """Fields whose meaning Corral cannot keep: a 400 naming them rather than an answer
     that silently ignores what was asked."""

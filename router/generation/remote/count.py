@@ -11,6 +11,7 @@ import json
 
 from router.generation.job import GenerationJob
 from router.generation.remote.anthropic_request import conversation_body
+from router.generation.remote.naming import in_request_terms
 from router.generation.remote.run import fetch
 from router.server import access_log
 from router.upstream.remote import RemoteModel
@@ -21,7 +22,9 @@ MAX_BYTES = 64 * 1024
 
 
 async def count_tokens(remote: RemoteModel, job: GenerationJob) -> int:
-    body, raw, _ = await fetch(remote, "/v1/messages/count_tokens", conversation_body(job, remote.spec.model), MAX_BYTES)
+    with in_request_terms(job):
+        request = conversation_body(job, remote.spec.model)
+    body, raw, _ = await fetch(remote, "/v1/messages/count_tokens", request, MAX_BYTES)
     try:
         n = json.loads(raw).get("input_tokens")
     except (ValueError, AttributeError):

@@ -23,6 +23,7 @@ from router.generation.job import GenerationJob
 from router.generation.remote.anthropic_events import MessageReader
 from router.generation.remote.anthropic_request import messages_body
 from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
+from router.generation.remote.naming import in_request_terms
 from router.generation.remote.outbound import chat_body, completion_body
 from router.server import access_log
 from router.upstream.relay import Relayed, RelayedBody
@@ -52,14 +53,15 @@ class RemoteGeneration:
         refusal (a 400 naming a parameter, a 429) or its failure before it answers is the
         response's status, before any header."""
         reader: ChunkReader | MessageReader
-        if remote.speaks == "anthropic":
-            body, path = messages_body(job, remote.spec.model), "/v1/messages"
-            reader = MessageReader(remote.name)
-        else:
-            chat = job.messages is not None
-            body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
-            path = "/v1/chat/completions" if chat else "/v1/completions"
-            reader = ChunkReader(remote.name, chat, job.n)
+        with in_request_terms(job):
+            if remote.speaks == "anthropic":
+                body, path = messages_body(job, remote.spec.model), "/v1/messages"
+                reader = MessageReader(remote.name)
+            else:
+                chat = job.messages is not None
+                body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                reader = ChunkReader(remote.name, chat, job.n)
         relayed = await send(remote, path, "text/event-stream", body)
         if relayed.status >= 300 or "text/event-stream" not in relayed.headers.get("content-type", ""):
             try:
