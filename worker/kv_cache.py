@@ -7,10 +7,10 @@ the cells must hold is decided in worker/kv_rules.py; this module asks llama.cpp
 sequence's cells start and end, and acts.
 
 `check` compares the two for every slot, each step, before the batch is decoded. It costs
-two calls per slot that return a map's first and last key (one for a free sequence). A slot that disagrees has its
-sequence dropped (its request, if any, decodes its tokens again, as a preempted one does),
-the fact is logged as an error and counted (`repairs`, exported as
-corral_model_kv_repairs): it means a bug, and is never served from.
+two calls per slot that return a map's first and last key (one for a free sequence). A
+slot that disagrees has its sequence dropped (its request, if any, decodes its tokens
+again, as a preempted one does), the fact is logged as an error and counted (`repairs`,
+exported as corral_model_kv_repairs): it means a bug, and is never served from.
 """
 
 from __future__ import annotations
