@@ -16,7 +16,7 @@ from quart import Blueprint, Response
 
 from router.api.anthropic import schemas
 from router.api.anthropic.render import Reply, stream, whole
-from router.api.anthropic.translate import chat_messages, messages_job, thinking_kwargs, tools
+from router.api.anthropic.translate import PARAM_NAMES, chat_messages, messages_job, thinking_kwargs, tools
 from router.api.answering import answer, job_for, prompt_tokens
 from router.api.dialect import Server
 from router.generation.job import GenerationJob
@@ -44,7 +44,7 @@ def register(app: Blueprint, server: Server) -> None:
     async def messages() -> Response:
         r: schemas.MessagesRequest = decode(await bodies.read_body(), schemas.MessagesRequest, api="Anthropic")
         target = server.target(r.model, _HINT)
-        job = job_for(target, partial(messages_job, r, r.model or target.name), {"stop": "stop_sequences"})
+        job = job_for(target, partial(messages_job, r, r.model or target.name), PARAM_NAMES)
         reply = Reply(model=job.model, stop_sequences=tuple(r.stop_sequences or ()))
         return _with_request_id(await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply)))
 

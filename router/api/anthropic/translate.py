@@ -39,6 +39,11 @@ from worker.protocol import ChatMessage, SamplingParams, ToolCall
 _BILLING = re.compile(r"^(x-anthropic-billing-header:[^\n]*?cch=)([0-9a-zA-Z]+)(;)")
 
 
+# The job's fields as a Messages request names them, for the errors of one translated for
+# an upstream (router/generation/remote/naming.py).
+PARAM_NAMES = {"stop": "stop_sequences"}
+
+
 def system_text(system: str | list[s.TextBlock] | None) -> str | None:
     if system is None:
         return None

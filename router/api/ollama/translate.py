@@ -29,11 +29,18 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
 # SamplingParams' fields under Ollama's names, for a 400 that names the option.
 _OPTION = {"max_tokens": "num_predict"}
+
+
+def _option(field: str) -> str:
+    """A sampling field as the Ollama option that sets it."""
+    return "options." + _OPTION.get(field, field)
+
+
 # The job's fields as an Ollama request names them, for the errors of one translated for
 # an upstream (router/generation/remote/naming.py).
 PARAM_NAMES = {
     **{
-        f: "options." + _OPTION.get(f, f)
+        f: _option(f)
         for f in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                   "presence_penalty", "frequency_penalty", "seed", "stop")
     },
@@ -103,7 +110,7 @@ def sampling_params(o: OllamaOptions | None, defaults: SamplingParams) -> Sampli
         frequency_penalty=d.frequency_penalty if o.frequency_penalty is None else o.frequency_penalty,
         stop=stops,
     )
-    sampling.check(params, lambda f: "options." + _OPTION.get(f, f), min_tokens=0)
+    sampling.check(params, _option, min_tokens=0)
     sampling.check_stops(stops, "options.stop")
     return params
 

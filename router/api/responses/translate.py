@@ -61,7 +61,7 @@ def sampling_params(r: ResponsesRequest, defaults: SamplingParams) -> SamplingPa
         top_k=d.top_k, min_p=d.min_p, seed=d.seed, repeat_penalty=d.repeat_penalty, repeat_last_n=d.repeat_last_n,
         presence_penalty=d.presence_penalty, frequency_penalty=d.frequency_penalty, stop=d.stop,
     )
-    sampling.check(params, lambda f: "max_output_tokens" if f == "max_tokens" else f)
+    sampling.check(params, lambda f: PARAM_NAMES.get(f, f))
     c = structured.constraint(_schemas(r))
     return params if c is None else msgspec.structs.replace(params, constraint=c)
 
