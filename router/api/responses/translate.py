@@ -25,6 +25,7 @@ from worker.protocol import ChatMessage, SamplingParams
 # an upstream (router/generation/remote/naming.py).
 PARAM_NAMES = {"max_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort"}
 
+
 def refuse_unserved(r: ResponsesRequest) -> None:
     """Fields whose meaning Corral cannot keep: a 400 naming them rather than an answer
     that silently ignores what was asked."""
