@@ -20,11 +20,13 @@ server, for C sequences. It shows how far batching can scale on the machine at h
 
 Results go to bench/results/throughput.json and bench/results/throughput.md.
 
-  python -m bench.throughput --llama-server PATH --pairs 1,4 --rounds 40
+  python -m bench.throughput --llama-server PATH --pairs 1,4 --rounds 10 --epochs 8
 
 Only the paired rounds against llama-server, at the levels given, with a 95% bootstrap
-interval for the median of the pairs' ratios and the count of rounds Corral won: enough
-rounds to tell "ahead" from "level" on a noisy machine. Results go to
+interval for the median of the pairs' ratios and the count of rounds Corral won. Each of
+`--epochs` starts both servers afresh: a pair of processes keeps a speed difference of up to
+about 1.5% for its life even between two identical llama-servers (bench/intervals.py), so
+only several starts tell "ahead" from "level". Results go to
 bench/results/throughput-pairs.json and .md.
 
   python -m bench.throughput --structured [--tokens 128] [--rounds 2]
@@ -53,7 +55,6 @@ import contextlib
 import json
 import os
 import platform
-import random
 import signal
 import socket
 import statistics
@@ -66,6 +67,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+
+from bench.intervals import clustered_median_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"
@@ -472,41 +475,52 @@ def bench_raw(model: Path, tokens: int) -> dict[int, float]:
     return results
 
 
-def median_interval(ratios: list[float], seed: int = 0, draws: int = 4000) -> tuple[float, float]:
-    """A 95% percentile-bootstrap interval for the median of `ratios`: whether a median
-    ratio of 1.01 on a noisy machine says "ahead" or only "level"."""
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
-
-
 def bench_pairs(
-    binary: Path, model: Path, tokens: int, rounds: int, levels: tuple[int, ...], options: list[str]
+    binary: Path, model: Path, tokens: int, rounds: int, levels: tuple[int, ...], options: list[str], epochs: int = 1
 ) -> str:
-    """Only the paired rounds against llama-server, at the given levels, many rounds: the
-    median of the pairs' ratios and its bootstrap interval."""
-    with contextlib.ExitStack() as up:
-        targets = {"corral": up.enter_context(corral_up(model, "".join(o + "\n" for o in options))),
-                   "llama-server": up.enter_context(llama_server_up(binary, model))}
-        rates = bench_http(targets, "demo", tokens, rounds, levels)
+    """Only the paired rounds against llama-server, at the given levels, many rounds, in
+    `epochs` fresh starts of both servers (which one starts first alternates): the median
+    of the pairs' ratios and its bootstrap interval over starts and rounds
+    (bench/intervals.py says why one start is not enough)."""
+    starts: list[dict[str, dict[int, list[float]]]] = []
+    for e in range(epochs):
+        with contextlib.ExitStack() as up:
+            ups = {
+                "corral": lambda: up.enter_context(corral_up(model, "".join(o + "\n" for o in options))),
+                "llama-server": lambda: up.enter_context(llama_server_up(binary, model)),
+            }
+            order = list(ups) if e % 2 == 0 else list(ups)[::-1]
+            urls = {name: ups[name]() for name in order}
+            starts.append(bench_http({n: urls[n] for n in ups}, "demo", tokens, rounds, levels))
+        if epochs > 1:
+            print(f"start {e + 1} of {epochs} done", flush=True)
+    rates = {name: {c: [r for s in starts for r in s[name][c]] for c in levels} for name in ("corral", "llama-server")}
+    per_start = {
+        c: [[a / b for a, b in zip(s["corral"][c], s["llama-server"][c])] for s in starts] for c in levels
+    }
     lines = [
         f"Paired rounds, Corral against llama-server (`-np 4 -kvu -nr`), greedy completions of "
-        f"{tokens} new tokens, {rounds} rounds per level (the order flips each round), demo model, "
-        f"{os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M')}"
+        f"{tokens} new tokens, {rounds} rounds per level (the order flips each round)"
+        + (f" in each of {epochs} fresh starts of both servers" if epochs > 1 else "")
+        + f", demo model, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d %H:%M')}"
         + (f", Corral's model table adding `{'`, `'.join(options)}`" if options else "") + ".",
         "",
         "| concurrent requests | Corral tok/s | llama-server tok/s | Corral / llama-server, median of pairs "
-        "| 95% interval | rounds Corral ahead |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| 95% interval | rounds Corral ahead |" + (" each start's median |" if epochs > 1 else ""),
+        "|---:|---:|---:|---:|---:|---:|" + ("---|" if epochs > 1 else ""),
     ]
-    doc: dict[str, object] = {"tokens": tokens, "rounds": rounds, "corral_options": options, "rates": rates}
+    doc: dict[str, object] = {
+        "tokens": tokens, "rounds": rounds, "epochs": epochs, "corral_options": options, "rates": rates,
+        "ratios_per_start": per_start,
+    }
     for c in levels:
-        ratios = [a / b for a, b in zip(rates["corral"][c], rates["llama-server"][c])]
-        lo, hi = median_interval(ratios)
+        ratios = [r for group in per_start[c] for r in group]
+        lo, hi = clustered_median_interval(per_start[c])
         ahead = sum(r > 1.0 for r in ratios)
+        each = " " + ", ".join(f"{statistics.median(g):.3f}" for g in per_start[c]) + " |" if epochs > 1 else ""
         lines.append(
             f"| {c} | {statistics.median(rates['corral'][c]):.1f} | {statistics.median(rates['llama-server'][c]):.1f} "
-            f"| {statistics.median(ratios):.3f}x | {lo:.3f}-{hi:.3f} | {ahead} of {len(ratios)} |"
+            f"| {statistics.median(ratios):.3f}x | {lo:.3f}-{hi:.3f} | {ahead} of {len(ratios)} |{each}"
         )
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "throughput-pairs.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -586,6 +600,10 @@ def main() -> int:
         "--corral-option", action="append", default=[], metavar="'KEY = VALUE'",
         help="--pairs: a line added to Corral's model table (an A/B of one setting), repeatable",
     )
+    ap.add_argument(
+        "--epochs", type=int, default=1,
+        help="--pairs: start both servers afresh this many times, --rounds rounds each (bench/intervals.py)",
+    )
     ap.add_argument("--structured", action="store_true", help="constrained vs unconstrained, in one Corral")
     ap.add_argument(
         "--threads", type=int, default=None,
@@ -601,7 +619,7 @@ def main() -> int:
         if args.llama_server is None:
             raise SystemExit("--pairs needs --llama-server")
         levels = tuple(int(c) for c in args.pairs.split(","))
-        print(bench_pairs(args.llama_server, args.model.resolve(), args.tokens, args.rounds, levels, args.corral_option))
+        print(bench_pairs(args.llama_server, args.model.resolve(), args.tokens, args.rounds, levels, args.corral_option, max(1, args.epochs)))
         return 0
     if args.structured:
         return bench_structured(args.model.resolve(), args.tokens, args.rounds, args.threads)

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.throughput import DEFAULT_MODEL, OUT, median_interval, start_corral
+from bench.intervals import median_interval
+from bench.throughput import DEFAULT_MODEL, OUT, start_corral
 
 
 @contextmanager
