@@ -21,6 +21,8 @@ waits and who runs. What goes into the batch, and what to free when the KV cache
 worker/step_plan.py; this module performs them. Every change to a sequence's KV cells goes through
 worker/kv_cache.py, which changes the slot's books with it, and before each decode checks
 that the two agree for every slot (a slot that does not is dropped, never served from).
+When one request generates and nothing else is at work or waiting, its steps run back to
+back without the loop's rounds until anything else needs the loop (worker/run_ahead.py).
 
 Nothing a request carries may abort the process: the batch never exceeds n_batch, sampling
 only happens where logits were requested, and sampler chains always end in dist or greedy.
@@ -51,9 +53,10 @@ from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
 from worker.prompt_cache import CacheOptions, PromptCache
 from worker.protocol import (
-    Cancel, Error, Frame, Generate, Occupancy, SetCacheBudget, SetThreads, SlotFile, SlotState, Step, TokenEvent,
+    Cancel, Error, Frame, Generate, Occupancy, SetCacheBudget, SetThreads, SlotFile, Step, TokenEvent,
 )
 from worker.request import EmbedJob, Request, pending_tokens
+from worker.run_ahead import RunAhead, lone_request
 from worker.siblings import followers_by_lead, followers_to_detach
 from worker.slot_files import SlotFiles
 from worker.speculation import Speculation
@@ -141,6 +144,10 @@ class Engine:
         self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None
         # llama-server's slot save, restore and erase, each once its slot is idle.
         self.slot_files = SlotFiles(m, self.kv, self.slots, self.n_ctx_slot, emit)
+        # A lone stream's steps, back to back while nothing else needs the loop.
+        self.ahead = RunAhead(
+            m.ctx, self.batch, self.kv, self.requests, self.spec, self.inbox.empty, emit, self.hold.holds
+        )
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
@@ -178,19 +185,6 @@ class Engine:
         """Requests waiting for a slot, or still being prepared."""
         return len(self.requests.waiting) + (len(self.embeds.jobs) if self.embeds is not None else 0) + self.prep.pending
 
-    def slot_states(self) -> list[SlotState]:
-        """What each slot is doing (GET /slots). Called from the link's thread, not this
-        one: it only reads, and a reading a step old is as good as a fresh one."""
-        out = []
-        for s in self.slots:
-            req = s.request
-            state = SlotState(id=s.id, n_ctx=self.n_ctx_slot, is_processing=req is not None, n_cached=len(s.cache))
-            if req is not None:
-                state.id_task, state.n_decoded, state.params = req.id, req.n_gen, req.params
-                state.n_remain = req.max_new - req.n_gen
-            out.append(state)
-        return out
-
     # ---- the thread ---------------------------------------------------------------------------
 
     def persist(self, timeout: float) -> bool:
@@ -218,6 +212,9 @@ class Engine:
                     self.admission.admit()
                 if any(s.request is not None for s in self.slots):
                     self._step()
+                    lone = lone_request(self.slots, bool(self.requests.waiting), self.spec.model is not None)
+                    if lone is not None:
+                        self.cache.step(self.slots, self.ahead.run(lone, self.room.dropped))
                 if self.embeds is not None:  # its slots never generate, so hold no cells
                     self.embeds.step()
             except Exception as exc:  # a bug must cost requests, never the worker

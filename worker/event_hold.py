@@ -51,6 +51,11 @@ class EventHold:
         with self._lock:
             self._held.pop(rid, None)
 
+    def holds(self, rid: int) -> bool:
+        """Whether `rid`'s events wait for its end."""
+        with self._lock:
+            return rid in self._held
+
     @property
     def holding(self) -> int:
         """Requests being held (tests: none is left behind)."""

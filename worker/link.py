@@ -28,6 +28,7 @@ from worker.model import LoadedModel
 from worker.preparer import Work
 from worker.prompt_cache import CacheOptions
 from worker.prompt_store import fingerprint
+from worker.request import slot_states
 from worker.protocol import (
     Cancel,
     SlotFile,
@@ -117,7 +118,8 @@ class Link:
             )
         elif isinstance(frame, SlotsQuery):
             # Answered here, like Ping: a read of the slots, which the engine never waits on.
-            self.emit(SlotsResult(id=frame.id, slots=self.engine.slot_states() if self.engine else []))
+            e = self.engine
+            self.emit(SlotsResult(id=frame.id, slots=slot_states(e.slots, e.n_ctx_slot) if e else []))
         elif isinstance(frame, Shutdown):
             self.draining = True
             trio.lowlevel.spawn_system_task(self._shutdown, frame.grace)

@@ -83,15 +83,16 @@ class PromptCache:
         if data:
             self.host.put(Saved(tokens=list(seq.cache), data=data, used=used))
 
-    def step(self, slots: Sequence[Slot[Request]]) -> None:
-        """A decode step went by. Every SPILL_CHECK steps, the parked entry idle longest
+    def step(self, slots: Sequence[Slot[Request]], n: int = 1) -> None:
+        """`n` decode steps went by. Every SPILL_CHECK steps, the parked entry idle longest
         moves to host memory if it has waited long enough (prefix_reuse.idle_to_spill):
         one at a time, so that saving it holds up the streams for one entry's copy at most.
         Without host memory nothing moves: an entry is worth its cells more than nothing."""
-        self._steps += 1
-        if self._steps % SPILL_CHECK or self.options.ram_bytes <= 0 or not self.entries.parked:
+        checks = (self._steps + n) // SPILL_CHECK - self._steps // SPILL_CHECK
+        self._steps += n
+        if not checks or self.options.ram_bytes <= 0 or not self.entries.parked:
             return
-        self.entries.age(SPILL_CHECK)
+        self.entries.age(SPILL_CHECK * checks)
         entry = idle_to_spill(self.entries.parked, slots)
         if entry is not None:
             self.entries.evict(entry)  # saved to host memory first (Entries.on_evict)

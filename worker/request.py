@@ -15,7 +15,7 @@ import msgspec
 from worker.logits import LogitBias, LogitsAdjustment
 from worker.logprobs import LogprobQueue
 from worker.ngram_draft import Drafter
-from worker.protocol import SamplingParams
+from worker.protocol import SamplingParams, SlotState
 from worker.sampling import SamplerChain
 from worker.slots import Slot
 from worker.stops import StopMatcher
@@ -131,3 +131,17 @@ def pending_tokens(slot: Slot[Request]) -> int:
     if slot.request.follows is not None or slot.request.awaits is not None:
         return 0
     return len(slot.request.tokens) - len(slot.cache)
+
+
+def slot_states(slots: list[Slot[Request]], n_ctx: int) -> list[SlotState]:
+    """What each slot is doing (GET /slots). Called from the link's thread, not the
+    engine's: it only reads, and a reading a step old is as good as a fresh one."""
+    out = []
+    for s in slots:
+        req = s.request
+        state = SlotState(id=s.id, n_ctx=n_ctx, is_processing=req is not None, n_cached=len(s.cache))
+        if req is not None:
+            state.id_task, state.n_decoded, state.params = req.id, req.n_gen, req.params
+            state.n_remain = req.max_new - req.n_gen
+        out.append(state)
+    return out

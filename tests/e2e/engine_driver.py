@@ -80,13 +80,15 @@ class EngineDriver:
         n: int = 1,
         logprobs: int | None = None,
         hold: bool = False,
+        stop: list[str] | None = None,
     ) -> tuple[int, Outcome]:
         rid = next(self._ids)
         outcome = Outcome(n=n)
         with self._lock:
             self._outcomes[rid] = outcome
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs
+            max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs,
+            stop=stop or [],
         )
         self.engine.submit(Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n, hold_events=hold))
         return rid, outcome

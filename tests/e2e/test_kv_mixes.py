@@ -8,7 +8,7 @@ canary's prefix reuse is at stake), prompts that share a long system prompt (par
 entries, anchors, and waiting for another request's prefill are at stake: issue 24), plain
 prompts, prompts near the limit, conversations moved out to host memory and back, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
 on, as in the worker, and gives back the cells of rejected drafts), n > 1 siblings, sampled and greedy requests, staggered
-starts and cancellations. After each mix:
+starts and cancellations; a request alone runs ahead of the engine loop (worker/run_ahead.py). After each mix:
 - the engine's own check, run before every decode, found nothing to repair;
 - every sequence's books (slots, parked entries, free ids) match the cells of both KV
   caches, read from llama.cpp's state;
@@ -205,3 +205,16 @@ def test_issue_20s_sequence_leaves_the_canary_as_a_fresh_engine_answers(mixer: M
     mix = [Ask("head", 200, rng.randint(0, 2000), 40, 1, 0.0, 0, 0.0, None) for _ in range(4)]
     mix.append(Ask("near", 5, 100, 40, 1, 0.0, 0, 0.3, None))
     mixer.run(mix)
+
+
+def test_lone_streams_that_run_ahead_inside_a_mix_leave_the_books_true(mixer: Mixer) -> None:
+    """A mix whose requests are alone for a while, each running ahead of the engine loop
+    (worker/run_ahead.py) with drafts, until the next arrives or a cancel reaches it; the
+    same checks follow."""
+    before = mixer.d.engine.ahead.steps
+    mixer.run([
+        Ask("plain", 200, 10, 40, 1, 0.0, 1, 0.0, None),
+        Ask("shared", 50, 300, 40, 1, 0.9, 7, 0.8, None, hold=True),
+        Ask("again", 3, 0, 40, 1, 0.0, 2, 1.0, 0.2),
+    ])
+    assert mixer.d.engine.ahead.steps > before
