@@ -484,14 +484,13 @@ def bench_pairs(
     (bench/intervals.py says why one start is not enough)."""
     starts: list[dict[str, dict[int, list[float]]]] = []
     for e in range(epochs):
+        servers = {
+            "corral": corral_up(model, "".join(o + "\n" for o in options)),
+            "llama-server": llama_server_up(binary, model),
+        }
         with contextlib.ExitStack() as up:
-            ups = {
-                "corral": lambda: up.enter_context(corral_up(model, "".join(o + "\n" for o in options))),
-                "llama-server": lambda: up.enter_context(llama_server_up(binary, model)),
-            }
-            order = list(ups) if e % 2 == 0 else list(ups)[::-1]
-            urls = {name: ups[name]() for name in order}
-            starts.append(bench_http({n: urls[n] for n in ups}, "demo", tokens, rounds, levels))
+            urls = {name: up.enter_context(servers[name]) for name in (list(servers) if e % 2 == 0 else list(servers)[::-1])}
+            starts.append(bench_http({name: urls[name] for name in servers}, "demo", tokens, rounds, levels))
         if epochs > 1:
             print(f"start {e + 1} of {epochs} done", flush=True)
     rates = {name: {c: [r for s in starts for r in s[name][c]] for c in levels} for name in ("corral", "llama-server")}

@@ -145,9 +145,7 @@ class Engine:
         # llama-server's slot save, restore and erase, each once its slot is idle.
         self.slot_files = SlotFiles(m, self.kv, self.slots, self.n_ctx_slot, emit)
         # A lone stream's steps, back to back while nothing else needs the loop.
-        self.ahead = RunAhead(
-            m.ctx, self.batch, self.kv, self.requests, self.spec, self.inbox.empty, emit, self.hold.holds
-        )
+        self.ahead = RunAhead(m.ctx, self.batch, self.kv, self.requests, self.spec, self.inbox.empty, self.hold)
 
     # ---- public, thread-safe ------------------------------------------------------------------
 

@@ -32,9 +32,10 @@ from typing import Callable, Sequence
 import llama_cpp
 
 from worker.batch import BatchBuffer
+from worker.event_hold import EventHold
 from worker.kv_cache import KvCache
 from worker.outcomes import Requests
-from worker.protocol import Frame, Step, TokenEvent
+from worker.protocol import Step, TokenEvent
 from worker.request import Request, pending_tokens
 from worker.slots import Slot
 from worker.speculation import Speculation
@@ -72,13 +73,11 @@ class RunAhead:
         requests: Requests,
         spec: Speculation,
         idle: Callable[[], bool],
-        emit: Callable[[Frame], None],
-        held: Callable[[int], bool],
+        emit: EventHold,
     ) -> None:
         self.ctx, self.batch, self.kv, self.requests, self.spec = ctx, batch, kv, requests, spec
         self.idle = idle  # nothing in the engine's inbox
-        self.emit = emit
-        self.held = held  # whether a request's events wait for its end
+        self.emit = emit  # the engine's: it knows whose events wait for their end
         self.limit = LIMIT  # steps at most before the loop's full step (0: never run ahead)
         self.steps = 0  # decodes done running ahead
 
@@ -87,21 +86,21 @@ class RunAhead:
         how many decodes succeeded. `on_drop` is the engine's for a slot the check drops."""
         slot = req.slot
         assert slot is not None and req.sampler is not None
-        held = self.held(req.id)
+        held = self.emit.holds(req.id)
         events: list[TokenEvent] = []
         done = 0
         while done < self.limit and self.idle() and req.slot is slot:
             if self.kv.check([slot], on_drop) or pending_tokens(slot) != 1:
                 break
             start = len(slot.cache)
-            fed = req.tokens[start:]
             draft = self.spec.draft(req, self.batch.capacity - 1)
+            fed = req.tokens[start:] + draft
             self.batch.clear()
-            index = self.batch.add(fed + draft, start, slot.seq_id, "all" if draft else "last")
+            index = self.batch.add(fed, start, slot.seq_id, "all" if draft else "last")
             if llama_cpp.llama_decode(self.ctx, self.batch.struct()) != 0:
                 break
             done += 1
-            self.kv.decoded(slot, fed + draft)
+            self.kv.decoded(slot, fed)
             if draft:
                 self.spec.verify(req, slot, start, index, draft, lambda r, i: self._sample(r, i, events))
             else:
