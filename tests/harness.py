@@ -25,6 +25,8 @@ def toml_value(v: object) -> str:
         return json.dumps(v)  # a JSON string is a valid TOML basic string
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table (an api_keys entry)
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"cannot write {v!r} as TOML")
 
 

@@ -3,9 +3,11 @@
 Keys come from three places, all read when the config is loaded (so a reload re-reads the
 keys file):
 
-- `[server] api_keys`: strings, or tables `{ key = "...", name = "...", models = [...] }`;
-- `[server] api_keys_file`: one key a line, optionally followed by `name=NAME` and
-  `models=A,B`; blank lines and `#` comments are skipped;
+- `[server] api_keys`: strings, or tables `{ key = "...", name = "...", models = [...],
+  cache_group = "...", max_tokens = N }`;
+- `[server] api_keys_file`: one key a line, optionally followed by `name=NAME`,
+  `models=A,B`, `cache_group=GROUP` and `max_tokens=N`; blank lines and `#` comments are
+  skipped;
 - the environment variable `CORRAL_API_KEYS`: keys separated by commas or whitespace.
 
 `[server] admin_keys` are strings. An admin key may do anything an API key may, on every
@@ -14,6 +16,10 @@ model.
 A key is kept only as its SHA-256 digest, and named for logs and errors by its name or,
 without one, by where it was configured (`api_keys[2]`, `keys.txt:7`,
 `CORRAL_API_KEYS[0]`): no message, log line or admin answer can then hold the key itself.
+A name is for people; what a key owns (stored responses, slot files, cached prefixes)
+belongs to its digest, which no other key and no later key at the same place in the
+config can have. A configured name may not take the form of a generated one, so that the
+access log never shows two keys under one name.
 Matching compares the presented key's digest with every configured digest in constant
 time, and never stops early, so the time taken says nothing about which key, or how much
 of one, matched. Pure, except `from_file`'s read.
@@ -45,6 +51,12 @@ class ApiKeyTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     key: str
     name: str | None = None
     models: list[str] | None = None  # names or aliases; None: every model
+    # Keys of one group share their cached prompt prefixes (and see each other's cache
+    # hits); without one, a key's prefixes are its own (router/server/cache_scope.py).
+    cache_group: str | None = None
+    # The most tokens one request of this key may generate; a request asking more is cut
+    # to it, as llama-server's -n cuts n_predict.
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,9 +66,17 @@ class Key:
     admin: bool = False
     # The models (resolved names) this key may use; None: all of them.
     models: frozenset[str] | None = None
+    cache_group: str | None = None  # ApiKeyTable.cache_group
+    max_tokens: int | None = None  # ApiKeyTable.max_tokens
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    @property
+    def owner(self) -> str:
+        """Who owns what this key stores: its digest's hex. Another key, a renamed key, or
+        the key that replaces it at the same place in the config owns something else."""
+        return self.digest.hex()
 
 
 def digest(key: str) -> bytes:
@@ -96,6 +116,8 @@ class KeySource:
     name: str | None
     models: tuple[str, ...] | None
     admin: bool = False
+    cache_group: str | None = None
+    max_tokens: int | None = None
 
 
 def from_config(api_keys: Iterable[str | ApiKeyTable], admin_keys: Iterable[str]) -> Iterator[KeySource]:
@@ -105,7 +127,7 @@ def from_config(api_keys: Iterable[str | ApiKeyTable], admin_keys: Iterable[str]
             yield KeySource(where, entry, None, None)
         else:
             models = None if entry.models is None else tuple(entry.models)
-            yield KeySource(where, entry.key, entry.name, models)
+            yield KeySource(where, entry.key, entry.name, models, cache_group=entry.cache_group, max_tokens=entry.max_tokens)
     for i, key in enumerate(admin_keys):
         yield KeySource(f"server.admin_keys[{i}]", key, None, None, admin=True)
 
@@ -116,7 +138,11 @@ def from_env(value: str | None) -> Iterator[KeySource]:
 
 
 class KeyFileError(ValueError):
-    """A line of a keys file that is not `KEY [name=NAME] [models=A,B]`."""
+    """A line of a keys file that is not `KEY [name=NAME] [models=A,B] [cache_group=G]
+    [max_tokens=N]`."""
+
+
+_FILE_FIELDS = ("name", "models", "cache_group", "max_tokens")
 
 
 def parse_file(text: str, label: str) -> Iterator[KeySource]:
@@ -127,23 +153,36 @@ def parse_file(text: str, label: str) -> Iterator[KeySource]:
         if not fields or fields[0].startswith("#"):
             continue
         key, *rest = fields
-        name: str | None = None
-        models: tuple[str, ...] | None = None
+        given: dict[str, str] = {}
         for field in rest:
             attr, sep, value = field.partition("=")
-            if attr not in ("name", "models") or not sep or not value:
-                raise KeyFileError(f"{label}:{n}: after the key, only name=NAME and models=A,B may follow")
-            if attr == "name":
-                name = value
-            else:
-                models = tuple(m for m in value.split(",") if m)
-        yield KeySource(f"{label}:{n}", key, name, models)
+            if attr not in _FILE_FIELDS or not sep or not value:
+                raise KeyFileError(
+                    f"{label}:{n}: after the key, only name=NAME, models=A,B, cache_group=GROUP "
+                    "and max_tokens=N may follow"
+                )
+            given[attr] = value
+        models = tuple(m for m in given["models"].split(",") if m) if "models" in given else None
+        max_tokens: int | None = None
+        if "max_tokens" in given:
+            if not given["max_tokens"].isdigit():
+                raise KeyFileError(f"{label}:{n}: max_tokens must be a whole number")
+            max_tokens = int(given["max_tokens"])
+        yield KeySource(
+            f"{label}:{n}", key, given.get("name"), models, cache_group=given.get("cache_group"), max_tokens=max_tokens
+        )
 
 
 def from_file(path: Path) -> list[KeySource]:
     """A keys file's keys, each named by the file's name and its line (`keys.txt:3`).
     Raises KeyFileError (a line), OSError or UnicodeDecodeError (the file)."""
     return list(parse_file(path.read_text(encoding="utf-8"), path.name))
+
+
+# The names a key without one is given (`api_keys[2]`, `CORRAL_API_KEYS[0]`,
+# `admin_keys[1]`, `keys.txt:7`): a configured name of this form could be, now or after the
+# next reload, another key's.
+_GENERATED_NAME = re.compile(r"[A-Za-z_]+\[\d+\]|\S+:\d+")
 
 
 def problems(sources: Iterable[KeySource]) -> Iterator[str]:
@@ -162,9 +201,18 @@ def problems(sources: Iterable[KeySource]) -> Iterator[str]:
         if s.name is not None:
             if not s.name.strip() or not s.name.isprintable():
                 yield f"{s.where}.name: must be printable and not empty"
+            elif _GENERATED_NAME.fullmatch(s.name):
+                yield (
+                    f"{s.where}.name: {s.name!r} has the form of the name Corral gives a key without "
+                    "one (where it is configured): choose another"
+                )
             elif s.name in names:
                 yield f"{s.where}.name: {s.name!r} is already the name of {names[s.name]}"
             names.setdefault(s.name, s.where)
+        if s.cache_group is not None and (not s.cache_group.strip() or not s.cache_group.isprintable()):
+            yield f"{s.where}.cache_group: must be printable and not empty"
+        if s.max_tokens is not None and s.max_tokens < 1:
+            yield f"{s.where}.max_tokens: must be at least 1"
 
 
 def keyring(sources: Iterable[KeySource], resolve: dict[str, str]) -> tuple[Keyring, list[str]]:
@@ -179,5 +227,10 @@ def keyring(sources: Iterable[KeySource], resolve: dict[str, str]) -> tuple[Keyr
             bad += [f"{s.where}.models: {m!r} is neither a model nor an alias in [models]" for m in unknown]
             scope = frozenset(resolve[m] for m in s.models if m in resolve)
         name = s.name or s.where.removeprefix("server.")
-        keys.append(Key(name=name, digest=digest(s.key), admin=s.admin, models=scope))
+        keys.append(
+            Key(
+                name=name, digest=digest(s.key), admin=s.admin, models=scope,
+                cache_group=s.cache_group, max_tokens=s.max_tokens,
+            )
+        )
     return Keyring(tuple(keys)), bad

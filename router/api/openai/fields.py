@@ -305,3 +305,37 @@ def json_schemas(
     if json_schema is not None:
         out.append((json_schema, "json_schema"))
     return out
+
+
+# OpenAI's bounds on `metadata` (chat completions and Responses alike): 16 pairs, keys up
+# to 64 characters, values up to 512. Corral keeps a Responses request's metadata with the
+# stored response, in a store that every key shares: unbounded, one key's metadata could
+# push out another key's responses.
+METADATA_PAIRS = 16
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
+
+
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    """Refuse metadata past OpenAI's bounds, naming the pair."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_PAIRS:
+        raise InvalidRequest(
+            f"Invalid 'metadata': too many properties. Expected an object with at most {METADATA_PAIRS} "
+            f"properties, but got an object with {len(metadata)} properties instead.",
+            "metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise InvalidRequest(
+                f"Invalid 'metadata': a key is too long. Expected a key of at most {METADATA_KEY_CHARS} "
+                f"characters, but got one of {len(key)} characters instead.",
+                "metadata",
+            )
+        if len(value) > METADATA_VALUE_CHARS:
+            raise InvalidRequest(
+                f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
+                f"{METADATA_VALUE_CHARS}, but got a string with length {len(value)} instead.",
+                f"metadata.{key}",
+            )

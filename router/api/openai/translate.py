@@ -15,6 +15,7 @@ from worker.protocol import Constraint, SamplingParams
 def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = SamplingParams()) -> GenerationJob:
     """`model` is the name the response gives: the request's, or the default model's;
     `defaults` what the model gives a request that sets nothing (its token limit too)."""
+    request_fields.check_metadata(r.metadata)
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     param = "max_tokens"
     if max_tokens is None and r.n_predict is not None:

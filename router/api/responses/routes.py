@@ -17,6 +17,7 @@ from quart import Blueprint, Response, request
 
 from router.api.answering import answer, job_for, prompt_tokens
 from router.api.dialect import Server
+from router.api.openai.fields import check_metadata
 from router.api.responses import items
 from router.api.responses.errors import PreviousNotFound, ResponseNotFound
 from router.api.responses.render import Reply, stream, whole
@@ -37,8 +38,9 @@ def owns(path: str) -> bool:
 
 
 def _owner() -> str | None:
+    """Who owns what this request stores: its key's identity, never its name."""
     key = auth.current_key()
-    return key.name if key is not None else None
+    return key.owner if key is not None else None
 
 
 def register(app: Blueprint, server: Server) -> None:
@@ -68,6 +70,7 @@ def register(app: Blueprint, server: Server) -> None:
     async def create() -> Response:
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         refuse_unserved(r)
+        check_metadata(r.metadata)  # it is stored with the response
         target = server.target(r.model, "")
         turns = conversation(r)
         tools, namespaces = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)

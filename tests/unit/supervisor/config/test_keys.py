@@ -123,6 +123,32 @@ def test_the_same_key_twice_and_the_same_name_twice_are_problems() -> None:
     ]
 
 
+@pytest.mark.parametrize("name", ["api_keys[4]", "admin_keys[0]", "CORRAL_API_KEYS[2]", "keys.txt:7"])
+def test_a_configured_name_of_the_form_corral_gives_unnamed_keys_is_a_problem(name: str) -> None:
+    # Issue 40: a key named "api_keys[4]" was accepted, and shared its name (then owned by
+    # name, its stored responses) with the unnamed key at that place.
+    found = list(keys.problems([KeySource("server.api_keys[0]", ALICE, name, None)]))
+    assert len(found) == 1 and found[0].startswith("server.api_keys[0].name: ") and "form" in found[0]
+
+
+def test_what_a_key_owns_is_its_digest_not_its_name() -> None:
+    ring = _ring(KeySource("server.api_keys[0]", ALICE, "team", None), KeySource("server.api_keys[1]", BOB, None, None))
+    alice, bob = ring.keys
+    assert alice.owner == keys.digest(ALICE).hex() and bob.owner == keys.digest(BOB).hex()
+    assert "team" not in alice.owner and ALICE not in alice.owner
+
+
+def test_keys_file_cache_group_and_max_tokens() -> None:
+    [s] = keys.parse_file(f"{ALICE} name=alice cache_group=team max_tokens=512\n", "keys.txt")
+    assert (s.cache_group, s.max_tokens) == ("team", 512)
+    ring = _ring(s)
+    assert (ring.keys[0].cache_group, ring.keys[0].max_tokens) == ("team", 512)
+    with pytest.raises(KeyFileError, match="max_tokens"):
+        list(keys.parse_file(f"{ALICE} max_tokens=lots\n", "keys.txt"))
+    found = list(keys.problems([KeySource("keys.txt:1", ALICE, None, None, max_tokens=0, cache_group=" ")]))
+    assert found == ["keys.txt:1.cache_group: must be printable and not empty", "keys.txt:1.max_tokens: must be at least 1"]
+
+
 def _write(tmp_path: Path, server: dict[str, object]) -> Path:
     write_gguf(tmp_path / "dummy.gguf")
     path = tmp_path / "config.toml"
@@ -152,7 +178,7 @@ def test_key_problems_are_config_errors_without_the_keys(tmp_path: Path) -> None
     text = str(exc.value)
     assert "server.api_keys[1]: a key must be at least 8 characters" in text
     assert "server.admin_keys[0]: the same key as server.api_keys[0]" in text
-    assert "server.api_keys_file: keys.txt:1: after the key, only name=NAME and models=A,B may follow" in text
+    assert "server.api_keys_file: keys.txt:1: after the key, only name=NAME, models=A,B, cache_group=GROUP and max_tokens=N may follow" in text
     assert ALICE not in text and "tiny" not in text
 
 

@@ -53,3 +53,28 @@ def test_another_key_sees_no_such_response_and_cannot_delete_it() -> None:
     assert s.get("resp_a", "bob", ttl=60) is None and s.get("resp_a", None, ttl=60) is None
     assert not s.delete("resp_a", "bob", ttl=60)
     assert s.delete("resp_a", "alice", ttl=60) and s.get("resp_a", "alice", ttl=60) is None
+
+
+def test_one_key_filling_the_store_pushes_out_its_own_responses_not_another_keys() -> None:
+    # Issue 40: three large requests from one key emptied another key's responses.
+    s = ResponseStore(Clock())
+    assert s.put("resp_b", "bob", b"b" * 100, TURNS, ttl=60, max_bytes=2_000)
+    for i in range(30):
+        assert s.put(f"resp_a{i}", "mallory", b"m" * 300, TURNS, ttl=60, max_bytes=2_000)
+    assert s.get("resp_b", "bob", ttl=60) is not None
+    assert s.size <= 2_000
+    assert s.get("resp_a29", "mallory", ttl=60) is not None and s.get("resp_a0", "mallory", ttl=60) is None
+
+
+def test_the_largest_holder_gives_up_its_oldest_first() -> None:
+    s = ResponseStore(Clock())
+    for i in range(3):
+        s.put(f"resp_b{i}", "bob", b"b" * 200, TURNS, ttl=60, max_bytes=10_000)
+    s.put("resp_c", "carol", b"c" * 100, TURNS, ttl=60, max_bytes=10_000)
+    per_b = s.held("bob") // 3
+    # Past the cap, bob (who holds the most) loses his oldest; carol keeps hers.
+    assert s.put("resp_c2", "carol", b"c" * 100, TURNS, ttl=60, max_bytes=s.size)
+    assert s.get("resp_b0", "bob", ttl=60) is None and s.get("resp_b1", "bob", ttl=60) is not None
+    assert s.get("resp_c", "carol", ttl=60) is not None and s.get("resp_c2", "carol", ttl=60) is not None
+    assert s.held("bob") == 2 * per_b
+    assert s.held("bob") + s.held("carol") == s.size
