@@ -1,8 +1,13 @@
-"""A request's JSON body decoded into a dialect's request type, in one pass.
+"""A request's JSON body decoded, into a dialect's request type or as any JSON value: the one
+place the router decodes a body it was sent.
 
 msgspec decodes and type-checks together and names the offending key path; every failure
 is an InvalidRequest that names the parameter, so the client gets a 400 that says exactly
-what to fix, in whichever dialect's shape the route answers.
+what to fix, in whichever dialect's shape the route answers. Every reader of a request body
+(the routes, the upstream hook in router/upstream/routing.py, llama-server's slot actions and
+LoRA list) goes through here, because msgspec recurses into nested values, typed or not, and
+skips unknown fields by recursion too: a decode anywhere else lets a body nested thousands
+deep out as a RecursionError, a 500 (issue 8, finding 2; issue 40, finding 2).
 """
 
 from __future__ import annotations
@@ -21,6 +26,19 @@ def decode(body: bytes | bytearray, kind: type[msgspec.Struct], api: str = "Open
     names the dialect in the hint for a body that is not JSON at all (OpenAI's wording)."""
     if not body or body.isspace():  # strip() would copy a bytearray; isspace() stops early
         raise InvalidRequest("The request body is empty; expected a JSON object.")
+    return _bounded(body, kind, api)
+
+
+def decode_any(body: bytes | bytearray, api: str = "OpenAI") -> Any:
+    """Decode a JSON body that is no request type (an array, an object read key by key) into
+    Python values; InvalidRequest says what is wrong, as `decode` does. An empty body is not
+    JSON: a caller for whom it means "nothing sent" checks for it first."""
+    return _bounded(body, Any, api)
+
+
+def _bounded(body: bytes | bytearray, kind: Any, api: str) -> Any:
+    """msgspec's decode, nested no deeper than the interpreter's recursion limit (about
+    1,000 levels), with every way it can fail on what a client sent made a 400."""
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:

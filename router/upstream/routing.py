@@ -22,12 +22,12 @@ import msgspec
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router.server import access_log, auth, bodies
+from router.server import access_log, auth, bodies, json_body
 from router.upstream import remote
 from router.upstream.affinity import session_key
 from router.upstream.relay import Relay, loop_problem
 from supervisor.config.schema import UpstreamSpec
-from supervisor.errors import Unsupported, WorkerUnavailable
+from supervisor.errors import InvalidRequest, Unsupported, WorkerUnavailable
 from supervisor.supervisor import Supervisor, unknown_model
 
 # Routes that manage a server rather than use its model: never relayed (an upstream's
@@ -65,23 +65,26 @@ class _Named(msgspec.Struct):
     model: str | None = None
 
 
+# A body this hook cannot read (not JSON, not UTF-8, nested past the recursion limit, not an
+# object, a `model` that is not a string) goes on to the route, which answers it as it does
+# without upstreams: a route that reads a body reads it with the same decode
+# (router/server/json_body.py) and refuses it in its own dialect, naming what is wrong.
 def _named(body: bytes | bytearray) -> tuple[bool, str | None]:
     """Whether the body is a JSON object with a string (or no) `model`, and that model.
     Typed, so that msgspec skips every other field: a local model's 15 MB body costs a scan,
     not a decode, on the event loop."""
     try:
-        return True, msgspec.json.decode(body, type=_Named).model
-    except (msgspec.DecodeError, UnicodeDecodeError):
+        named: _Named = json_body.decode(body, _Named)
+    except InvalidRequest:
         return False, None
+    return True, named.model
 
 
 def _decoded(body: bytes | bytearray) -> dict[str, Any] | None:
-    """The body as a JSON object whose `model`, if any, is a string; None for anything else
-    (not JSON, not UTF-8, not an object, a model that is not a string), which the route
-    then refuses as it refuses it for a local model, naming what is wrong."""
+    """The body as a JSON object whose `model`, if any, is a string; None for anything else."""
     try:
-        decoded = msgspec.json.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError):
+        decoded = json_body.decode_any(body)
+    except InvalidRequest:
         return None
     if not isinstance(decoded, dict) or not isinstance(decoded.get("model", ""), (str, type(None))):
         return None

@@ -19,7 +19,7 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from router.api.dialect import Server
-from router.server import bodies
+from router.server import bodies, json_body
 from supervisor.errors import InvalidRequest, NotServed
 
 PATHS = frozenset({"/props", "/cors-proxy", "/tools", "/lora-adapters"})
@@ -56,11 +56,7 @@ def register(app: Blueprint, server: Server) -> None:
     @app.post("/lora-adapters")
     async def set_lora_adapters() -> Response:
         resolve(request.args.get("model"))
-        body = await bodies.read_body()
-        try:
-            entries: Any = msgspec.json.decode(body)
-        except msgspec.DecodeError:
-            raise InvalidRequest("The body is not valid JSON.", None) from None
+        entries: Any = json_body.decode_any(await bodies.read_body(), api="llama-server")
         if not isinstance(entries, list):
             raise InvalidRequest("Request body must be an array", None)
         for i, entry in enumerate(entries):

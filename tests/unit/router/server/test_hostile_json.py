@@ -16,7 +16,7 @@ import pytest
 
 from router.server import json_path
 from router.api.llama.schemas import TokenizeRequest
-from router.server.json_body import decode
+from router.server.json_body import decode, decode_any
 from router.api.openai import schemas as s
 from router.app import create_app
 from supervisor.config import parse
@@ -117,6 +117,27 @@ def test_invalid_utf8_in_a_string_is_a_400_naming_it(
     err = _decode_error(body, kind)
     assert err.param == param
     assert "not valid UTF-8" in err.message
+
+
+@pytest.mark.parametrize(
+    "body, param, says",
+    [
+        (b'[{"id": 0, "scale": ' + DEEP_ARRAY + b"}]", "[0].scale", "nested too deeply"),
+        (b'{"filename": "a", "x": ' + DEEP_OBJECT + b"}", "x", "nested too deeply"),
+        (DEEP_ARRAY, None, "nested too deeply"),
+        (b'{"filename": "caf\xe9"}', "filename", "not valid UTF-8"),
+        (b'{"filename": ', None, "could not parse"),
+    ],
+)
+def test_a_body_decoded_as_any_json_value_is_a_400_too(
+    body: bytes, param: str | None, says: str
+) -> None:
+    """Issue 40, finding 2: an untyped decode recurses as a typed one does. The readers that
+    decoded untyped (llama-server's slot actions and LoRA list, the upstream hook) let the
+    RecursionError out as a 500 until they went through json_body."""
+    with pytest.raises(InvalidRequest) as info:
+        decode_any(body)
+    assert info.value.param == param and says in info.value.message
 
 
 def test_the_walk_is_bounded() -> None:
