@@ -22,6 +22,7 @@ import trio
 
 from router.upstream.pool import Upstreams
 from router.upstream.relay import ANTHROPIC_VERSION, request_headers
+from router.upstream.scrub import scrubbed_errors
 from supervisor.config.schema import UpstreamSpec
 
 log = logging.getLogger("corral.upstream")
@@ -38,8 +39,11 @@ async def check(upstreams: Upstreams, client: httpx.AsyncClient, spec: UpstreamS
     dead = False
     with trio.move_on_after(timeout) as scope:
         try:
-            async with client.stream("GET", f"{url}/models", headers=check_headers(spec)) as response:
-                status = response.status_code
+            # A transport error's text may quote what the replica sent: it goes to the log
+            # and to last_error only with the keys taken out.
+            with scrubbed_errors(upstreams.scrubber()):
+                async with client.stream("GET", f"{url}/models", headers=check_headers(spec)) as response:
+                    status = response.status_code
         except httpx.TransportError as exc:
             error, dead = str(exc) or type(exc).__name__, isinstance(exc, httpx.ConnectError)
         except Exception as exc:  # a check must never end the checks

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from router.upstream.choice import Replica
 from router.upstream.health import Health
+from router.upstream.scrub import Scrubber
 from supervisor.config import Config
 from supervisor.config.schema import UpstreamSpec
 
@@ -51,6 +52,9 @@ class Upstreams:
         self._config = config
         self._local = local
         self.state: dict[tuple[str, str], ReplicaState] = {}
+        self._keys: set[str] = set()
+        self._keys_of: Config | None = None  # the config whose keys _keys holds
+        self._scrubber = Scrubber(())
 
     def spec(self, name: str) -> UpstreamSpec | None:
         """The upstream model `name` (or an alias) names, in the config as it is now."""
@@ -58,6 +62,21 @@ class Upstreams:
 
     def specs(self) -> list[UpstreamSpec]:
         return list(self._config().upstreams.values())
+
+    def scrubber(self) -> Scrubber:
+        """What takes the keys out of an upstream's text (router/upstream/scrub.py): every
+        key this server has sent to another server since it started, upstreams' and the
+        fleet's, so that an answer to a request sent with a key a reload has since
+        replaced is scrubbed of it too. Built again only when a reload brings a new key."""
+        config = self._config()
+        if config is not self._keys_of:
+            self._keys_of = config
+            keys = {s.api_key for s in config.upstreams.values() if s.api_key}
+            keys |= {config.fleet_key} if config.fleet_key else set()
+            if not keys <= self._keys:
+                self._keys |= keys
+                self._scrubber = Scrubber(self._keys)
+        return self._scrubber
 
     def of(self, model: str, url: str) -> ReplicaState:
         return self.state.setdefault((model, url), ReplicaState())

@@ -13,6 +13,9 @@ the first byte nothing can be taken back: a connection that breaks mid-answer en
 client's connection too (no final chunk), so a cut answer is never taken for a whole one.
 A client that disconnects closes the upstream connection, which cancels the generation
 there (Corral and llama-server both stop a request whose client went away).
+
+What the upstream answers (its headers, its body, the text of a transport error) is
+scrubbed of every configured key here, where it enters (router/upstream/scrub.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import trio
 
 from router.upstream.choice import pick
 from router.upstream.pool import LOCAL, Upstreams
+from router.upstream.scrub import StreamScrub, scrubbed_errors
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import CorralError, Overloaded, WorkerCrashed, WorkerUnavailable
 
@@ -130,6 +134,7 @@ class Relay:
             if replica.name == LOCAL:
                 return None
             tried.add(replica.name)
+            scrubber = self.upstreams.scrubber()
             state = self.upstreams.of(spec.name, replica.name)
             state.in_flight += 1
             handed_over = False
@@ -140,7 +145,8 @@ class Relay:
                     timeout=httpx.Timeout(spec.timeout, connect=min(spec.timeout, 10.0)),
                 )
                 try:
-                    response = await self.client.send(request, stream=True)
+                    with scrubbed_errors(scrubber):
+                        response = await self.client.send(request, stream=True)
                 except httpx.TransportError as exc:
                     error = _describe(exc)
                     last_error = f"{replica.name}: {error}"
@@ -148,6 +154,8 @@ class Relay:
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s failed before answering (%s); trying another", replica.name, spec.name, last_error)
                     continue
+                # Only these, scrubbed of the keys, are read of the answer's headers from here on.
+                headers = {k: scrubber.text(v) for k, v in response.headers.items()}
                 if response.status_code in UNAVAILABLE and pick(self.upstreams.replicas(spec), key, frozenset(tried)):
                     error = f"answered {response.status_code}"
                     last_error = f"{replica.name}: {error}"
@@ -156,21 +164,21 @@ class Relay:
                     state.outcomes["failed_over"] += 1
                     log.warning("upstream %s of model %s answered %d; trying another", replica.name, spec.name, response.status_code)
                     continue
-                if (refused := unrelayable(spec.name, response.status_code, response.headers)) is not None:
+                if (refused := unrelayable(spec.name, response.status_code, headers)) is not None:
                     await _discard(response)
                     state.outcomes["failed"] += 1
                     if response.status_code in UNAVAILABLE:
                         self.upstreams.observe(spec.name, replica.name, False, f"answered {response.status_code}")
                     log.warning(
                         "upstream %s of model %s answered %d (%s): not passed on", replica.name, spec.name,
-                        response.status_code, response.headers.get("content-type", "no content type"),
+                        response.status_code, headers.get("content-type", "no content type"),
                     )
                     raise refused
                 handed_over = True
                 return Relayed(
                     response.status_code,
-                    {k: v for k in RETURNED if (v := response.headers.get(k)) is not None},
-                    RelayedBody(self.upstreams, spec.name, replica.name, response),
+                    {k: v for k in RETURNED if (v := headers.get(k)) is not None},
+                    RelayedBody(self.upstreams, spec.name, replica.name, response, scrubber.stream()),
                     replica.name,
                 )
             finally:
@@ -204,9 +212,13 @@ class RelayedBody:
     that never started never runs its `finally`, and Quart closes a body whether or not it
     read it; here the close awaits the connection's)."""
 
-    def __init__(self, upstreams: Upstreams, model: str, replica: str, response: httpx.Response) -> None:
+    def __init__(
+        self, upstreams: Upstreams, model: str, replica: str, response: httpx.Response, scrub: StreamScrub
+    ) -> None:
         self._upstreams, self._model, self._replica, self._response = upstreams, model, replica, response
         self._chunks = response.aiter_raw()
+        self._scrub = scrub
+        self._ended = False  # the upstream's last chunk has come
         self._broke = False
         self._closed = False
         self._counted: str | None = None  # the outcome its end was counted as
@@ -215,8 +227,14 @@ class RelayedBody:
         return self
 
     async def __anext__(self) -> bytes:
+        """The next chunk, scrubbed of the keys; a chunk that is all held back (the start of
+        what may be a key) is not given as an empty one: the next one is read."""
         try:
-            return await self._chunks.__anext__()
+            while not self._ended:
+                with scrubbed_errors(self._scrub.scrubber):
+                    chunk = await self._chunks.__anext__()
+                if out := self._scrub.feed(chunk):
+                    return out
         except httpx.TransportError as exc:
             self._broke = True
             log.warning("upstream %s of model %s broke off its answer: %s", self._replica, self._model, _describe(exc))
@@ -224,8 +242,11 @@ class RelayedBody:
             await self.aclose()
             raise
         except StopAsyncIteration:
+            self._ended = True
             await self.aclose()
-            raise
+            if rest := self._scrub.end():
+                return rest
+        raise StopAsyncIteration
 
     def broken(self, why: str) -> None:
         """The answer came whole over HTTP but is not a whole answer (a stream cut before

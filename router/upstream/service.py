@@ -25,6 +25,10 @@ EXTENSION = "corral.upstreams"
 
 # httpx logs every request at INFO; the access log already has one line per request.
 logging.getLogger("httpx").setLevel(logging.WARNING)
+# httpcore's DEBUG trace (`corral serve --log-level debug`) writes each upstream answer's
+# headers as they came, before router/upstream/scrub.py sees them: an upstream that
+# echoes its key in a header would put it in the log.
+logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 
 class UpstreamService:
