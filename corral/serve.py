@@ -119,7 +119,9 @@ async def _keep_systemd_posted(notifier: Notifier, supervisor: Supervisor) -> No
     """WATCHDOG=1 at half of WATCHDOG_USEC, and STATUS= whenever it changes.
 
     The pings come from this event loop itself, so a wedged loop stops pinging and systemd
-    restarts the service; a thread would keep pinging for a dead server.
+    restarts the service; a thread would keep pinging for a dead server. Each round also
+    sends what a receiver with no room left waiting (supervisor/systemd.py): READY=1 and
+    the like reach systemd within a second of its reading again.
     """
     period = min(notifier.watchdog_interval or 1.0, 1.0)
     last_status = ""
@@ -131,6 +133,8 @@ async def _keep_systemd_posted(notifier: Notifier, supervisor: Supervisor) -> No
             last_status = status
         if lines:
             notifier.notify(*lines)
+        else:
+            notifier.flush()
         await trio.sleep(period)
 
 

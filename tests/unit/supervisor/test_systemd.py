@@ -1,4 +1,5 @@
-"""systemd notify helpers: address mapping, watchdog interval, worker environment."""
+"""systemd notify helpers: address mapping, watchdog interval, worker environment, and
+what waits while the receiver has no room."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from supervisor.systemd import Notifier, child_environment, socket_address
+from supervisor.systemd import MAX_PENDING, Notifier, Pending, child_environment, socket_address
 
 
 def test_abstract_namespace_address() -> None:
@@ -46,3 +47,25 @@ def test_one_datagram_per_message(tmp_path: Path) -> None:
 def test_workers_do_not_inherit_notify_variables() -> None:
     env = {"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "1", "WATCHDOG_PID": "2", "PATH": "/bin"}
     assert child_environment(env) == {"PATH": "/bin"}
+
+
+def test_what_waits_is_what_systemd_must_still_hear() -> None:
+    p = Pending()
+    p.add(("WATCHDOG=1",))
+    assert p.messages == []  # a late ping is no ping
+    p.add(("READY=1", "STATUS=a"))
+    p.add(("WATCHDOG=1", "STATUS=b"))
+    p.add(("RELOADING=1", "MONOTONIC_USEC=5"))
+    p.add(("STATUS=c",))
+    p.add(("READY=1", "STATUS=d"))
+    # State changes kept in order; only the newest status, where it was said.
+    assert p.messages == [("READY=1",), ("RELOADING=1", "MONOTONIC_USEC=5"), ("READY=1", "STATUS=d")]
+    for i in range(2 * MAX_PENDING):
+        p.add(("RELOADING=1", f"MONOTONIC_USEC={i}"))
+    assert len(p.messages) == MAX_PENDING and p.messages[-1] == ("RELOADING=1", f"MONOTONIC_USEC={2 * MAX_PENDING - 1}")
+
+
+def test_a_receiver_that_is_gone_is_logged_and_never_kept_waiting(tmp_path: Path) -> None:
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "nobody.sock")})
+    notifier.notify("READY=1")  # ENOENT: logged, dropped
+    assert not notifier._pending
