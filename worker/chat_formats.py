@@ -245,7 +245,7 @@ def parse_arguments(text: str) -> Any:
     (templates write them with `| tojson`, which would quote a string a second time)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the decoder's depth: text, as invalid JSON
         return text
 
 

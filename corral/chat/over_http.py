@@ -16,6 +16,7 @@ from typing import Any, Generator, Iterator
 from urllib.parse import quote, urlsplit
 
 from corral.chat.session import TOO_LONG_HINT, ChatError, Event, Finished, Piece
+from router.server import json_text
 
 CONNECT_TIMEOUT = 10.0
 # Between two reads of a reply: a first request may wait for the model to load
@@ -92,7 +93,7 @@ class HttpChat:
         if resp.status != 200:
             raise ChatError(_refusal(resp.status, data, self.url, model))
         try:
-            name = json.loads(data)["id"]
+            name = json_text.loads(data)["id"]
         except (ValueError, KeyError, TypeError):
             raise ChatError(f"{self.url} is not a Corral or OpenAI server (GET /v1/models/{model} gave no model)") from None
         return str(name)
@@ -129,7 +130,7 @@ def _events(resp: http.client.HTTPResponse) -> Iterator[Event]:
             yield Finished(reason or "stop", tokens)
             return
         try:
-            chunk = json.loads(data)
+            chunk = json_text.loads(data)
         except ValueError:
             raise ChatError(f"the server sent an event that is not JSON: {data[:80]!r}") from None
         if not isinstance(chunk, dict):
@@ -155,7 +156,7 @@ def _events(resp: http.client.HTTPResponse) -> Iterator[Event]:
 
 def _refusal(status: int, data: bytes, url: str, model: str) -> str:
     try:
-        message = _message(json.loads(data))
+        message = _message(json_text.loads(data))
     except ValueError:
         message = data[:200].decode("utf-8", "replace").strip() or "(no body)"
     if status == 401:
@@ -172,7 +173,7 @@ def _refusal(status: int, data: bytes, url: str, model: str) -> str:
 
 def _code(data: bytes) -> object:
     try:
-        obj = json.loads(data)
+        obj = json_text.loads(data)
     except ValueError:
         return None
     return obj["error"].get("code") if isinstance(obj, dict) and isinstance(obj.get("error"), dict) else None

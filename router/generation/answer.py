@@ -6,13 +6,13 @@ Pure: events in, plain values out, so it is tested without a worker.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from router.generation.events import (
     Done, Event, Failed, Finish, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
 )
+from router.server import json_text
 from worker.protocol import Timings, TokenLogprob, Usage
 
 
@@ -99,7 +99,7 @@ def arguments(text: str) -> dict[str, Any]:
     `input`; their clients refuse a string). A model that wrote other JSON keeps it, under
     "arguments", rather than losing it."""
     try:
-        value = json.loads(text)
+        value = json_text.loads(text)
     except ValueError:
         value = text
     return value if isinstance(value, dict) else {"arguments": value}

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.server import json_text
+
 
 @dataclass(frozen=True)
 class Call:
@@ -21,7 +23,7 @@ class Call:
 def json_end(text: str) -> int | None:
     """Where the JSON object or array that `text` starts with ends (the index after its
     closing bracket), or None while it is still open. Only brackets and strings are
-    followed, so this does not say it is valid JSON; json.loads does that after."""
+    followed, so this does not say it is valid JSON; json_text.loads does that after."""
     return JsonScanner().end(text)
 
 
@@ -29,7 +31,7 @@ def arguments_whole(arguments: str) -> bool:
     """Whether a call's arguments (JSON text; none is the empty object) are the JSON
     object every dialect's call holds, rather than text cut short or of another kind."""
     try:
-        return isinstance(json.loads(arguments or "{}"), dict)
+        return isinstance(json_text.loads(arguments or "{}"), dict)
     except ValueError:
         return False
 
@@ -38,7 +40,7 @@ def _arguments_text(args: Any) -> str:
     """A call's arguments as the JSON text OpenAI's `function.arguments` holds."""
     if isinstance(args, str):
         try:
-            json.loads(args)
+            json_text.loads(args)
             return args  # already JSON text (some models write it that way)
         except ValueError:
             pass

@@ -30,6 +30,7 @@ from router.generation.reasoning import MarkerStripper, ReasoningSplitter
 from router.generation.calls import Call
 from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_calls import ToolCallParser
+from router.server import json_text
 from worker.chat_formats import CONTENT_WRAPPERS, call_opening
 from worker.protocol import FinishReason, ToolFormat
 
@@ -179,6 +180,6 @@ class ChatOutput:
 def _canonical(arguments: str) -> str:
     """Arguments compared as JSON values, not as text (key order and spacing aside)."""
     try:
-        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+        return json.dumps(json_text.loads(arguments), sort_keys=True, separators=(",", ":"))
     except ValueError:
         return arguments

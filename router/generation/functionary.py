@@ -10,11 +10,10 @@ whether tools were offered or not: a plain answer starts with `all\\n` too. Pure
 
 from __future__ import annotations
 
-import json
-
 from router.generation.calls import JsonScanner, call_from
 from router.generation.reasoning import held_suffix
 from router.generation.tool_calls import Piece
+from router.server import json_text
 
 SEPARATOR = ">>>"
 
@@ -90,7 +89,7 @@ class FunctionaryParser:
             return False
         raw = rest[:end]
         try:
-            call = call_from({"name": self._name, "arguments": json.loads(raw)}, f"{self._name}\n{raw}")
+            call = call_from({"name": self._name, "arguments": json_text.loads(raw)}, f"{self._name}\n{raw}")
         except ValueError:
             call = None
         pieces.append(call if call is not None else f"{self._name}\n{raw}")

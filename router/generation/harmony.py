@@ -16,12 +16,12 @@ gpt_oss handler). Output that starts without a header is content. Pure.
 
 from __future__ import annotations
 
-import json
 import re
 
 from router.generation.calls import call_from
 from router.generation.reasoning import past_marker, release
 from router.generation.tool_calls import Piece
+from router.server import json_text
 
 from worker.chat_formats import HARMONY_MARKERS
 
@@ -118,7 +118,7 @@ class HarmonyParser:
         if self._kind == "call" and whole:
             name = self._recipient[len("functions.") :]
             try:
-                call = call_from({"name": name, "arguments": json.loads(text)}, text)
+                call = call_from({"name": name, "arguments": json_text.loads(text)}, text)
             except ValueError:
                 call = None
             return "", [call] if call is not None else [text]

@@ -12,13 +12,13 @@ recipient is content. Pure.
 
 from __future__ import annotations
 
-import json
 import re
 
 from router.generation.calls import call_from
 from router.generation.reasoning import past_marker, release
 from router.generation.tagged_calls import ParamTypes, minimax_calls
 from router.generation.tool_calls import Piece
+from router.server import json_text
 
 START, MESSAGE = "<|start|>assistant", "<|message|>"
 ENDS = ("<|eom|>", "<|eot|>")
@@ -92,7 +92,7 @@ class MuseParser:
         if not calls:  # a forced call's layout: the recipient's JSON arguments in the block
             args = plain.replace("<function_calls>", "").replace("</function_calls>", "").strip()
             try:
-                call = call_from({"name": self._recipient, "arguments": json.loads(args)}, text)
+                call = call_from({"name": self._recipient, "arguments": json_text.loads(args)}, text)
             except ValueError:
                 call = None
             calls = [call] if call is not None else []

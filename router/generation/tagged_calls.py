@@ -15,6 +15,7 @@ import re
 from typing import Any, Mapping
 
 from router.generation.calls import Call
+from router.server import json_text
 
 # A function's parameters' JSON types, by function name then parameter name.
 ParamTypes = Mapping[str, Mapping[str, str]]
@@ -58,7 +59,7 @@ def typed_value(text: str, json_type: str | None) -> Any:
     if json_type == "string":
         return text
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError:
         return text
 
@@ -124,13 +125,19 @@ def minimax_m3_calls(body: str, types: ParamTypes) -> list[Call] | None:
     return calls or None
 
 
-def _m3_value(text: str, json_type: str | None) -> Any:
-    children = _M3_CHILD.findall(text)
+# How deep MiniMax M3's nested tags are read as objects and lists; deeper, a value is kept
+# as its text. Python's recursion would give out near 1,000 levels (a 500), and no real
+# argument nests past a handful; the bound also keeps JSON-encoding the result shallow.
+_M3_DEPTH = 64
+
+
+def _m3_value(text: str, json_type: str | None, depth: int = 0) -> Any:
+    children = _M3_CHILD.findall(text) if depth < _M3_DEPTH else []
     if not children:
         return typed_value(text.strip(), json_type)
     if all(key == "item" for key, _ in children):
-        return [_m3_value(v, None) for _, v in children]
-    return {key: _m3_value(v, None) for key, v in children}
+        return [_m3_value(v, None, depth + 1) for _, v in children]
+    return {key: _m3_value(v, None, depth + 1) for key, v in children}
 
 
 def glm_call(body: str, types: ParamTypes) -> list[Call] | None:

@@ -39,6 +39,7 @@ from router.generation.tagged_calls import (
     minimax_m3_calls,
     xml_functions,
 )
+from router.server import json_text
 
 
 _DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)(?:<｜tool▁call▁end｜>|$)", re.S)
@@ -98,7 +99,7 @@ def json_calls(body: str) -> list[Call] | None:
         if end is None:
             return None
         try:
-            value = json.loads(text[:end])
+            value = json_text.loads(text[:end])
         except ValueError:
             return None
         values.extend(value if isinstance(value, list) else [value])
@@ -217,7 +218,7 @@ def _gemma4(body: str, types: ParamTypes) -> list[Call] | None:
         return None  # an unclosed string
     out = "".join(json.dumps(p) if i % 2 else _BARE_KEY.sub(r'\1"\2":', p) for i, p in enumerate(parts))
     try:
-        args = json.loads(out)
+        args = json_text.loads(out)
     except ValueError:
         return None
     call = call_from({"name": name.strip(), "arguments": args}, body)
@@ -227,7 +228,7 @@ def _gemma4(body: str, types: ParamTypes) -> list[Call] | None:
 def _apertus(body: str, types: ParamTypes) -> list[Call] | None:
     """Apertus' `[{"NAME": {ARGS}}]`: each object's one key is the function."""
     try:
-        values = json.loads(body)
+        values = json_text.loads(body)
     except ValueError:
         return None
     calls: list[Call] = []
@@ -244,7 +245,7 @@ def _apertus(body: str, types: ParamTypes) -> list[Call] | None:
 
 def _is_json(text: str) -> bool:
     try:
-        json.loads(text)
+        json_text.loads(text)
         return True
     except ValueError:
         return False

@@ -27,6 +27,7 @@ from router.generation.calls import Call, JsonScanner, call_from
 from router.generation import tool_blocks
 from router.generation.reasoning import held_suffix
 from router.generation.tagged_calls import ParamTypes, tagged_hermes
+from router.server import json_text
 from worker.chat_formats import BLOCKS, HERMES_CLOSE, HERMES_OPEN, LLAMA3_PYTHON_TAG, MISTRAL_PREFIX
 from worker.protocol import ToolFormat
 
@@ -211,7 +212,7 @@ class ToolCallParser:
             return True
         raw = rest[:end]
         try:
-            call = call_from(json.loads(raw), raw)
+            call = call_from(json_text.loads(raw), raw)
         except ValueError:
             call = None
         self._buf = rest[end:]
@@ -236,7 +237,7 @@ class ToolCallParser:
             body = text[len(HERMES_OPEN) : close if close >= 0 else len(text)]
             consumed = close + len(HERMES_CLOSE) if close >= 0 else len(text)
             try:
-                call = call_from(json.loads(body), text[:consumed])
+                call = call_from(json_text.loads(body), text[:consumed])
                 calls = [call] if call else None
             except ValueError:  # Qwen3-Coder's and GLM's tagged bodies
                 calls = tagged_hermes(body, self._types)
@@ -254,7 +255,7 @@ class ToolCallParser:
             return self._emit(None, text, len(text))
         consumed = body_start + lead + end
         try:
-            value = json.loads(rest[lead : lead + end])
+            value = json_text.loads(rest[lead : lead + end])
         except ValueError:
             return self._emit(None, text, consumed)
         if self._fmt == "generic":
@@ -313,7 +314,7 @@ class ToolCallParser:
             return self._emit(None, text, len(text))
         consumed = len(MISTRAL_PREFIX) + at + len("[ARGS]") + lead + end
         try:
-            arguments = json.loads(args[lead : lead + end])
+            arguments = json_text.loads(args[lead : lead + end])
         except ValueError:
             return self._emit(None, text, consumed)
         call = call_from({"name": name.strip(), "arguments": arguments, "id": own.strip() or None}, text[:consumed])

@@ -11,12 +11,13 @@ that hangs, drips or sends gigabytes costs its own row, never the others' or the
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 import httpx
 import trio
+
+from router.server import json_text
 
 log = logging.getLogger("corral.upstream")
 
@@ -52,7 +53,7 @@ async def ask(client: httpx.AsyncClient, url: str, key: str | None, timeout: flo
     if error is not None:
         return {"url": root, "error": error}
     try:
-        models = json.loads(body)
+        models = json_text.loads(body)
     except ValueError:
         models = None
     if not isinstance(models, dict) or not isinstance(models.get("models"), list):

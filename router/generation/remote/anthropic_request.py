@@ -33,6 +33,7 @@ from router.generation.job import GenerationJob
 from router.generation.remote.outbound import answered_ids, sent_set
 from router.generation.structured import json_mode
 from router.generation.tool_schemas import ToolRequest
+from router.server import json_text
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage
 
@@ -199,7 +200,7 @@ def _blocks(i: int, m: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
 def _input(i: int, j: int, arguments: str) -> dict[str, Any]:
     """A call's arguments as the object Anthropic's `input` is."""
     try:
-        value = json.loads(arguments) if arguments.strip() else {}
+        value = json_text.loads(arguments) if arguments.strip() else {}
     except ValueError:
         value = None
     if not isinstance(value, dict):

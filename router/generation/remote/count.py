@@ -7,13 +7,11 @@ rendering of the conversation.
 
 from __future__ import annotations
 
-import json
-
 from router.generation.job import GenerationJob
 from router.generation.remote.anthropic_request import conversation_body
 from router.generation.remote.naming import in_request_terms
 from router.generation.remote.run import fetch
-from router.server import access_log
+from router.server import access_log, json_text
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 
@@ -26,7 +24,7 @@ async def count_tokens(remote: RemoteModel, job: GenerationJob) -> int:
         request = conversation_body(job, remote.spec.model)
     body, raw, _ = await fetch(remote, "/v1/messages/count_tokens", request, MAX_BYTES)
     try:
-        n = json.loads(raw).get("input_tokens")
+        n = json_text.loads(raw).get("input_tokens")
     except (ValueError, AttributeError):
         n = None
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:

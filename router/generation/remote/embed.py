@@ -8,12 +8,11 @@ passed on with a vector missing or out of place.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from router.generation.remote.run import fetch
-from router.server import access_log
+from router.server import access_log, json_text
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 
@@ -47,7 +46,7 @@ def read(raw: bytes, n: int) -> Vectors:
     """The vectors of an OpenAI embeddings answer for `n` inputs; ValueError saying what
     is wrong with it."""
     try:
-        obj: Any = json.loads(raw)
+        obj: Any = json_text.loads(raw)
     except ValueError:
         raise ValueError("answered embeddings that are not JSON") from None
     data = obj.get("data") if isinstance(obj, dict) else None

@@ -104,6 +104,17 @@ def test_arguments_that_are_not_an_object_are_refused_naming_them() -> None:
     assert refused.value.param == "messages[1].tool_calls[0].function.arguments"
 
 
+def test_arguments_nested_50000_deep_are_refused_as_not_an_object() -> None:
+    """A 400 naming them, as for any arguments that are not a JSON object; json.loads's
+    RecursionError made it a 500 (router/server/json_text.py)."""
+    deep = "[" * 50_000 + "]" * 50_000
+    turns = (ChatMessage(role="user", content="?"),
+             ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="w", arguments=deep)]))
+    with pytest.raises(InvalidRequest) as refused:
+        messages_body(GenerationJob(model="m", params=SamplingParams(), messages=turns, sent=frozenset()), "c")
+    assert refused.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
 def test_tools_and_tool_choice_keep_their_meaning() -> None:
     fns = tuple(
         {"type": "function", "function": {"name": n, "description": f"does {n}", "parameters": {"type": "object"}}}
