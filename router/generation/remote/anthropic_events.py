@@ -58,6 +58,7 @@ class MessageReader:
         self._calls = 0
         self._cut: list[tuple[_Block, str]] = []  # tool_use blocks whose input is not a JSON object
         self._prompt = self._cached = self._output = 0
+        self._pieces = 0  # deltas that carried output, for an answer whose usage never comes
         self._reason: str | None = None
         self._word = ""
         self.done = False  # message_stop came
@@ -82,6 +83,7 @@ class MessageReader:
         if kind == "content_block_start":
             out += self._start(obj)
         elif kind == "content_block_delta":
+            self._pieces += 1
             out += self._delta(obj)
         elif kind == "content_block_stop":
             out += self._stop(obj)
@@ -146,6 +148,12 @@ class MessageReader:
     def _call(self, b: _Block, arguments: str) -> list[Event]:
         n, self._calls = self._calls, self._calls + 1
         return [ToolCallStart(0, n, b.id, b.name), ToolCallDelta(0, n, arguments), ToolCallEnd(0, n)]
+
+    def so_far(self) -> Usage:
+        """The usage of an answer that ends before its end (its client gone): the prompt's
+        from message_start, and at least a token per delta that carried output."""
+        return Usage(prompt_tokens=self._prompt, completion_tokens=max(self._output, self._pieces),
+                     cached_tokens=self._cached)
 
     def end(self) -> list[Event]:
         """The events that end the answer: its Finish and Done, or Failed when the stream

@@ -30,6 +30,7 @@ from router.generation.calls import arguments_whole
 from router.generation.events import (
     Begin, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart,
 )
+from router.server import json_text
 from supervisor import errors as e
 from worker.protocol import Usage
 
@@ -93,6 +94,7 @@ class ChunkReader:
         self._model, self._chat, self._n = model, chat, n
         self._choices: dict[int, _Choice] = {}
         self._usage: Usage | None = None
+        self._pieces = 0  # chunks that carried output, for an answer whose usage never comes
         self.done = False  # [DONE] came
         self.failed = False
 
@@ -127,6 +129,7 @@ class ChunkReader:
             out.append(Begin(i))
         if c.reason is not None:
             return out  # nothing of a choice counts after its finish_reason
+        before = len(out)
         if self._chat:
             d = as_object(ch.get("delta"))
             reasoning = d.get("reasoning_content") or d.get("reasoning")
@@ -139,6 +142,8 @@ class ChunkReader:
                     self._call(c, tc)
         elif isinstance(ch.get("text"), str) and ch["text"]:
             out.append(TextDelta(i, ch["text"]))
+        if len(out) > before or (self._chat and as_object(ch.get("delta")).get("tool_calls")):
+            self._pieces += 1
         if isinstance(ch.get("finish_reason"), str):
             c.reason = ch["finish_reason"]
         return out
@@ -173,6 +178,12 @@ class ChunkReader:
             out += [ToolCallStart(i, n, call.id, call.name), ToolCallDelta(i, n, call.arguments or "{}"), ToolCallEnd(i, n)]
         return out
 
+    def so_far(self) -> Usage:
+        """The usage of an answer that ends before the upstream's usage came (its client
+        gone): one token per chunk that carried output, the unit OpenAI-compatible servers
+        stream in (a lower bound where a chunk carries more); the prompt is not known."""
+        return self._usage or Usage(prompt_tokens=0, completion_tokens=self._pieces)
+
     def end(self) -> list[Event]:
         """The events that end the answer: each choice's Finish and Done, or Failed when
         the stream did not end as a whole answer does."""
@@ -202,7 +213,7 @@ class ChunkReader:
 def event_object(data: str) -> dict[str, Any] | str:
     """An event's data as the JSON object it must be, or what is wrong with it."""
     try:
-        obj = json.loads(data)
+        obj = json_text.loads(data)
     except ValueError:
         return f"sent an event that is not JSON: {data[:80]!r}"
     return obj if isinstance(obj, dict) else "sent an event that is not a JSON object"
@@ -279,7 +290,7 @@ def upstream_error(model: str, status: int, body: bytes, retry_after: float | No
     A 429 is passed on as one, 503, 504 and 529 as 503, and anything else as 502. The
     body may be OpenAI's error object or Anthropic's (whose `error` has no `param`)."""
     try:
-        obj = json.loads(body)
+        obj = json_text.loads(body)
     except ValueError:
         obj = body.decode("utf-8", "replace")
     err = obj.get("error") if isinstance(obj, dict) else None

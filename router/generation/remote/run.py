@@ -44,6 +44,7 @@ class RemoteGeneration:
         self._body = body
         self._reader = reader
         self._record = access_log.current()
+        self._counted = False  # the answer's usage is in the access log
         self._stream = self._read()
         self._first: list[Event] = []  # what _begin read
 
@@ -146,11 +147,18 @@ class RemoteGeneration:
 
     def _count(self, usage: Usage) -> None:
         """The answer's usage into the access log and the metrics, as the upstream told it."""
+        self._counted = True
         if self._record is not None:
             self._record.prompt_tokens, self._record.generated_tokens = usage.prompt_tokens, usage.completion_tokens
             self._record.cached_tokens = usage.cached_tokens
 
     async def aclose(self) -> None:
+        # An answer that ends before the upstream's usage (a client gone mid-stream, a
+        # break) counts what the reader saw of it, if anything.
+        if not self._counted:
+            seen = self._reader.so_far()
+            if seen.prompt_tokens or seen.completion_tokens:
+                self._count(seen)
         await self._body.aclose()
 
 
