@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral import admin_target as at
 from corral.status_table import render, render_fleet
+from router.server import json_text
 from supervisor.config import search as config_search
 from supervisor.config import ConfigError
 
@@ -87,7 +88,7 @@ class Server:
         if 300 <= status < 400:
             raise Exit(at.FAILED, f"{self.url}{path}: HTTP {status}, redirected to {location}; not followed, as it would take the admin key along")
         try:
-            return status, json.loads(raw)
+            return status, json_text.loads(raw)
         except ValueError:
             snippet = raw[:200].decode("utf-8", "replace")
             raise Exit(at.FAILED, f"{self.url}{path}: HTTP {status}, not JSON (is this a Corral server?): {snippet!r}") from None
@@ -99,7 +100,7 @@ class Server:
         code = at.exit_code(status, _error_field(body, "code"))
         if code != at.OK:
             message = _error_field(body, "message") or f"HTTP {status}"
-            raise Exit(code, f"{method} {path}: {message}")
+            raise Exit(code, f"{method} {path}: {message}{at.refused_hint(status, self.key is not None)}")
         return body
 
 
@@ -359,7 +360,8 @@ def reload(args: argparse.Namespace) -> int:
             raise Exit(at.FAILED, "the new config is invalid; the server runs on with its old one")
         code = at.exit_code(status, _error_field(body, "code"))
         if code != at.OK:
-            raise Exit(code, f"POST /admin/reload: {_error_field(body, 'message') or f'HTTP {status}'}")
+            message = _error_field(body, "message") or f"HTTP {status}"
+            raise Exit(code, f"POST /admin/reload: {message}{at.refused_hint(status, server.key is not None)}")
         for line in at.reload_lines(body):
             print(line)
         return at.OK

@@ -107,6 +107,19 @@ def exit_code(status: int, error_code: object) -> int:
     return FAILED
 
 
+def refused_hint(status: int, key_sent: bool, signal: bool = False) -> str:
+    """What to add to the server's own words when it refused an admin call: where the
+    command reads an admin key from, when it sent none (a server with API keys answers
+    /admin only to an admin key, loopback clients included), and, for a reload, the way
+    around HTTP (SIGHUP, which needs no key). Empty for any other answer."""
+    if status not in (401, 403) or key_sent:
+        return ""
+    hint = f" (no admin key was sent: put one of the server's [server] admin_keys in ${KEY_ENV} or a file for --admin-key-file"
+    if signal:
+        hint += "; or reload by SIGHUP: --signal, with [server] pid_file set"
+    return hint + ")"
+
+
 def reload_lines(diff: dict[str, Any]) -> list[str]:
     """POST /admin/reload's answer as the lines `corral reload` prints."""
     lines = []

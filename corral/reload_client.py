@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.admin_target import KEY_ENV, URL_ENV, read_key, url_from_server
+from corral.admin_target import KEY_ENV, URL_ENV, read_key, refused_hint, url_from_server
+from router.server import json_text
 from supervisor import pid_file
 from supervisor.config import Config, listen_hosts
 
@@ -94,7 +95,8 @@ def _open(t: Target, method: str, route: str, timeout: float) -> Any:
     try:
         return opener.open(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
-        raise ReloadError(f"{t.url}{route}: {exc.code} {_message(exc.read(_MAX_ANSWER))}") from None
+        hint = refused_hint(exc.code, t.admin_key is not None, signal=True)
+        raise ReloadError(f"{t.url}{route}: {exc.code} {_message(exc.read(_MAX_ANSWER))}{hint}") from None
     except urllib.error.URLError as exc:  # raised while connecting and sending
         if isinstance(exc.reason, OSError) and not isinstance(exc.reason, ssl.SSLError):
             raise Unreachable(f"{t.url}: cannot connect ({exc.reason})") from None
@@ -106,7 +108,7 @@ def _open(t: Target, method: str, route: str, timeout: float) -> Any:
 def _message(body: bytes) -> str:
     """An OpenAI error envelope's message, else the body's start."""
     try:
-        return str(json.loads(body)["error"]["message"])
+        return str(json_text.loads(body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return body[:200].decode("utf-8", "replace")
 
@@ -118,7 +120,7 @@ def post_reload(t: Target, timeout: float | None = None) -> dict[str, list[str]]
     timeout = timeout or max(60.0, 3 * t.settle + 30)
     with _open(t, "POST", "/admin/reload", timeout) as r:
         try:
-            answer: dict[str, list[str]] = json.loads(r.read(_MAX_ANSWER))
+            answer: dict[str, list[str]] = json_text.loads(r.read(_MAX_ANSWER))
         except (OSError, ValueError) as exc:
             raise ReloadError(f"{t.url}/admin/reload: no readable answer ({exc})") from None
     return answer
@@ -157,7 +159,7 @@ def signal_and_watch(t: Target, timeout: float = 60.0) -> tuple[int, dict[str, A
                 if line.startswith("event: "):
                     kind = line.removeprefix("event: ")
                 elif line.startswith("data: ") and kind in ("reload", "config_error"):
-                    event: dict[str, Any] = json.loads(line.removeprefix("data: "))
+                    event: dict[str, Any] = json_text.loads(line.removeprefix("data: "))
                     return pid, event
                 if time.monotonic() > deadline:
                     break

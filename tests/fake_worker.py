@@ -24,9 +24,11 @@ What it does
   request gains one word: "tok0", " tok1", " tok2", ... (token id 1000 + n). The request ends
   after max_tokens words (8 when max_tokens is None; 0 ends at once) with finish_reason
   "length"; the final event carries the last word and Usage(prompt_tokens,
-  completion_tokens). The prompt (or the messages' contents joined by newlines) counts one
-  token per whitespace-separated word plus one BOS token; a prompt of n_ctx_slot tokens or
-  more is rejected with Error(code="context_length_exceeded").
+  completion_tokens); a choice's first event that is not its final one carries
+  prompt_usage (its prompt's tokens), as the real worker's does. The prompt (or the
+  messages' contents joined by newlines) counts one token per whitespace-separated word
+  plus one BOS token; a prompt of n_ctx_slot tokens or more is rejected with
+  Error(code="context_length_exceeded").
   Stop strings are honoured crudely: after each word, if the text generated so far contains
   a stop string, the request ends with finish_reason "stop" and the text before the stop
   string; nothing is held back, so a stop string that spans words may already have been
@@ -45,6 +47,7 @@ What it does
   tests/fake_answers.py says; a Generate with prompt_parts counts an id as one token, and
   an id outside the vocabulary is Error(invalid_request, param="prompt"). A final event
   carries stop_type ("limit", or "word" with the stop string), timings and id_slot 0.
+  SlotsQuery shows each busy slot's request: its id (id_task), tokens so far, parameters.
 * Shutdown(grace): new Generates get Error("unavailable", "the model's worker is shutting down"); running
   requests may finish for up to `grace` seconds, then the rest are cancelled; exit code 0.
   Before Ready, Shutdown exits 0 at once.
@@ -125,6 +128,7 @@ from worker.protocol import (  # noqa: E402
     ProtocolError,
     Ready,
     Render,
+    SamplingParams,
     SetCacheBudget,
     SetThreads,
     Shutdown,
@@ -197,6 +201,7 @@ class Request:
     finished: bool = field(default=False)
     index: int = 0  # the choice, of a Generate with n > 1
     echo: str | None = None  # the prompt text, for the choice's first event
+    params: SamplingParams | None = None  # as sent, for SlotsQuery
 
 
 class Engine:
@@ -270,7 +275,7 @@ class Engine:
         reqs = [
             Request(
                 g.id, n_prompt, max_tokens, list(g.params.stop), g.params.timings_per_token,
-                index=i, echo=text if g.echo else None,
+                index=i, echo=text if g.echo else None, params=g.params,
             )
             for i in range(max(g.n, 1))
         ]
@@ -357,7 +362,10 @@ class Engine:
                 piece, req.sent = req.text[req.sent :], len(req.text)
                 t = fake_answers.timings(req.prompt_tokens, req.n_gen, self.interval) if req.timings_per_token else None
                 echo, req.echo = req.echo, None
-                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens, timings=t, index=req.index, echo=echo))
+                # As the real worker does: a choice's first event says its prompt's tokens.
+                first = Usage(prompt_tokens=req.prompt_tokens, completion_tokens=0) if n == 0 else None
+                events.append(TokenEvent(id=req.id, text=piece, tokens=tokens, timings=t, index=req.index, echo=echo,
+                                         prompt_usage=first))
             if req.finished:
                 self.active.remove(req)
         if events:
@@ -431,6 +439,7 @@ def reader(
                             id=i, n_ctx=engine.spec.n_ctx, is_processing=i in busy,
                             id_task=busy[i].id if i in busy else -1,
                             n_decoded=busy[i].n_gen if i in busy else 0,
+                            params=busy[i].params if i in busy else None,
                         )
                         for i in range(engine.spec.slots)
                     ]

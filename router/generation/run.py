@@ -7,6 +7,7 @@ TokenEvents; router/generation/stream.py turns them into the internal event stre
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -14,12 +15,15 @@ from typing import Any
 
 import msgspec
 
+from router.generation import owners
 from router.generation.job import GenerationJob
 from router.generation.prompt_bound import bounded_text, refuse_if_too_long
 from router.generation.prompts import Prompt, is_tokens
+from router.generation.sampling import capped
 from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
-from router.server import access_log
+from router.server import access_log, auth
+from router.server.cache_scope import cache_scope
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
@@ -77,10 +81,17 @@ class Generation:
         self._streams: list[RequestStream] = []
         self._firsts: list[TokenEvent | None] = []
         self._running: list[int] = []  # per stream, choices without their final event
+        # Tokens read of each (stream, choice) whose final event has not come: what a
+        # generation that ends early (its client gone) counts, as no usage will come.
+        self._unfinished: dict[tuple[int, int], int] = {}
+        self._closed = False
         self._n = 1
         self._at = 0  # the stream being read
         self.parsing: ChatParsing | None = None  # a chat's; None for a text completion
         self._prompt_usage: Usage | None = None
+        self._prompt_usages: list[Usage | None] = []  # each prompt's, from its first event
+        self._owner: str | None = None  # the sending key's (owners.py), for GET /slots
+        self._scope = ""  # whose cached prefixes it may reuse (router/server/cache_scope.py)
 
     @classmethod
     async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
@@ -91,6 +102,14 @@ class Generation:
         asked = time.monotonic()
         gen = cls(await handle.acquire())
         gen._record = record
+        key = auth.current_key()
+        gen._owner = key.owner if key is not None else None
+        gen._scope = cache_scope(key, job.cache_salt)
+        # The model's and the key's caps on output, as llama-server's -n: a request asking
+        # more, or no limit, generates up to the cap and ends with "length".
+        job = dataclasses.replace(
+            job, params=capped(job.params, handle.spec.max_tokens_limit, key.max_tokens if key is not None else None)
+        )
         if job.keep_alive is not None:  # set while it holds the model: no unload between
             handle.set_keep_alive(job.keep_alive.seconds)
         try:
@@ -165,14 +184,17 @@ class Generation:
                 # (router/generation/stream.py): its tokens need not cross processes one
                 # by one.
                 hold_events=not job.stream and not tools.offered,
+                cache_scope=self._scope,
             )
             self._streams.append(stream)
+            owners.enter(conn, stream.id, self._owner)
             self._running.append(job.n)
         # Every prompt's first answer before any header: an error in any of them is the
         # response's status.
         for stream in self._streams:
             self._firsts.append(await stream.receive())
-        self._prompt_usage = self._firsts[0].prompt_usage if self._firsts and self._firsts[0] else None
+        self._prompt_usages = [first.prompt_usage if first is not None else None for first in self._firsts]
+        self._prompt_usage = self._prompt_usages[0] if self._prompt_usages else None
         if self._record is not None:
             self._record.first_token = time.monotonic()
             self._record.prompt_tokens = self._record.generated_tokens = 0
@@ -210,14 +232,40 @@ class Generation:
                 ev, self._firsts[at] = first, None
             else:
                 ev = await self._streams[at].receive()
-            if ev.finish_reason is not None:
-                self._running[at] -= 1
-                if self._record is not None and ev.usage is not None:
-                    self._count(ev.usage, first_of_prompt=self._running[at] == self._n - 1)
+            self._note(at, ev)
             if at:
                 ev = msgspec.structs.replace(ev, index=at * self._n + ev.index)
             return ev
         raise StopAsyncIteration
+
+    def _note(self, at: int, ev: TokenEvent) -> None:
+        """An event of stream `at` read: its tokens, until its choice's usage counts them."""
+        if ev.finish_reason is None:
+            key = (at, ev.index)
+            self._unfinished[key] = self._unfinished.get(key, 0) + len(ev.tokens)
+            return
+        self._unfinished.pop((at, ev.index), None)
+        self._running[at] -= 1
+        if self._record is not None and ev.usage is not None:
+            self._count(ev.usage, first_of_prompt=self._running[at] == self._n - 1)
+
+    def _count_unfinished(self) -> None:
+        """At a close before the end (a client that left mid-stream, a cancellation), no
+        usage comes for the choices still running: their tokens read so far count, and the
+        prompt of each prompt none of whose choices finished (from its first event). Called
+        once every prompt's first event has come (the record's first_token is set)."""
+        assert self._record is not None
+        for at, first in enumerate(self._firsts):
+            if first is not None:  # read before any header, never handed on
+                self._firsts[at] = None
+                self._note(at, first)
+            usage = self._prompt_usages[at]
+            if self._running[at] == self._n and usage is not None:
+                self._record.prompt_tokens = (self._record.prompt_tokens or 0) + usage.prompt_tokens
+                self._record.cached_tokens += usage.cached_tokens
+        left = sum(self._unfinished.values())
+        self._unfinished.clear()
+        self._record.generated_tokens = (self._record.generated_tokens or 0) + left
 
     def _count(self, usage: Usage, first_of_prompt: bool) -> None:
         """A finished choice's usage into the access log: its generated tokens, and, for
@@ -230,8 +278,14 @@ class Generation:
             self._record.cached_tokens += usage.cached_tokens
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._record is not None and self._record.first_token is not None:
+            self._count_unfinished()
         for stream in self._streams:
             stream.close()
+            owners.remove(self._lease.conn, stream.id)
         if self._ticket is not None:
             self._ticket.release()
         self._lease.release()

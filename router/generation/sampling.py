@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import msgspec
+
 from supervisor.errors import InvalidRequest
 from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES, SamplingParams
 
@@ -54,3 +56,19 @@ def check_stops(stops: list[str], param: str = "stop") -> None:
         raise InvalidRequest(f"Invalid '{param}': at most {MAX_STOP_STRINGS} stop strings are allowed.", param)
     if any(not s for s in stops):
         raise InvalidRequest(f"Invalid '{param}': stop strings must not be empty.", param)
+
+
+def capped(p: SamplingParams, *caps: int | None) -> SamplingParams:
+    """`p` with its token limit cut to the lowest of `caps` (a model's max_tokens_limit, a
+    key's max_tokens; None: no cap), as llama-server's -n cuts n_predict: a request that
+    asks more, or asks no limit, generates up to the cap and ends with "length". Never a
+    400: agent CLIs send a large max_tokens by default (Claude Code 32,000) and must keep
+    working. Every dialect's name for the limit (max_tokens, max_completion_tokens,
+    max_output_tokens, n_predict, num_predict) is `max_tokens` here."""
+    given = [c for c in caps if c is not None]
+    if not given:
+        return p
+    cap = min(given)
+    if p.max_tokens is not None and p.max_tokens <= cap:
+        return p
+    return msgspec.structs.replace(p, max_tokens=cap)

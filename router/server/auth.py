@@ -5,9 +5,11 @@ Three kinds of route:
   dashboard's page at `/` (static, it holds no data; a browser sends no header with a page
   navigation, so a page behind the key could never open): its script calls the routes
   below with the key;
-- `/admin/*` and `/metrics` need an admin key. With no admin key configured, they answer
-  clients on loopback only (behind a reverse proxy every client is loopback: configure
-  admin keys there);
+- `/admin/*` and `/metrics` need an admin key. With no key configured at all (one user),
+  they answer clients on loopback only (behind a reverse proxy every client is loopback:
+  configure admin keys there); once API keys are configured, they answer no one until
+  `admin_keys` are too, since on a shared host every local user is a loopback client
+  (`public_metrics` opens /metrics alone);
 - everything else (the OpenAI and llama-server routes, `/openapi.json`, and addresses that
   match no route, so that an unauthenticated client cannot even map the routes) needs an
   API or admin key once any API key is configured.
@@ -23,7 +25,7 @@ import ipaddress
 from enum import Enum
 from typing import Callable
 
-from quart import g, request
+from quart import g, has_app_context, request
 from quart_trio import QuartTrio
 
 from router.server import access_log
@@ -61,6 +63,11 @@ def presented_key(authorization: str | None, x_api_key: str | None) -> str | Non
 
 MISSING = "You didn't provide an API key. Send it as `Authorization: Bearer KEY` or `x-api-key: KEY`."
 INCORRECT = "Incorrect API key provided."
+NO_ADMIN_KEYS = (
+    "/admin and /metrics need an admin key, and this server has API keys but no admin key: "
+    "set [server] admin_keys and send one (corral's commands read it from $CORRAL_ADMIN_KEY "
+    "or --admin-key-file); [server] public_metrics = true opens /metrics alone."
+)
 
 
 def authorize(ring: Keyring, access: Access, presented: str | None, loopback: bool) -> Key | None:
@@ -71,8 +78,10 @@ def authorize(ring: Keyring, access: Access, presented: str | None, loopback: bo
     key = ring.match(presented) if presented is not None else None
     if access is Access.ADMIN:
         if not ring.admin_keys_configured:
+            if ring.api_keys_required:
+                raise Forbidden(NO_ADMIN_KEYS)
             if not loopback:
-                raise Forbidden("/admin and /metrics answer loopback clients only while no admin_keys are configured.")
+                raise Forbidden("/admin and /metrics answer loopback clients only while no key is configured.")
             return key
         if key is None:
             raise Unauthorized(INCORRECT if presented is not None else MISSING)
@@ -101,7 +110,10 @@ def is_loopback(address: str | None) -> bool:
 
 
 def current_key() -> Key | None:
-    """The key of the request being served (None: no key)."""
+    """The key of the request being served (None: no key, or no request: `corral chat`
+    runs generations in its own process)."""
+    if not has_app_context():
+        return None
     key: Key | None = g.get("corral_key")
     return key
 

@@ -69,6 +69,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         yield f"server.drain_timeout: must be a finite number >= 0, got {srv.drain_timeout}"
     if srv.max_body_bytes < 1024:
         yield f"server.max_body_bytes: must be at least 1024, got {srv.max_body_bytes}"
+    if srv.max_keep_alive is not None and not _seconds(srv.max_keep_alive):
+        yield f"server.max_keep_alive: must be a finite number >= 0 (0: no bound), got {srv.max_keep_alive}"
     if not _seconds(srv.responses_ttl):
         yield f"server.responses_ttl: must be a finite number >= 0, got {srv.responses_ttl}"
     if srv.responses_max_bytes < 0:
@@ -103,6 +105,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"server.{key}: no such file: {resolve_path(value, base_dir)}"
     if srv.slot_save_path is not None and not resolve_path(srv.slot_save_path, base_dir).is_dir():
         yield f"server.slot_save_path: not a directory: {resolve_path(srv.slot_save_path, base_dir)}"
+    if srv.slot_save_max_bytes < 0:
+        yield f"server.slot_save_max_bytes: must be 0 (no bound) or more, got {srv.slot_save_max_bytes}"
     if srv.pid_file is not None and not resolve_path(srv.pid_file, base_dir).parent.is_dir():
         yield f"server.pid_file: no such folder: {resolve_path(srv.pid_file, base_dir).parent}"
     for i, origin in enumerate(srv.cors_origins):
@@ -209,6 +213,13 @@ def _generation_problems(at: str, m: ModelConfig) -> Iterator[str]:
             yield f"{at}.n_predict: set max_tokens or n_predict (llama-server's name for it), not both"
         elif m.n_predict < -1:
             yield f"{at}.n_predict: must be -1 (no limit) or at least 0, got {m.n_predict}"
+    if m.max_tokens_limit is not None:
+        name, default = ("max_tokens", m.max_tokens) if m.max_tokens is not None else ("n_predict", m.n_predict)
+        if m.max_tokens_limit < 1:
+            yield f"{at}.max_tokens_limit: must be at least 1, got {m.max_tokens_limit}"
+        elif default is not None and default > m.max_tokens_limit:
+            # A default the cap always cuts says two different things: one of them is wrong.
+            yield f"{at}.{name}: {default} is above max_tokens_limit ({m.max_tokens_limit}), which caps every request"
     for field, (lo, hi) in SAMPLING_RANGES.items():
         value = getattr(m, field)
         if value is not None and not lo <= value <= hi:  # NaN fails this too

@@ -177,6 +177,10 @@ def _translate(table: Table, key: str, value: str, where: str, defaults: bool) -
     if key.startswith("no-") and isinstance(converted, bool):
         converted = not converted
     _put(table, spec.corral, converted, f"{key} = {value} ({where})")
+    if spec.corral == "n_predict" and converted > 0:
+        # llama-server's -n is also the most a request may ask for (a larger n_predict is
+        # cut to it): Corral's max_tokens_limit.
+        _put(table, "max_tokens_limit", converted, f"{key} = {value} ({where})")
 
 
 def _put(table: Table, key: str, value: Any, comment: str) -> None:

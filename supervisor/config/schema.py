@@ -36,8 +36,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # llama-server serving one model ignores the name a client sends.
     unknown_model: Literal["error", "default"] = "error"
     # Keys (supervisor/config/keys.py). With any API key, every route but /health needs a key.
-    # /admin/* and /metrics need an admin key; with none configured, they answer loopback
-    # clients only. All three apply on reload, and a reload re-reads the file.
+    # /admin/* and /metrics need an admin key; with no key configured at all, they answer
+    # loopback clients only, and with API keys but no admin key, no one. All three apply on
+    # reload, and a reload re-reads the file.
     api_keys: list[str | ApiKeyTable] = []
     api_keys_file: str | None = None
     admin_keys: list[str] = []
@@ -45,6 +46,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Kubernetes Gateway API Inference Extension's endpoint picker (deploy/k8s/). It shows
     # model names, their load and their last errors. Applies on reload.
     public_metrics: bool = False
+    # With keys configured, the longest an API key's Ollama keep_alive may keep a model
+    # loaded once idle, in seconds; None: the model's own idle_timeout; 0: no bound. Nor
+    # is it ever shorter than the idle_timeout: unloading is an admin key's
+    # (router/server/steering.py). Applies on reload.
+    max_keep_alive: Seconds | None = None
     # Serving on an address other than loopback with no API key is refused unless this is
     # set: anyone who can reach the port could use the models and reload the config.
     allow_insecure_bind: bool = False
@@ -68,8 +74,16 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     slots_endpoint: bool = True
     # A folder for llama-server's slot files (its --slot-save-path): POST /slots/{id}
     # ?action=save|restore with {"filename"} writes and reads a slot's cache there. Unset,
-    # those actions answer 501. Relative to the config file.
+    # those actions answer 501. Relative to the config file. Applies on reload.
     slot_save_path: str | None = None
+    # What the folder's files may take in all: a save past it answers 507 and writes
+    # nothing (about 18 KB a token of the demo model, far more for larger ones). 0: no bound.
+    slot_save_max_bytes: int = 4 * 1024**3
+    # Who may save, restore and erase slots once keys are configured (with none, anyone
+    # may, as with llama-server): "admin", admin keys only; "keys", any key that may use the
+    # model, each in a folder of its own under slot_save_path and only on slots holding its
+    # own cache. Applies on reload.
+    slot_actions: Literal["admin", "keys"] = "admin"
     # A request for a model that is not loaded loads it (llama-server's --models-autoload).
     # Off (its --no-models-autoload): such a request is a 400 "model is not loaded" unless
     # it asks `?autoload=true`; models load by POST /models/load or the admin API, and one
@@ -150,6 +164,10 @@ class GenerationDefaults(ModelOptions, forbid_unknown_fields=True, frozen=True, 
     # name for it (-1: no limit); set one of the two.
     max_tokens: int | None = None
     n_predict: int | None = None
+    # The most tokens one request may generate, whatever it asks (llama-server's -n caps
+    # n_predict so): a request asking more, or no limit, is cut to it and ends with
+    # "length". None: no cap. A key's own max_tokens cuts further.
+    max_tokens_limit: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None

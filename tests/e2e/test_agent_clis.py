@@ -33,10 +33,12 @@ CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
 CODEX = "@openai/codex@0.171.0"
 QWEN3 = ROOT / "tests" / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 KEY = "sk-agents-1"
+ADMIN_KEY = "sk-agents-admin"  # for /metrics, which answers an admin key alone once api_keys are set
 CONFIG = f"""
 [server]
 port = {{PORT}}
 api_keys = ["{KEY}"]
+admin_keys = ["{ADMIN_KEY}"]
 
 [supervisor]
 idle_timeout = 0
@@ -98,7 +100,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def _requests(server: Server, endpoint: str) -> float:
     """corral_requests_total of `endpoint` answered 200."""
-    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith("corral_requests_total{") and f'endpoint="{endpoint}"' in line and 'status="200"' in line:

@@ -27,6 +27,7 @@ CONFIG = f"""
 port = {{PORT}}
 default_model = "demo"
 api_keys = [{{ key = "sk-alpha1", name = "a" }}, {{ key = "sk-small-key", name = "small", models = ["demo"] }}]
+admin_keys = ["sk-admin-anthropic"]  # /metrics answers an admin key alone once api_keys are set
 
 [supervisor]
 idle_timeout = 0
@@ -217,7 +218,7 @@ def test_the_slot_line_answers_429_in_anthropics_shape_and_metrics_count_the_rou
     finally:
         done.set()
         t.join(60)
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = httpx.get(server.url + "/metrics", headers={"x-api-key": "sk-admin-anthropic"}).text
     assert 'endpoint="/v1/messages",model="one",status="429"' in metrics
     assert 'endpoint="/v1/messages",model="demo",status="200"' in metrics
 

@@ -71,16 +71,27 @@ async def test_with_keys_the_page_opens_but_its_data_needs_the_key(tmp_path: Pat
                 assert (await client.get(path, scope_base=REMOTE)).status_code == 401, path
 
 
-async def test_without_admin_keys_a_remote_page_opens_but_admin_data_is_loopback_only(tmp_path: Path) -> None:
+async def test_with_api_keys_but_no_admin_key_the_page_opens_and_its_data_says_to_set_admin_keys(
+    tmp_path: Path,
+) -> None:
+    # Issue 40, finding 5: keyless loopback reads ended once API keys exist (on a shared
+    # host every local user is loopback); the page shows the 403's words in its key dialog.
     sup = _supervisor(tmp_path, api_keys=[API])
     client = create_app(sup, sup.config).test_client()
     with trio.fail_after(30):
         async with running(sup):
             assert (await client.get("/", scope_base=REMOTE)).status_code == 200
-            r = await client.get("/admin/models", headers={"authorization": f"Bearer {API}"}, scope_base=REMOTE)
-            assert r.status_code == 403
-            assert "loopback" in (await r.get_json())["error"]["message"]
-            # On loopback with no admin key configured, the page's reads need nothing.
+            for peer in (REMOTE, {"client": ("127.0.0.1", 40000)}):
+                r = await client.get("/admin/models", headers={"authorization": f"Bearer {API}"}, scope_base=peer)
+                assert r.status_code == 403
+                assert "admin_keys" in (await r.get_json())["error"]["message"]
+                r = await client.get("/admin/models", scope_base=peer)
+                assert r.status_code == 403
+    # With no key configured at all, the page's reads on loopback need nothing.
+    sup = _supervisor(tmp_path)
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(30):
+        async with running(sup):
             r = await client.get("/admin/models", scope_base={"client": ("127.0.0.1", 40000)})
             assert r.status_code == 200
 

@@ -200,12 +200,14 @@ def router_props_json(config: Config) -> dict[str, Any]:
     }
 
 
-def slots_json(states: list[SlotState]) -> list[dict[str, Any]]:
+def slots_json(states: list[SlotState], private: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """GET /slots: each slot as llama-server shows it. An idle slot is its id, context and
     state alone, as llama-server shows a slot with no task (server-context.cpp,
-    server_slot::to_json)."""
+    server_slot::to_json); so is a busy slot in `private` (its request is another key's),
+    but for `is_processing`: nothing of the request (task id, parameters, progress)."""
     return [
-        _slot_json(s, s.params or SamplingParams()) if s.params is not None or s.is_processing
+        _slot_json(s, s.params or SamplingParams())
+        if (s.params is not None or s.is_processing) and s.id not in private
         else {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.is_processing}
         for s in states
     ]

@@ -33,13 +33,13 @@ from router.api.llama.schemas import (
 from router.api.llama.translate import completion_job, infill_job
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
-from router.generation import tool_schemas
+from router.generation import owners, tool_schemas
 from router.generation.answer import gather
 from router.generation.job import GenerationJob
 from router.generation.events import Event, Failed, Finish, TextDelta
 from router.generation.prompt_bound import refuse_if_too_long
 from router.generation.prompts import Prompt
-from router.server import access_log, bodies, sse
+from router.server import access_log, auth, bodies, sse, steering
 from router.server.json_body import decode
 from router.upstream import remote
 from router.upstream.remote import RemoteModel
@@ -201,7 +201,10 @@ def register(app: Blueprint, server: Server) -> None:
     @app.post("/models/unload")
     async def models_unload() -> Response:
         """llama-server's router mode: unload a model once what it has in flight is done.
-        Not running: 400, as llama-server answers."""
+        Not running: 400, as llama-server answers. With keys configured, an admin key's
+        alone: the next request of every other key would pay the load
+        (router/server/steering.py)."""
+        steering.refuse_unless_steering(server.supervisor.config.keys, auth.current_key(), "POST /models/unload")
         r: ModelActionRequest = decode(await bodies.read_body(), ModelActionRequest)
         handle = server.find(r.model)
         if handle.state not in (State.STARTING, State.READY, State.DRAINING):
@@ -237,7 +240,8 @@ def register(app: Blueprint, server: Server) -> None:
     async def slots() -> Response:
         """What each of one model's slots is doing. With `fail_on_no_slot=1`, 503 when
         every slot is busy (llama-server's readiness probe). 501 when the config turns it
-        off, as llama-server's --no-slots."""
+        off, as llama-server's --no-slots. A busy slot running another key's request shows
+        that it is busy and nothing of the request (router/server/steering.py)."""
         if not server.supervisor.config.server.slots_endpoint:
             raise NotServed("This server does not serve the slots endpoint: set [server] slots_endpoint = true.")
         handle = resolve(request.args.get("model"))
@@ -245,7 +249,12 @@ def register(app: Blueprint, server: Server) -> None:
             states = await conn.slots()
         if request.args.get("fail_on_no_slot", "") not in ("", "0", "false") and all(s.is_processing for s in states):
             raise WorkerUnavailable("no slot available", retry=True, retry_after=1.0)
-        return _json(slots_json(states))
+        ring, viewer = server.supervisor.config.keys, auth.current_key()
+        private = frozenset(
+            s.id for s in states
+            if s.is_processing and not steering.shows_request(ring, viewer, owners.owner_of(conn, s.id_task))
+        )
+        return _json(slots_json(states, private))
 
 
 async def _prompt_text(conn: WorkerConnection, prompt: Prompt) -> str:

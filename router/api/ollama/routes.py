@@ -6,10 +6,15 @@ Models are Corral's configured ones, listed with a tag (`name:latest`) and found
 without it. A chat or generate with no messages (or an empty prompt) loads the model, or
 unloads it with `keep_alive: 0`, as Ollama's do. Ollama's `pull`, `create`, `copy`,
 `delete` and `push` are not served: Corral's models are its config's.
+
+With keys configured, a model's lifetime is the operator's (router/server/steering.py):
+the unload form is an admin key's (403 naming keep_alive), and an API key's keep_alive is
+held between the model's idle_timeout and `[server] max_keep_alive`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from functools import partial
@@ -29,7 +34,7 @@ from router.api.ollama.schemas import (
 from router.api.ollama.translate import PARAM_NAMES, chat_job, generate_job, keep_alive
 from router.generation.job import GenerationJob, KeepAlive
 from router.generation.prompts import MAX_PROMPTS
-from router.server import access_log, auth, bodies
+from router.server import access_log, auth, bodies, steering
 from router.server.json_body import decode
 from router.generation.remote.embed import embed as remote_embed
 from router.upstream import remote
@@ -79,6 +84,7 @@ def register(app: Blueprint, server: Server) -> None:
         (no messages, or no prompt), which loads the model, or with keep_alive 0 unloads it.
         `job_of` builds the job from the model's generation defaults."""
         reply = Reply(model=name, chat=chat, record=access_log.current())
+        refuse_unload(kept, empty)
         elsewhere = remote.current()
         if elsewhere is not None:  # served elsewhere: nothing here to load, unload or keep
             job = job_for(elsewhere, job_of, PARAM_NAMES)
@@ -93,7 +99,8 @@ def register(app: Blueprint, server: Server) -> None:
             # an embedding model too.
             return done(reply, await load_or_unload(resolve(name, generating=False), kept))
         handle = resolve(name)
-        job = job_of(handle.spec.defaults)  # the body's 400s, before any load
+        kept = bounded(handle, kept)
+        job = dataclasses.replace(job_of(handle.spec.defaults), keep_alive=kept)  # the body's 400s, before any load
         if empty:
             return done(reply, await load_or_unload(handle, kept))
         return await answer(
@@ -114,6 +121,25 @@ def register(app: Blueprint, server: Server) -> None:
             return "unload"
         await hold(handle, kept)
         return "load"
+
+    def refuse_unload(kept: KeepAlive, empty: bool) -> None:
+        """A request with nothing to answer and keep_alive 0 unloads the model: with keys
+        configured, an admin key's alone (403 naming keep_alive)."""
+        if empty and kept.seconds == 0:
+            steering.refuse_unless_steering(
+                server.supervisor.config.keys, auth.current_key(),
+                "Unloading a model (keep_alive 0 with nothing to answer)", "keep_alive",
+            )
+
+    def bounded(handle: ModelHandle, kept: KeepAlive) -> KeepAlive:
+        """`kept` as the request's key may set it: an admin key's (or any, with no key
+        configured) as it came; an API key's held between the model's idle_timeout and
+        [server] max_keep_alive, so that it neither unloads the model early nor pins it."""
+        config = server.supervisor.config
+        if steering.may_steer(config.keys, auth.current_key()):
+            return kept
+        seconds = steering.bounded_keep_alive(kept.seconds, handle.spec.idle_timeout, config.server.max_keep_alive)
+        return KeepAlive(seconds)
 
     async def hold(handle: ModelHandle, kept: KeepAlive) -> None:
         """Load the model if it is not loaded, and set its keep_alive while holding it."""
@@ -184,6 +210,7 @@ def register(app: Blueprint, server: Server) -> None:
         if r.dimensions is not None and r.dimensions < 1:
             raise InvalidRequest("Invalid 'dimensions': expected a value >= 1.", "dimensions")
         kept = keep_alive(r.keep_alive)
+        refuse_unload(kept, not texts)
         vectors: list[list[float]] = []
         prompt_tokens = 0
         if isinstance(handle, RemoteModel):  # served elsewhere: nothing here to load or keep
@@ -191,11 +218,11 @@ def register(app: Blueprint, server: Server) -> None:
                 got = await remote_embed(handle, texts)
                 vectors, prompt_tokens = got.data, got.prompt_tokens
         elif not texts:  # an empty request loads the model, as Ollama's (or unloads it)
-            await load_or_unload(handle, kept)
+            await load_or_unload(handle, bounded(handle, kept))
         else:
             # Ollama cuts an input too long for the model at its end unless told not to.
             result = await embed(handle, texts, truncate=r.truncate is not False)
-            handle.set_keep_alive(kept.seconds)
+            handle.set_keep_alive(bounded(handle, kept).seconds)
             vectors, prompt_tokens = result.data, result.prompt_tokens
         if r.dimensions is not None:
             vectors = [_normalized(v[: r.dimensions]) for v in vectors]
@@ -212,8 +239,10 @@ def register(app: Blueprint, server: Server) -> None:
         r: OllamaEmbeddingsRequest = decode(await bodies.read_body(), OllamaEmbeddingsRequest, api="Ollama")
         handle = embedding_model(r.model)
         kept = keep_alive(r.keep_alive)  # a bad one is a 400 before any work
+        refuse_unload(kept, not r.prompt)  # held with keep_alive 0, it would unload at once
         if isinstance(handle, RemoteModel):
             return _json_response({"embedding": (await remote_embed(handle, [r.prompt])).data[0] if r.prompt else []})
+        kept = bounded(handle, kept)
         if not r.prompt:
             await hold(handle, kept)
             return _json_response({"embedding": []})

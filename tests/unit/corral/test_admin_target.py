@@ -61,6 +61,18 @@ def test_exit_codes() -> None:
     assert "3  cannot reach the server" in at.EXIT_CODES_HELP
 
 
+def test_a_refusal_without_a_key_says_where_the_key_goes() -> None:
+    """Issue 40, finding 5: a server with API keys answers /admin only to an admin key,
+    loopback included; the command says where it reads one from (and, for a reload, that
+    SIGHUP needs none)."""
+    for status in (401, 403):
+        hint = at.refused_hint(status, key_sent=False)
+        assert "$CORRAL_ADMIN_KEY" in hint and "--admin-key-file" in hint and "admin_keys" in hint
+        assert "--signal" not in hint and "--signal" in at.refused_hint(status, key_sent=False, signal=True)
+        assert at.refused_hint(status, key_sent=True) == ""  # the server's words say what is wrong with it
+    assert at.refused_hint(404, key_sent=False) == at.refused_hint(500, key_sent=False) == ""
+
+
 def test_reload_lines() -> None:
     diff = {"added": ["d"], "removed": [], "changed": ["a", "b"], "unchanged": ["c"], "needs_restart": []}
     assert at.reload_lines(diff) == ["added: d", "changed: a, b", "unchanged: c"]

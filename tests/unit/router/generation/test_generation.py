@@ -8,6 +8,7 @@ of TokenEvents or errors.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import msgspec
@@ -20,6 +21,7 @@ from router.generation.job import GenerationJob
 from router.generation.run import Generation
 from router.generation.stream import events
 from router.server import sse
+from supervisor.config import ModelSpec
 from supervisor.errors import ContextOverflow, CorralError, WorkerCrashed
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.lease import Lease
@@ -29,6 +31,8 @@ USAGE = Usage(prompt_tokens=3, completion_tokens=2)
 
 
 class FakeStream:
+    id = 1  # the request's id in the worker
+
     def __init__(self, script: list[TokenEvent | CorralError]) -> None:
         self.script = list(script)
         self.closed = 0
@@ -57,6 +61,7 @@ class FakeConn:
 
 class FakeHandle:
     def __init__(self, stream: FakeStream) -> None:
+        self.spec = ModelSpec(name="m", path=Path("m.gguf"), aliases=(), idle_timeout=0.0)
         self.conn = FakeConn(stream)
         self.released = 0
         self.slot_queue = SlotQueue("m")

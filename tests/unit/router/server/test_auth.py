@@ -111,13 +111,23 @@ def test_admin_routes_need_an_admin_key_when_one_is_configured() -> None:
     assert admin is not None and admin.admin
 
 
-def test_without_admin_keys_admin_routes_answer_loopback_only() -> None:
-    for ring in (_ring(admin=False), Keyring()):
-        assert authorize(ring, Access.ADMIN, None, True) is None
-        with pytest.raises(Forbidden):
-            authorize(ring, Access.ADMIN, None, False)
-        with pytest.raises(Forbidden):
-            authorize(ring, Access.ADMIN, API, False)  # an API key is not an admin key
+def test_without_any_key_admin_routes_answer_loopback_only() -> None:
+    ring = Keyring()
+    assert authorize(ring, Access.ADMIN, None, True) is None
+    with pytest.raises(Forbidden):
+        authorize(ring, Access.ADMIN, None, False)
+
+
+def test_with_api_keys_but_no_admin_keys_admin_routes_answer_no_one() -> None:
+    """Issue 40, finding 5: on a shared host every local user is a loopback client, so
+    once API keys exist, keyless loopback access to /admin and /metrics would let any of
+    them unload or reload. The 403 says what to configure."""
+    ring = _ring(admin=False)
+    for loopback in (True, False):
+        for presented in (None, API, secret("wrong")):
+            with pytest.raises(Forbidden) as refused:
+                authorize(ring, Access.ADMIN, presented, loopback)
+            assert "[server] admin_keys" in refused.value.message and "$CORRAL_ADMIN_KEY" in refused.value.message
 
 
 def test_health_is_open_to_anyone() -> None:
