@@ -10,6 +10,10 @@ performs those decisions through worker/kv_cache.py and worker/kv_entries.py, wh
 each sequence's books and its cells in step. A request preempted for KV space waits while
 the cache is still full and other requests run, so that it is not re-admitted only to be
 preempted again.
+
+Every choice sees only the sequences of the request's cache scope (Request.scope: one per
+key or key group, router/server/cache_scope.py): another scope's cells are never reused,
+copied or waited for, and a slot that held them parks them before it takes the request.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from worker.prompt_cache import PromptCache
 from worker.protocol import SamplingParams
 from worker.request import Request
 from worker.sampling import SamplerChain
-from worker.slots import Slot, choose_slot
+from worker.slots import Slot, choose_slot, scoped
 
 log = logging.getLogger("worker.engine")
 
@@ -59,12 +63,13 @@ class Admission:
             req = waiting[0]
             if req.preempted and self.requests.kv_full and self.active():
                 return
-            slot = choose_slot(self.slots, req.tokens, self.kv.usable)
+            slot = choose_slot(self.slots, req.tokens, scoped(self.kv.usable, req.scope))
             if slot is None:
                 return
             waiting.popleft()
             self.clock += 1
             keep = self._start_in(slot, req)
+            slot.scope = req.scope  # what it holds now is the request's prefix, or nothing
             if req.sampler is None:
                 req.cached = keep
                 self._count(keep)
@@ -102,9 +107,11 @@ class Admission:
         if self.cache is not None:
             # A saved prompt that serves this one better than the KV cache does comes back
             # as a parked entry, which the choice below then takes.
-            self.cache.promote(req.tokens, [*self.slots, *self.entries.parked], self.clock)
-        others = [s for s in self.slots if s is not slot]
-        start = plan_start(slot, others, self.entries.parked, req.tokens, self.kv.usable, bool(self.entries.free))
+            self.cache.promote(req.tokens, [*self.slots, *self.entries.parked], self.clock, req.scope)
+        others = [s for s in self.slots if s is not slot and s.scope == req.scope]
+        parked = [e for e in self.entries.parked if e.scope == req.scope]
+        usable = scoped(self.kv.usable, req.scope)
+        start = plan_start(slot, others, parked, req.tokens, usable, bool(self.entries.free))
         return self._perform(slot, start)
 
     def _set_aside(self, slot: Slot[Request]) -> None:
@@ -141,6 +148,7 @@ class Admission:
             Prefilling(s, r.tokens)
             for s in self.slots
             if (r := s.request) is not None and r.n_gen == 0 and r.follows is None and r.awaits is None
+            and r.scope == req.scope
         ]
         target = follow_target(req.tokens, keep, prefilling)
         if target is not None:
@@ -173,7 +181,7 @@ class Admission:
         f.awaits = None
         if self.kv.usable(source, n) < n:
             return
-        if wants_anchor(self.entries.parked, f.tokens, n):
+        if wants_anchor([e for e in self.entries.parked if e.scope == f.scope], f.tokens, n):
             self.entries.anchor(source, n, self.clock)
         self.kv.copy_prefix(source, f.slot, n)
         self._copied(f, n)

@@ -91,12 +91,14 @@ class KvCache:
         llama_cpp.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
         llama_cpp.llama_memory_seq_cp(self.memory, source.seq_id, target.seq_id, 0, n)
         target.cache[:] = source.cache[:n]
+        target.scope = source.scope
 
-    def restore(self, slot: Slot[R], tokens: Sequence[int], write: Callable[[int], bool]) -> bool:
+    def restore(self, slot: Slot[R], tokens: Sequence[int], write: Callable[[int], bool], scope: str = "") -> bool:
         """Make `slot`'s sequence a saved one: `write(seq_id)` puts the saved cells into the
-        empty sequence (llama_state_seq_set_data); the books become `tokens` only when the
-        cells read span exactly those tokens, as the invariant demands. Otherwise (no room
-        for them, a state from another context) the sequence is left empty: False."""
+        empty sequence (llama_state_seq_set_data); the books become `tokens` (of cache scope
+        `scope`) only when the cells read span exactly those tokens, as the invariant
+        demands. Otherwise (no room for them, a state from another context) the sequence is
+        left empty: False."""
         self.drop(slot)
         if not write(slot.seq_id):
             self.drop(slot)
@@ -108,6 +110,7 @@ class KvCache:
             self.drop(slot)
             return False
         slot.cache[:] = tokens
+        slot.scope = scope
         return True
 
     def decoded(self, slot: Slot[R], tokens: Sequence[int]) -> None:

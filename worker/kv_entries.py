@@ -49,7 +49,7 @@ class Entries(Generic[R]):
         if not self.capacity:
             return None
         self._free_one()
-        entry: Slot[R] = Slot(seq_id=slot.seq_id, cache=slot.cache, last_used=clock)
+        entry: Slot[R] = Slot(seq_id=slot.seq_id, cache=slot.cache, last_used=clock, scope=slot.scope)
         slot.seq_id, slot.cache = self.free.pop(), []
         self.parked.append(entry)
         return entry
@@ -74,6 +74,7 @@ class Entries(Generic[R]):
         self.parked.remove(entry)
         slot.seq_id, entry.seq_id = entry.seq_id, slot.seq_id
         slot.cache, entry.cache = entry.cache, slot.cache
+        slot.scope, entry.scope = entry.scope, slot.scope
         entry.anchor = False
         if keep_old and entry.cache:
             entry.last_used, entry.idle_steps = clock, 0

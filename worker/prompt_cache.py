@@ -81,7 +81,7 @@ class PromptCache:
             return
         data = read_state(self.ctx, seq.seq_id)
         if data:
-            self.host.put(Saved(tokens=list(seq.cache), data=data, used=used))
+            self.host.put(Saved(tokens=list(seq.cache), data=data, used=used, scope=seq.scope))
 
     def step(self, slots: Sequence[Slot[Request]], n: int = 1) -> None:
         """`n` decode steps went by. Every SPILL_CHECK steps, the parked entry idle longest
@@ -98,13 +98,16 @@ class PromptCache:
             self.entries.evict(entry)  # saved to host memory first (Entries.on_evict)
             self.spilled_idle += 1
 
-    def promote(self, prompt: Sequence[int], sequences: Sequence[Slot[Request]], clock: int) -> bool:
-        """Write back the saved prompt that serves `prompt` best, as a parked entry, when
-        it gives FOLLOW_MIN more tokens than every sequence of the KV cache can."""
+    def promote(self, prompt: Sequence[int], sequences: Sequence[Slot[Request]], clock: int, scope: str = "") -> bool:
+        """Write back the saved prompt of cache scope `scope` that serves `prompt` best, as a
+        parked entry, when it gives FOLLOW_MIN more tokens than every sequence of that scope
+        in the KV cache can."""
         if not self.host.entries or not self.entries.capacity:
             return False
-        have = max((self.kv.usable(s, reusable_prefix(s.cache, prompt)) for s in sequences), default=0)
-        found = best_saved(self.host.entries, prompt, have + FOLLOW_MIN - 1, self.whole_only)
+        mine = (s for s in sequences if s.scope == scope)
+        have = max((self.kv.usable(s, reusable_prefix(s.cache, prompt)) for s in mine), default=0)
+        saved = [s for s in self.host.entries if s.scope == scope]
+        found = best_saved(saved, prompt, have + FOLLOW_MIN - 1, self.whole_only)
         if found is None:
             return False
         item, n = found
@@ -120,7 +123,7 @@ class PromptCache:
         entry = self.entries.new_entry(clock)
         if entry is None:
             return None
-        if not self.kv.restore(entry, item.tokens, lambda seq: write_state(self.ctx, seq, item.data)):
+        if not self.kv.restore(entry, item.tokens, lambda seq: write_state(self.ctx, seq, item.data), item.scope):
             self.entries.forget(entry)
             self.restore_failed += 1
             return None
@@ -177,7 +180,7 @@ class PromptCache:
                 else:
                     data = read_state(self.ctx, c.seq_id)
                     if data:
-                        out.append(Saved(tokens=list(c.cache), data=data, used=used))
+                        out.append(Saved(tokens=list(c.cache), data=data, used=used, scope=c.scope))
             return out
 
         count, total = self.disk.save(items())

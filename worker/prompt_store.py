@@ -43,6 +43,7 @@ class Saved:
     tokens: list[int]
     data: bytes
     used: int  # the admission clock when it was last used
+    scope: str = ""  # the cache scope its cells belong to (Slot.scope)
 
 
 def fingerprint(model_path: str, template: str, llama_version: str, layout: str) -> str:
@@ -86,6 +87,8 @@ class HostCache:
         if not item.data or len(item.data) > self.budget:
             return False
         for other in list(self.entries):
+            if other.scope != item.scope:
+                continue  # the same tokens of another scope serve only that scope
             shared = common_prefix(other.tokens, item.tokens)
             if shared == len(item.tokens):  # `other` continues it: nothing new
                 other.used = max(other.used, item.used)
@@ -155,7 +158,8 @@ class DiskStore:
         for item in hottest:
             if total + len(item.data) > self.budget:
                 continue
-            name = hashlib.sha256(array.array("i", item.tokens).tobytes()).hexdigest()[:32] + ".prompt"
+            digest = hashlib.sha256(item.scope.encode() + b"\0" + array.array("i", item.tokens).tobytes())
+            name = digest.hexdigest()[:32] + ".prompt"
             if name in written:
                 continue
             self._write(self.folder / name, item)
@@ -168,7 +172,9 @@ class DiskStore:
         return count, total
 
     def _write(self, path: Path, item: Saved) -> None:
-        header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(item.tokens), "used": item.used}).encode()
+        header = json.dumps(
+            {"fingerprint": self.fingerprint, "n_tokens": len(item.tokens), "used": item.used, "scope": item.scope}
+        ).encode()
         tmp = path.with_suffix(".tmp")
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(_MAGIC)
@@ -195,6 +201,9 @@ class DiskStore:
             data = raw[start + 4 * n :]
             if len(tokens) != n or n <= 0 or not data:
                 return None
-            return Saved(tokens=tokens.tolist(), data=data, used=int(header.get("used", 0)))
+            scope = header.get("scope", "")
+            if not isinstance(scope, str):
+                return None
+            return Saved(tokens=tokens.tolist(), data=data, used=int(header.get("used", 0)), scope=scope)
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -124,7 +124,7 @@ def _request(
     max_new = room if p.max_tokens is None else min(p.max_tokens, room)
     return Request(
         id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)),
-        in_reasoning=in_reasoning, n=g.n, echo=echo, request_id=g.request_id,
+        in_reasoning=in_reasoning, n=g.n, echo=echo, request_id=g.request_id, scope=g.cache_scope,
     )
 
 

@@ -69,6 +69,7 @@ class Request:
     # decodes one token a step (speculation off, or it needs every token's logits alone).
     drafter: Drafter | None = None
     model_draft: list[int] = field(default_factory=list)  # a draft model's, for this step
+    scope: str = ""  # Generate.cache_scope: whose cached prefixes it may reuse
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -90,7 +91,7 @@ class Request:
                     id=self.id, params=p, prompt=list(self.prompt), max_new=self.max_new,
                     stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
                     in_reasoning=self.in_reasoning, request_id=self.request_id,
-                    matcher=self.matcher.fork() if self.matcher is not None else None,
+                    matcher=self.matcher.fork() if self.matcher is not None else None, scope=self.scope,
                 )
             )
         self.n = 1  # split once

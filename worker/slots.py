@@ -28,6 +28,9 @@ class Slot(Generic[R]):
     id: int = -1  # the slot's number (GET /slots, id_slot); -1: a parked entry, no slot
     anchor: bool = False  # a parked entry kept for a prefix that conversations share
     idle_steps: int = 0  # a parked entry: decode steps since a prompt last used its cells
+    # The cache scope its cells belong to (Generate.cache_scope): only a request of the same
+    # scope may reuse them. Set with the cells (admission, copies, restores).
+    scope: str = ""
 
     @property
     def idle(self) -> bool:
@@ -57,6 +60,15 @@ Usable = Callable[[Slot[R], int], int]
 def all_usable(slot: Slot[R], n: int) -> int:
     """For models whose every cached token stays usable, and for tests of the choice alone."""
     return n
+
+
+def scoped(usable: Usable[R], scope: str) -> Usable[R]:
+    """`usable` for a request of cache scope `scope`: another scope's cells give it nothing."""
+
+    def usable_in_scope(slot: Slot[R], n: int) -> int:
+        return usable(slot, n) if slot.scope == scope else 0
+
+    return usable_in_scope
 
 
 def choose_slot(

@@ -57,6 +57,9 @@ class GenerationJob:
     # options.seed, /completion's n_predict), for the errors that name them when the job
     # is translated for an upstream (router/generation/remote/naming.py).
     names: Mapping[str, str] = field(default_factory=dict)
+    # vLLM's cache_salt: no cached prefix is shared with requests of another salt
+    # (router/server/cache_scope.py).
+    cache_salt: str | None = None
 
     @property
     def chat(self) -> bool:

@@ -81,6 +81,7 @@ class EngineDriver:
         logprobs: int | None = None,
         hold: bool = False,
         stop: list[str] | None = None,
+        scope: str = "",
     ) -> tuple[int, Outcome]:
         rid = next(self._ids)
         outcome = Outcome(n=n)
@@ -90,7 +91,9 @@ class EngineDriver:
             max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs,
             stop=stop or [],
         )
-        self.engine.submit(Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n, hold_events=hold))
+        self.engine.submit(
+            Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n, hold_events=hold, cache_scope=scope)
+        )
         return rid, outcome
 
     def cancel(self, rid: int) -> None:

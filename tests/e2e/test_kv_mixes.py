@@ -8,7 +8,9 @@ canary's prefix reuse is at stake), prompts that share a long system prompt (par
 entries, anchors, and waiting for another request's prefill are at stake: issue 24), plain
 prompts, prompts near the limit, conversations moved out to host memory and back, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
 on, as in the worker, and gives back the cells of rejected drafts), n > 1 siblings, sampled and greedy requests, staggered
-starts and cancellations; a request alone runs ahead of the engine loop (worker/run_ahead.py). After each mix:
+starts and cancellations; a request alone runs ahead of the engine loop (worker/run_ahead.py). Requests
+come from several cache scopes (router/server/cache_scope.py: keys that share nothing). After each mix:
+- no request was served cached tokens that only another scope's prompts hold (issue 40);
 - the engine's own check, run before every decode, found nothing to repair;
 - every sequence's books (slots, parked entries, free ids) match the cells of both KV
   caches, read from llama.cpp's state;
@@ -33,6 +35,7 @@ from tests.e2e.conftest import DEMO_MODEL
 from tests.e2e.engine_driver import EngineDriver
 from worker.prompt_cache import CacheOptions
 from worker.protocol import WorkerSpec
+from worker.slots import common_prefix
 
 N_CTX = int(os.environ.get("CORRAL_KV_MIX_N_CTX", "1024"))
 MIXES = int(os.environ.get("CORRAL_KV_MIXES", "12"))
@@ -63,6 +66,7 @@ class Ask:
     delay: float  # seconds after the mix starts
     cancel_after: float | None  # seconds after its own start
     hold: bool = False  # a non-streaming client's: events after the first come at the end
+    scope: str = ""  # its cache scope: another scope's cells must never serve it
 
 
 asks = st.builds(
@@ -77,6 +81,7 @@ asks = st.builds(
     delay=st.sampled_from([0.0, 0.0, 0.05, 0.3, 0.8]),
     cancel_after=st.one_of(st.none(), st.none(), st.floats(0.0, 1.5)),
     hold=st.booleans(),
+    scope=st.sampled_from(["", "", "alice", "bob"]),
 )
 
 
@@ -91,7 +96,11 @@ class Mixer:
             cache=CacheOptions(ram_bytes=1 << 28),
         )
         m = self.d.model
-        self.conversations: list[list[int]] = []  # the last mixes' prompts with their replies
+        # The last mixes' prompts with their replies, each with its cache scope.
+        self.conversations: list[tuple[str, list[int]]] = []
+        # Every prompt sent, with each choice's tokens after it, by cache scope: what a
+        # scope's cells can hold (parked entries and host memory outlive a mix).
+        self.sent: dict[str, list[list[int]]] = {}
         self.canary = m.tokenize(CANARY_TEXT, add_special=True, parse_special=True)
         self.head = self.canary[:4]  # <bos><start_of_turn>user\n, as every chat prompt begins
         text = " ".join(f"Item {i}: the {w} river runs past {i * 7} stones." for i, w in
@@ -104,7 +113,7 @@ class Mixer:
         margins = [lp.logprob - max(t.logprob for t in lp.top if t.token != lp.token) for lp in fresh.logprobs[0]]
         assert min(margins) >= MIN_MARGIN, f"the canary has near ties, it would flip on numerics alone: {margins}"
 
-    def prompt(self, ask: Ask, earlier: list[list[int]]) -> list[int]:
+    def prompt(self, ask: Ask, earlier: list[tuple[str, list[int]]]) -> list[int]:
         body = self.corpus[ask.offset : ask.offset + ask.length]
         if ask.kind == "head":
             return self.head + body
@@ -118,7 +127,7 @@ class Mixer:
             # needs the window's cells.
             return self.head + self.corpus[:SHARED] + body[: ask.length % 90 + 1]
         if ask.kind == "again" and earlier:
-            base = earlier[ask.seed % len(earlier)]
+            base = earlier[ask.seed % len(earlier)][1]
             return base if ask.length % 2 else base + body[: ask.length % 200 + 1]
         return body
 
@@ -137,9 +146,9 @@ class Mixer:
         for _, ask in timeline:
             time.sleep(max(0.0, t0 + ask.delay - time.monotonic()))
             tokens = self.prompt(ask, earlier)
-            earlier.append(tokens)
+            earlier.append((ask.scope, tokens))
             seed = ask.seed if ask.temperature else None
-            rid, o = d.generate(tokens, ask.max_tokens, ask.temperature, seed, ask.n, hold=ask.hold)
+            rid, o = d.generate(tokens, ask.max_tokens, ask.temperature, seed, ask.n, hold=ask.hold, scope=ask.scope)
             started.append((rid, time.monotonic(), ask))
             outcomes.append((rid, o, ask, tokens))
         for rid, at, ask in sorted(started, key=lambda s: s[1] + (s[2].cancel_after or 1e9)):
@@ -152,7 +161,22 @@ class Mixer:
                 # Only a prompt that cannot fit may be refused.
                 assert "context" in o.error or "tokens" in o.error, o.error
             if o.error is None and ask.n == 1 and o.tokens.get(0):
-                self.conversations.append(tokens + o.tokens[0])
+                self.conversations.append((ask.scope, tokens + o.tokens[0]))
+        # What each request was served from the cache, its own scope's other prompts (and
+        # their replies) must hold: this mix's, the earlier mixes' and the canary's.
+        mine = [[(a.scope, t)] + [(a.scope, t + out) for out in o.tokens.values()] for (_, o, a, t) in outcomes]
+        for j, (rid, o, ask, tokens) in enumerate(outcomes):
+            cached = o.cached.get(0, 0)
+            if cached:
+                others = [e for k, m in enumerate(mine) if k != j for e in m] + [("", self.canary + self.fresh)]
+                others += [(ask.scope, t) for t in self.sent.get(ask.scope, [])]
+                own = max((common_prefix(t, tokens) for s, t in others if s == ask.scope), default=0)
+                assert cached <= own, (
+                    f"request {rid} (scope {ask.scope!r}) was served {cached} cached tokens; its scope's "
+                    f"prompts hold {own} of them"
+                )
+        for m in mine:
+            self.sent.setdefault(m[0][0], []).extend(t for _, t in m)
         del self.conversations[:-24]
         d.wait_idle()
         assert d.engine.kv.repairs == repairs, "the engine's KV check had to repair a slot (see the log)"

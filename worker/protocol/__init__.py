@@ -6,6 +6,7 @@ each request-scoped frame carries the request id that the supervisor chose.
 
   parameters.py  what a request and a model carry: sampling, constraints, messages, options
   frames.py      every frame, each way
+  events.py      what a Step frame carries for each request: tokens, text, usage, timings
   framing.py     encoding, decoding, and cutting a byte stream into frames
 
 This package imports only the standard library and msgspec: the supervisor and the router
@@ -23,7 +24,6 @@ from worker.protocol.frames import (
     ErrorCode,
     Failed,
     fewest_tokens,
-    FinishReason,
     Frame,
     FromWorker,
     Generate,
@@ -43,17 +43,12 @@ from worker.protocol.frames import (
     SlotFileResult,
     SlotState,
     Step,
-    StopType,
-    Timings,
-    TokenEvent,
     Tokenize,
     TokenizeResult,
-    TokenLogprob,
-    TopLogprob,
     ToWorker,
-    Usage,
     utf8_length,
 )
+from worker.protocol.events import FinishReason, StopType, Timings, TokenEvent, TokenLogprob, TopLogprob, Usage
 from worker.protocol.framing import (
     decode_from_worker,
     decode_to_worker,

@@ -7,13 +7,8 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from worker.protocol.events import TokenEvent
 from worker.protocol.parameters import ChatMessage, Infill, SamplingParams, ToolFormat
-
-
-FinishReason = Literal["stop", "length", "cancelled"]
-# Why a generation stopped, in llama-server's words: an end-of-generation token, the length
-# limit (max_tokens or the context), or a stop string.
-StopType = Literal["eos", "limit", "word"]
 
 
 class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -57,6 +52,11 @@ class Generate(Frame):
     request_id: str | None = None
     # A whole answer (no stream, no tools): events may wait for the end (worker/event_hold.py).
     hold_events: bool = False
+    # Whose cached prefixes this request may reuse, and whose its own cells become: the
+    # router's cache scope (router/server/cache_scope.py), one per key or key group and
+    # request salt. Requests of different scopes share no cells, so that no request learns
+    # (from cached_tokens, or from the time its prompt took) what another key sent.
+    cache_scope: str = ""
 
 
 class Embed(Frame):
@@ -118,13 +118,23 @@ class SlotsQuery(Frame):
 
 class SlotFile(Frame):
     """llama-server's POST /slots/{id}?action=: save slot `slot`'s cached tokens and KV
-    cells to the file `path`, restore them from it, or erase them. The engine acts once the
-    slot is idle (llama-server waits likewise); answered with SlotFileResult or an Error."""
+    cells to the file `filename` in `folder`, restore them from it, or erase them. The
+    engine acts once the slot is idle (llama-server waits likewise); answered with
+    SlotFileResult or an Error.
+
+    `folder_max_bytes`: what the folder's files may take in all (a save past it is refused,
+    0: no bound); `cache_scope`: the caller's (Generate.cache_scope): a restored slot's cells
+    become that scope's; with `own_only`, a save or erase acts only on a slot whose cells
+    are that scope's."""
 
     id: int
     slot: int
     action: Literal["save", "restore", "erase"]
-    path: str = ""
+    folder: str = ""
+    filename: str = ""
+    folder_max_bytes: int = 0
+    cache_scope: str = ""
+    own_only: bool = False
 
 
 class Cancel(Frame):
@@ -213,76 +223,6 @@ class Failed(Frame):
     message: str
 
 
-class Usage(msgspec.Struct, forbid_unknown_fields=True):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-
-
-class Timings(msgspec.Struct, forbid_unknown_fields=True):
-    """llama-server's timings, as measured in the worker: prompt tokens decoded (those not
-    reused from the cache) and the time they took, then tokens generated since and theirs.
-    The router derives the per-token and per-second figures."""
-
-    prompt_n: int
-    prompt_ms: float
-    predicted_n: int
-    predicted_ms: float
-    cache_n: int = 0
-
-
-class TopLogprob(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
-    """One candidate token: its id, its piece's bytes (the router has no vocabulary), and
-    its log-probability."""
-
-    token: int
-    piece: bytes
-    logprob: float
-
-
-class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
-    """A generated token's logprob and the `top` most likely tokens at its position."""
-
-    token: int
-    piece: bytes
-    logprob: float
-    top: list[TopLogprob] = []
-
-
-class TokenEvent(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """What one request gained in one decode step.
-
-    `text` is complete UTF-8 with anything that might still become a stop string held back.
-    A final event carries `finish_reason` and `usage`. `index` is the choice (0 .. n-1) of
-    a Generate with n choices; each choice ends with its own final event. `logprobs` cover
-    exactly the tokens whose text is in `text` (a held-back token's come with its text).
-    """
-
-    id: int
-    text: str = ""
-    tokens: list[int] = []
-    finish_reason: FinishReason | None = None
-    usage: Usage | None = None
-    # On a final event (llama-server's /completion reports them): why it stopped, and the
-    # stop string that matched, if one did.
-    stop_type: StopType | None = None
-    stopping_word: str = ""
-    # On a final event always; on every event when params.timings_per_token.
-    timings: Timings | None = None
-    id_slot: int | None = None  # on a final event: the slot that ran it
-    # Set on a request's first event when its rendered prompt ended inside an open
-    # reasoning block (Qwen3 and DeepSeek-R1 templates end with "<think>\n"): the output
-    # starts as reasoning, before any opening tag.
-    in_reasoning: bool = False
-    index: int = 0
-    logprobs: list[TokenLogprob] = []
-    echo: str | None = None  # the prompt's text, on a choice's first event when asked
-    # On a choice's first event: its prompt's tokens and how many came from the prefix
-    # cache (completion_tokens 0), for dialects that report them before the answer
-    # (Anthropic's message_start).
-    prompt_usage: Usage | None = None
-
-
 class Step(Frame):
     """One frame per decode step, for every request that advanced in it."""
 
@@ -346,6 +286,7 @@ ErrorCode = Literal[
     "invalid_request",
     "unsupported",
     "unavailable",  # the worker is shutting down: the same request may be sent again
+    "insufficient_storage",  # a slot file past the folder's bound, or a full disk (507)
     "internal",
 ]
 

@@ -82,7 +82,7 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
     params = native_params(r, defaults)  # its 400s before the prompt's, as before
     prompts = native_prompts(r)
     if len(prompts) > 1:  # one answer each, in order: `index` tells them apart
-        return GenerationJob(model=model, params=params, prompt_list=tuple(prompts), stream=r.stream)
+        return GenerationJob(model=model, params=params, prompt_list=tuple(prompts), stream=r.stream, cache_salt=r.cache_salt)
     (prompt,) = prompts
     return GenerationJob(
         model=model,
@@ -90,6 +90,7 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
         prompt=prompt if isinstance(prompt, str) else None,
         prompt_parts=tuple(prompt) if not isinstance(prompt, str) else None,
         stream=r.stream,
+        cache_salt=r.cache_salt,
     )
 
 
@@ -128,4 +129,4 @@ def infill_job(r: InfillRequest, model: str, defaults: SamplingParams) -> Genera
             raise InvalidRequest(f'"{param}" must be a string, or token ids and strings in one list', param)
         sides.append(parts)
     infill = Infill(prefix=sides[0], suffix=sides[1], extra=extra, prompt=r.prompt)
-    return GenerationJob(model=model, params=params, infill=infill, stream=r.stream)
+    return GenerationJob(model=model, params=params, infill=infill, stream=r.stream, cache_salt=r.cache_salt)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from router.server.cache_scope import Salt
 from worker.protocol import SamplingParams
 MAX_N = 128  # choices per prompt, as OpenAI
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs and completions' logprobs, as OpenAI's chat
@@ -101,6 +102,9 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     # llama-server's structured output: a JSON schema, or a GBNF grammar (router/generation/structured.py).
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
+    # vLLM's: requests with different salts share no cached prefix, even under one key
+    # (router/server/cache_scope.py).
+    cache_salt: Salt | None = None
 
 
 class ChatRequest(SamplingFields, forbid_unknown_fields=True):

@@ -35,6 +35,7 @@ def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = Samp
         n=r.n,
         add_generation_prompt=request_fields.generation_prompt(r),
         effort=r.reasoning_effort,
+        cache_salt=r.cache_salt,
     )
 
 
@@ -53,6 +54,7 @@ def completion_job(r: schemas.CompletionRequest, model: str, defaults: SamplingP
         include_usage=_include_usage(r),
         n=r.n,
         echo=r.echo,
+        cache_salt=r.cache_salt,
     )
 
 

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from router.server.cache_scope import Salt
+
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 
 
@@ -69,5 +71,8 @@ class ResponsesRequest(msgspec.Struct):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    # vLLM's: requests with different salts share no cached prefix, even under one key
+    # (router/server/cache_scope.py).
+    cache_salt: Salt | None = None
     service_tier: str | None = None
     include: list[str] | None = None

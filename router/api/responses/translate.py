@@ -88,6 +88,7 @@ def responses_job(
         tools=tools,
         template_kwargs=template_kwargs(r),
         effort=r.reasoning.effort if r.reasoning is not None else None,
+        cache_salt=r.cache_salt,
     )
 
 

@@ -251,3 +251,41 @@ def test_what_is_spilled_is_always_an_idle_unshared_conversation(
     else:
         assert eligible(chosen)
         assert chosen.idle_steps == max(e.idle_steps for e in parked if eligible(e))
+
+
+def test_another_scopes_cells_are_never_reused_and_a_slot_holding_them_parks_them() -> None:
+    # Issue 40: the prefix cache was shared by every key, and the cached-token count told a
+    # key whether it had guessed another key's prompt.
+    from worker.slots import choose_slot, scoped
+
+    theirs = seq(0, PROMPT + [9])
+    theirs.scope = "alice"
+    mine = seq(1, PROMPT[:2])
+    mine.scope = "bob"
+    usable = scoped(lambda s, n: n, "bob")
+    assert choose_slot([theirs, mine], PROMPT, usable) is mine
+    # Choosing alice's slot for bob (the only idle one) keeps nothing of it: parked, not served.
+    assert plan_start(theirs, [], [], PROMPT, usable) == Start(None, 0, park=True)
+    assert plan_start(mine, [], [], PROMPT, usable) == Start(None, 2)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["", "alice", "bob"]), st.lists(st.integers(0, 3), max_size=8)), min_size=1, max_size=8),
+    st.sampled_from(["", "alice", "bob"]),
+    st.lists(st.integers(0, 3), min_size=1, max_size=8),
+)
+def test_no_start_takes_cells_of_another_scope(
+    sequences: list[tuple[str, list[int]]], scope: str, prompt: list[int]
+) -> None:
+    from worker.slots import scoped
+
+    slots = []
+    for i, (s, cache) in enumerate(sequences):
+        slot = seq(i, cache)
+        slot.scope = s
+        slots.append(slot)
+    chosen, others = slots[0], [s for s in slots[1:] if s.scope == scope]
+    start = plan_start(chosen, others, [], prompt, scoped(lambda s, n: n, scope))
+    source = start.source if start.source is not None else chosen
+    if start.n > 0:
+        assert source.scope == scope

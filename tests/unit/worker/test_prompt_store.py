@@ -106,3 +106,15 @@ def test_the_fingerprint_follows_the_model_file_the_template_and_the_build(tmp_p
     assert base != fingerprint(str(model), "t", "0.3.36", "n_ctx=2")
     model.write_bytes(b"xy")
     assert base != fingerprint(str(model), "t", "0.3.36", "n_ctx=1")
+
+
+def test_the_same_tokens_of_two_cache_scopes_are_kept_apart(tmp_path: Path) -> None:
+    # Issue 40: a saved prompt serves only its own scope's prompts (router/server/cache_scope.py);
+    # one scope's copy of a prompt must not stand in for another's, nor push it out.
+    cache = HostCache(budget=1000)
+    alice, bob = Saved([1, 2, 3], b"a" * 10, used=1, scope="alice"), Saved([1, 2, 3, 4], b"b" * 10, used=2, scope="bob")
+    assert cache.put(alice) and cache.put(bob)
+    assert cache.entries == [alice, bob]  # bob's continues alice's, yet both are kept
+    store = DiskStore(tmp_path, "fp", budget=100)
+    assert store.save([alice, Saved([1, 2, 3], b"c" * 10, used=3, scope="bob")]) == (2, 20)
+    assert sorted((s.scope, s.data) for s in store.load(limit=100)) == [("alice", b"a" * 10), ("bob", b"c" * 10)]

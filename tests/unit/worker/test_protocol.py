@@ -50,7 +50,7 @@ TO_WORKER: list[p.Frame] = [
     p.Detokenize(id=12, tokens=[2, 106, 0]),
     p.Render(id=13, messages=[p.ChatMessage(role="user", content="hi")]),
     p.SlotsQuery(id=14),
-    p.SlotFile(id=16, slot=1, action="save", path="/tmp/slot1.bin"),
+    p.SlotFile(id=16, slot=1, action="save", folder="/tmp/slots", filename="slot1.bin", folder_max_bytes=1 << 30, cache_scope="ab12", own_only=True),
 ]
 
 FROM_WORKER: list[p.Frame] = [

@@ -271,7 +271,9 @@ path = "a.gguf"
     rendered = config_show.to_toml(data)
     for key in (api, named, admin):
         assert key not in rendered and key not in repr(data)
-    assert data["server"]["api_keys"] == ["***", {"key": "***", "name": "ci", "models": ["a"]}]
+    assert data["server"]["api_keys"] == [
+        "***", {"key": "***", "name": "ci", "models": ["a"], "cache_group": None, "max_tokens": None}
+    ]
     assert data["server"]["admin_keys"] == ["***"]
     # Every key of the schema is there, unset ones as comments in TOML.
     from supervisor.config import ModelConfig, ServerConfig, SupervisorConfig
