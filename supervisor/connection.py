@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 import math
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import msgspec
 import trio
@@ -129,6 +129,7 @@ class WorkerConnection:
         self.failed_message: str | None = None
         self.closed = trio.Event()
         self.close_reason = ""
+        self.requests_at_close = 0
         self.process: trio.Process | None = None
         self.last_pong = 0.0  # trio clock; Ready counts as the first answer
         self.stats: Pong | None = None  # the latest answer to a ping
@@ -166,10 +167,12 @@ class WorkerConnection:
         add_generation_prompt: bool = True,
         infill: Infill | None = None,
         hold_events: bool = False,
+        cache_scope: str = "",
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events. `hold_events`: the caller reads the answer whole and never ends a choice
-        early, so the worker may send each choice's events after its first at its end."""
+        early, so the worker may send each choice's events after its first at its end.
+        `cache_scope`: whose cached prefixes it may reuse (Generate.cache_scope)."""
         rid, recv = self._open()
         self._choices[rid] = n
         c = params.constraint
@@ -180,7 +183,7 @@ class WorkerConnection:
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
                 request_id=request_id, add_generation_prompt=add_generation_prompt, infill=infill,
-                hold_events=hold_events,
+                hold_events=hold_events, cache_scope=cache_scope,
             )
         )
         return RequestStream(self, rid, recv, n)
@@ -249,9 +252,10 @@ class WorkerConnection:
         reply = await self._call(lambda rid: SlotsQuery(id=rid))
         return expect(reply, SlotsResult).slots
 
-    async def slot_file(self, slot: int, action: Literal["save", "restore", "erase"], path: str = "") -> SlotFileResult:
-        """llama-server's slot actions: save slot `slot` to `path`, restore it, erase it."""
-        reply = await self._call(lambda rid: SlotFile(id=rid, slot=slot, action=action, path=path))
+    async def slot_file(self, action: SlotFile) -> SlotFileResult:
+        """llama-server's slot actions (SlotFile says what they do), sent under a request id
+        of this connection's (the one `action` carries is replaced)."""
+        reply = await self._call(lambda rid: msgspec.structs.replace(action, id=rid))
         return expect(reply, SlotFileResult)
 
     async def _call(self, frame: Callable[[int], Frame]) -> Reply:
@@ -373,6 +377,9 @@ class WorkerConnection:
         if self.closed.is_set():
             return
         self.close_reason = reason
+        # Requests it took with it: a worker that died serving one was killed by it, not
+        # by a failed start (supervisor/model_loop.py).
+        self.requests_at_close = len(self._pending)
         self.closed.set()
         self._out_send.close()
         for ch in self._pending.values():

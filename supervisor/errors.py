@@ -77,5 +77,10 @@ class WorkerCrashed(CorralError):
     """The worker died or broke the protocol while a request was in flight (502)."""
 
 
+class InsufficientStorage(CorralError):
+    """No room for what a request would write: a slot file past the slot folder's bound,
+    or a full disk (507, WebDAV's Insufficient Storage)."""
+
+
 class InternalError(CorralError):
     """A bug on our side (500)."""

@@ -188,6 +188,12 @@ async def _lifetime(h: ModelHandle, attempt: LoadAttempt) -> None:
                     _want_for(h, h.settings.load_wait)
                 if stable or h.state is State.DRAINING:
                     _set(h, State.STOPPED, reason)  # restarted now if wanted, else on demand
+                elif conn.requests_at_close:
+                    # It died serving requests: one of them killed it, which a repeat of
+                    # that request would do again on every worker. Counted as a failed
+                    # start, it would make the model `failed` for every key; it loads again
+                    # for the next request instead (READY -> STOPPED).
+                    _set(h, State.STOPPED, f"{reason} serving {conn.requests_at_close} request(s)")
                 else:
                     _failed_start(h, f"{reason} within min_uptime")
             else:

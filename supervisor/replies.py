@@ -16,6 +16,7 @@ import trio
 from supervisor.errors import (
     ContextOverflow,
     CorralError,
+    InsufficientStorage,
     InternalError,
     InvalidRequest,
     Unsupported,
@@ -57,6 +58,7 @@ WORKER_ERRORS: dict[str, Callable[[str, str | None], CorralError]] = {
     "invalid_request": InvalidRequest,
     "unsupported": Unsupported,
     "unavailable": _unavailable,
+    "insufficient_storage": InsufficientStorage,
     "internal": InternalError,
 }
 

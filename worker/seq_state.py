@@ -28,3 +28,14 @@ def write_state(ctx: llama_cpp.llama_context_p, seq_id: int, data: bytes) -> boo
         return False
     buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
     return int(llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), seq_id)) > 0
+
+
+def load_state(ctx: llama_cpp.llama_context_p, seq_id: int, state: memoryview) -> bool:
+    """Put cells into the empty sequence `seq_id` from `state` (a writable buffer in
+    llama_state_seq_set_data's format, read in place, not copied). True only when llama.cpp
+    took them and read every byte: a state with bytes past its end is not the one it
+    claims to be. On False the sequence may hold part of it, which the caller drops."""
+    if len(state) == 0:
+        return False
+    buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+    return int(llama_cpp.llama_state_seq_set_data(ctx, buf, len(state), seq_id)) == len(state)

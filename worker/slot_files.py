@@ -2,55 +2,51 @@
 cached tokens and KV cells written to a file, read back into a slot, or dropped.
 
 They keep the KV invariant (worker/kv_cache.py): a save reads both layers as they are; a
-restore drops the slot's sequence, reads the cells and the tokens together, and sets the
-slot's books to exactly those tokens, or leaves the slot empty when anything is off (the
-cells must then span exactly the tokens read, as `check` demands each step); an erase
-drops both. Each waits until its slot is idle, as llama-server's do: the engine offers
+restore parks what the slot held (as a request taking the slot would: worker/kv_entries.py),
+reads the cells and the tokens together into its emptied sequence, and sets the slot's
+books to exactly those tokens, or leaves the slot empty when anything is off (the cells
+must then span exactly the tokens read, as `check` demands each step); an erase drops both. Each waits until its slot is idle, as llama-server's do: the engine offers
 them every loop, between steps, so no decode is under way.
 
-The file is llama.cpp's own (llama_state_seq_save_file): the token ids, then the
-sequence's state. llama-server's newer files pack a header into the token list
-(LLAMA_TOKEN_NULL, a version, a count) before the ids; a restore reads both kinds.
+The file is llama.cpp's own (worker/slot_file_format.py), but read and written here, never
+by llama.cpp's file functions: a restore checks the header and the tokens, then hands the
+cells to llama.cpp's in-memory reader, which cannot be made to abort; the folder's rules
+(no links followed, whole files only, a bound) are worker/slot_folder.py's.
+
+Cells belong to a cache scope (router/server/cache_scope.py): a restored slot's become the
+caller's. Where the caller may act only on its own (`own_only`: an ordinary key, when keys
+may use slot actions), a slot holding another scope's cells is not its to save (a 400) and,
+to erase, an empty slot: nothing is erased, and nothing is said of what it held.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 from typing import Callable
 
-import llama_cpp
-
+from worker import slot_folder
 from worker.kv_cache import KvCache
+from worker.kv_entries import Entries
 from worker.model import LoadedModel
 from worker.protocol import Error, Frame, SlotFile, SlotFileResult
 from worker.request import Request
+from worker.seq_state import load_state, read_state
+from worker.slot_file_format import BadSlotFile, as_state_buffer, file_header, parse, state_of
+from worker.slot_folder import FolderError
 from worker.slots import Slot
 
 log = logging.getLogger("worker")
-
-# llama-server's packed token state: LLAMA_TOKEN_NULL, its version, the token count.
-_PACKED = -1
-
-
-def unpacked(tokens: list[int]) -> list[int] | None:
-    """The token ids of a file's token list, plain or in llama-server's packed form; None
-    when the packed header does not add up."""
-    if tokens[:1] != [_PACKED]:
-        return tokens
-    if len(tokens) < 3 or tokens[2] != len(tokens) - 3:
-        return None
-    return tokens[3:]
 
 
 class SlotFiles:
     """The slot actions waiting for their slots; the engine thread runs everything here."""
 
     def __init__(
-        self, m: LoadedModel, kv: KvCache, slots: list[Slot[Request]], n_ctx_slot: int, emit: Callable[[Frame], None]
+        self, m: LoadedModel, kv: KvCache, entries: Entries[Request], slots: list[Slot[Request]], n_ctx_slot: int,
+        emit: Callable[[Frame], None],
     ) -> None:
-        self.m, self.kv, self.slots, self.n_ctx_slot, self.emit = m, kv, slots, n_ctx_slot, emit
+        self.m, self.kv, self.entries, self.slots, self.n_ctx_slot, self.emit = m, kv, entries, slots, n_ctx_slot, emit
         self.pending: list[SlotFile] = []
 
     def add(self, frame: SlotFile) -> None:
@@ -77,50 +73,60 @@ class SlotFiles:
 
     def _act(self, frame: SlotFile, slot: Slot[Request]) -> Frame:
         t0 = time.perf_counter()
+        # To a caller limited to its own cells, another scope's slot is an empty one.
+        foreign = frame.own_only and bool(slot.cache) and slot.scope != frame.cache_scope
         if frame.action == "erase":
-            n = len(slot.cache)
-            self.kv.drop(slot)
+            n = 0 if foreign else len(slot.cache)
+            if not foreign:
+                self.kv.drop(slot)
             return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=n)
         if frame.action == "save":
-            tokens = (llama_cpp.llama_token * max(len(slot.cache), 1))(*slot.cache)
-            n_bytes = int(
-                llama_cpp.llama_state_seq_save_file(
-                    self.m.ctx, frame.path.encode(), slot.seq_id, tokens, len(slot.cache)
+            if foreign:
+                return Error(
+                    id=frame.id, code="invalid_request", param="id_slot",
+                    message=f"Unable to save slot: slot {frame.slot} holds no cache of this key's",
                 )
-            )
-            if n_bytes == 0:
-                return Error(id=frame.id, code="internal", message="Unable to save slot")
-            ms = (time.perf_counter() - t0) * 1000
-            return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=len(slot.cache), n_bytes=n_bytes, ms=ms)
+            return self._save(frame, slot, t0)
         return self._restore(frame, slot, t0)
 
-    def _restore(self, frame: SlotFile, slot: Slot[Request], t0: float) -> Frame:
-        self.kv.drop(slot)
-        capacity = self.n_ctx_slot + 3  # room for llama-server's packed header
-        tokens = (llama_cpp.llama_token * capacity)()
-        count = ctypes.c_size_t(0)
-        n_bytes = int(
-            llama_cpp.llama_state_seq_load_file(
-                self.m.ctx, frame.path.encode(), slot.seq_id, tokens, capacity, ctypes.byref(count)
+    def _save(self, frame: SlotFile, slot: Slot[Request], t0: float) -> Frame:
+        tokens = list(slot.cache)
+        try:
+            state = state_of(read_state(self.m.ctx, slot.seq_id))
+            head = file_header(tokens)
+            slot_folder.write(frame.folder, frame.filename, (head, state), len(head) + len(state), frame.folder_max_bytes)
+        except (FolderError, BadSlotFile) as exc:
+            full = isinstance(exc, FolderError) and exc.full
+            log.warning("slot %d: save to %r refused: %s", frame.slot, frame.filename, exc)
+            return Error(
+                id=frame.id, code="insufficient_storage" if full else "internal",
+                message=f"Unable to save slot: {exc}", param="filename" if full else None,
             )
-        )
-
-        def refuse(why: str) -> Error:
-            self.kv.drop(slot)
-            return Error(id=frame.id, code="invalid_request", message=f"Unable to restore slot: {why}", param="filename")
-
-        if n_bytes == 0:
-            return refuse("No available space in KV cache or invalid slot save file")
-        ids = unpacked(list(tokens[: count.value]))
-        if ids is None or any(not 0 <= t < self.m.n_vocab for t in ids):
-            return refuse("Invalid tokens in slot save file")
-        if len(ids) > self.n_ctx_slot:
-            return refuse("Restored prompt does not fit in the slot context")
-        slot.cache[:] = ids
-        pos_min, pos_max = self.kv.span(slot)
-        if self.kv.attention.problem(len(ids), pos_min, pos_max) is not None:
-            # The cells read do not span the tokens read (a file from another model or
-            # context): never served from.
-            return refuse("the saved cache does not match its tokens")
         ms = (time.perf_counter() - t0) * 1000
-        return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=len(ids), n_bytes=n_bytes, ms=ms)
+        return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=len(tokens), n_bytes=len(head) + len(state), ms=ms)
+
+    def _restore(self, frame: SlotFile, slot: Slot[Request], t0: float) -> Frame:
+        # What the slot held stays in the cache for its own scope's next prompt, as when a
+        # request takes the slot; with no room for an entry it is dropped, as then.
+        if not slot.cache or self.entries.park(slot, slot.last_used) is None:
+            self.kv.drop(slot)
+        try:
+            data = slot_folder.read(frame.folder, frame.filename, frame.folder_max_bytes)
+            parsed = parse(data, self.m.n_vocab, self.n_ctx_slot)
+        except (FolderError, BadSlotFile) as exc:
+            log.warning("slot %d: restore from %r refused: %s", frame.slot, frame.filename, exc)
+            return self._refused(frame, str(exc))
+        state = as_state_buffer(data, parsed, slot.seq_id)
+        restored = self.kv.restore(slot, parsed.tokens, lambda seq: load_state(self.m.ctx, seq, state), frame.cache_scope)
+        state.release()
+        if not restored:
+            # llama.cpp refused the cells (another model or context, no room, a crafted
+            # state), or they do not span the tokens read: the slot stays empty.
+            return self._refused(frame, "No available space in KV cache or invalid slot save file")
+        ms = (time.perf_counter() - t0) * 1000
+        return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=len(parsed.tokens), n_bytes=len(data), ms=ms)
+
+    def _refused(self, frame: SlotFile, why: str) -> Error:
+        self.kv.drop(self.slots[frame.slot])
+        return Error(id=frame.id, code="invalid_request", message=f"Unable to restore slot: {why}", param="filename")
+

@@ -28,6 +28,7 @@ _STATUS: dict[type[e.CorralError], int] = {
     e.WorkerUnavailable: 503,
     e.InternalError: 500,
     e.NotServed: 501,
+    e.InsufficientStorage: 507,
 }
 
 

@@ -85,3 +85,25 @@ async def test_request_while_stopping_waits_then_starts_again(tmp_path, monkeypa
                 assert (await collect(conn.generate(SamplingParams(max_tokens=2), prompt="x")))[0] == expected_text(2)
             assert h.pid not in (None, pid)
             assert len(start_log.entries()) == 2
+
+
+async def test_a_request_that_crashes_every_worker_never_makes_the_model_failed_for_everyone(
+    tmp_path, monkeypatch, start_log: StartLog
+) -> None:
+    # Issue 40: four restores of a bad slot file in a row, each crashing a fresh worker
+    # within min_uptime, left the model `failed` (503, x-should-retry: false) for every key.
+    # A worker that dies serving a request was killed by it, not by a failed start.
+    monkeypatch.setenv("FAKE_CRASH_AFTER", "2")  # any request for more than 2 tokens kills it
+    sup = make_supervisor(tmp_path, {"m": {}}, min_uptime=60, start_retries=2, backoff_base=0.1)
+    client = create_app(sup, sup.config).test_client()
+    with trio.fail_after(30):
+        async with running(sup):
+            m = sup.resolve("m")
+            for _ in range(5):
+                r = await client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 20})
+                assert r.status_code == 502 and (await r.get_json())["error"]["code"] == "worker_crashed"
+                await wait_for(lambda: m.state is not State.READY, 3, "the crash")
+                assert m.state is State.STOPPED, m.state
+            assert m.crashes == 5 and m.failures == 0
+            r = await client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
+            assert r.status_code == 200, await r.get_data()

@@ -1,7 +1,17 @@
 """llama-server's slot actions, POST /slots/{id}?action=save|restore|erase: the request
 read and checked as its server-context.cpp does (handle_slots_action and its handlers),
 the file name as its fs_validate_filename checks it (common/common.cpp), the answers in
-its shape. The worker does the work (worker/slot_files.py)."""
+its shape. The worker does the work (worker/slot_files.py, worker/slot_folder.py).
+
+Who may act (`acting`): with no key configured, anyone, as with llama-server. With keys,
+slot actions are an operator's tool ([server] slot_actions = "admin", the default): a slot
+holds whatever its last request left, another key's conversation included, and a restore
+puts whatever a file holds into the cache. With slot_actions = "keys", every key that may
+use the model may act, on its own terms: its files live in a folder of its own under
+slot_save_path (named by its identity), and it may save or erase only a slot that holds
+its own cache. A restored slot's cells serve the cache scope of the key that restored them
+(router/server/cache_scope.py).
+"""
 
 from __future__ import annotations
 
@@ -13,9 +23,13 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from router.api.dialect import Server
-from router.server import bodies
+from router.server import auth, bodies, json_body, steering
+from router.server.cache_scope import cache_scope
+from supervisor.config import Config
 from supervisor.config.checks import resolve_path
-from supervisor.errors import InvalidRequest, NotServed
+from supervisor.config.keys import Key
+from supervisor.errors import Forbidden, InvalidRequest, NotServed
+from worker.protocol import SlotFile
 
 Action = Literal["save", "restore", "erase"]
 _FORBIDDEN = set('/\\:*?"<>|') | {"\uff0e", "\u2215", "\u2216", "\ufffd", "\ufeff"}
@@ -43,16 +57,35 @@ def _body(body: bytes | bytearray, strict: bool) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+        data = json_body.decode_any(body, api="llama-server")
+    except InvalidRequest:  # not JSON, not UTF-8, too deep: ignored where no body is needed
         if strict:
-            raise InvalidRequest("The body is not valid JSON.", None) from None
+            raise
         return {}
     if not isinstance(data, dict):
         if strict:
             raise InvalidRequest("The body must be a JSON object.", None)
         return {}
     return data
+
+
+# A key's own folder under slot_save_path: its identity's first half (Key.owner), which no
+# other key shares and which says nothing of the key.
+_OWN_FOLDER_CHARS = 32
+
+
+def acting(config: Config, key: Key | None) -> str | None:
+    """Whether the request's key may act on slots: None for any slot and the folder itself,
+    or the name of the key's own folder (it may act only on its own cache). Raises
+    Forbidden."""
+    if steering.may_steer(config.keys, key):
+        return None
+    if config.server.slot_actions == "keys" and key is not None:
+        return key.owner[:_OWN_FOLDER_CHARS]
+    raise Forbidden(
+        "Slot actions need an admin key on this server: a slot holds any key's cached "
+        'conversation. An operator may let every key act on its own slots with [server] slot_actions = "keys".'
+    )
 
 
 def register(app: Blueprint, server: Server) -> None:
@@ -71,31 +104,42 @@ def register(app: Blueprint, server: Server) -> None:
         action = _ACTIONS.get(request.args.get("action", ""))
         if action is None:
             raise InvalidRequest("Invalid action", "action")
+        key = auth.current_key()
+        own = acting(config, key)
         data = _body(await bodies.read_body(), strict=action != "erase")  # erase reads none
         model = data.get("model")
         handle = server.resolve(model if isinstance(model, str) else request.args.get("model"))
-        path = ""
+        filename = ""
+        base = config.source.parent if config.source is not None else Path.cwd()
+        folder = resolve_path(config.server.slot_save_path, base)
+        if own is not None:
+            folder = folder / own
         if action != "erase":
-            filename = data.get("filename")
-            if not isinstance(filename, str):
+            given = data.get("filename")
+            if not isinstance(given, str):
                 raise InvalidRequest("'filename' is required: the slot file's name.", "filename")
-            if not valid_filename(filename):
+            if not valid_filename(given):
                 raise InvalidRequest("Invalid filename", "filename")
-            base = config.source.parent if config.source is not None else Path.cwd()
-            path = str(resolve_path(config.server.slot_save_path, base) / filename)
+            filename = given
         async with handle.lease() as conn:
             slots = conn.ready.slots if conn.ready is not None else 1
             if number < 0:
                 raise InvalidRequest("Invalid slot ID", "id_slot")
             slot = number % slots  # llama-server wraps an id past the last slot
-            result = await conn.slot_file(slot, action, path)
+            result = await conn.slot_file(
+                SlotFile(
+                    id=0, slot=slot, action=action, folder=str(folder), filename=filename,
+                    folder_max_bytes=config.server.slot_save_max_bytes, cache_scope=cache_scope(key),
+                    own_only=own is not None,
+                )
+            )
         out: dict[str, Any] = {"id_slot": result.slot}
         if action == "erase":
             out["n_erased"] = result.n_tokens
         elif action == "save":
-            out.update(filename=Path(path).name, n_saved=result.n_tokens, n_written=result.n_bytes,
+            out.update(filename=filename, n_saved=result.n_tokens, n_written=result.n_bytes,
                        timings={"save_ms": result.ms})
         else:
-            out.update(filename=Path(path).name, n_restored=result.n_tokens, n_read=result.n_bytes,
+            out.update(filename=filename, n_restored=result.n_tokens, n_read=result.n_bytes,
                        timings={"restore_ms": result.ms})
         return Response(msgspec.json.encode(out), status=200, content_type="application/json")

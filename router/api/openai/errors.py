@@ -33,6 +33,7 @@ _KIND: dict[type[e.CorralError], tuple[str, str | None]] = {
     e.WorkerUnavailable: ("server_error", "model_unavailable"),
     e.InternalError: ("server_error", "internal_error"),
     e.NotServed: ("invalid_request_error", "not_supported"),
+    e.InsufficientStorage: ("server_error", "insufficient_storage"),
 }
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from supervisor.config import parse
 from supervisor.reload import diff
 from tests.harness import write_gguf
@@ -64,3 +66,20 @@ def test_models_served_elsewhere_are_reported_apart_from_the_workers(tmp_path: P
     assert (d.added, d.removed, d.changed, d.unchanged) == ((), (), (), ("a",))
     assert (d.upstreams_added, d.upstreams_removed, d.upstreams_changed) == (("w",), ("v",), ("u",))
     assert d.summary() == "added upstream w; removed upstream v; changed upstream u"
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        'slot_save_path = "slots"', "slot_save_max_bytes = 1000", 'slot_actions = "keys"', "responses_ttl = 5",
+        "responses_max_bytes = 1000", "models_autoload = false",
+    ],
+)
+def test_settings_read_at_each_request_are_not_reported_as_needing_a_restart(tmp_path: Path, setting: str) -> None:
+    # Issue 40: a reload answered needs_restart: ["server.slot_save_path"] while the new
+    # folder was already in use. Each of these is read from the live config per request.
+    (tmp_path / "slots").mkdir()
+    old = _cfg(tmp_path, '[models.a]\npath="m.gguf"\n')
+    new = _cfg(tmp_path, f'[server]\n{setting}\n[models.a]\npath="m.gguf"\n')
+    assert new.server != old.server
+    assert diff(old, new).needs_restart == ()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from router.api.llama.slot_files import valid_filename
-from worker.slot_files import unpacked
+from worker.slot_file_format import unpacked
 
 
 @pytest.mark.parametrize("name", ["slot1.bin", "a", "my slot.bin", "é.bin", "x" * 255, ".hidden"])
