@@ -92,7 +92,8 @@ async def test_a_request_that_crashes_every_worker_never_makes_the_model_failed_
 ) -> None:
     # Issue 40: four restores of a bad slot file in a row, each crashing a fresh worker
     # within min_uptime, left the model `failed` (503, x-should-retry: false) for every key.
-    # A worker that dies serving a request was killed by it, not by a failed start.
+    # A worker that dies serving a request was killed by it, not by a failed start (one
+    # that dies by itself within min_uptime still is: tests/sim/test_transitions.py).
     monkeypatch.setenv("FAKE_CRASH_AFTER", "2")  # any request for more than 2 tokens kills it
     sup = make_supervisor(tmp_path, {"m": {}}, min_uptime=60, start_retries=2, backoff_base=0.1)
     client = create_app(sup, sup.config).test_client()

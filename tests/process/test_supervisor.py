@@ -585,33 +585,6 @@ async def test_stop_escalates_to_sigterm_and_sigkill(
 
 
 
-async def test_crashes_within_min_uptime_count_as_failed_starts(
-    tmp_path, monkeypatch, start_log: StartLog
-) -> None:
-    # A worker that dies right after Ready is a crash loop: the second early death in a
-    # row (start_retries = 1) fails the model, and then requests are refused at once.
-    monkeypatch.setenv("FAKE_CRASH_AFTER", "1")
-    sup = make_supervisor(
-        tmp_path, {"chat": {}}, min_uptime=30, start_retries=1, backoff_base=0.1
-    )
-    h = sup.resolve("chat")
-    with trio.fail_after(15):
-        async with running(sup):
-            for failures, settled in ((1, State.STOPPED), (2, State.FAILED)):
-                with pytest.raises(WorkerCrashed):
-                    async with h.lease() as conn:
-                        await generate(conn, 5)
-                await wait_for(lambda: h.failures == failures, 3, f"failure {failures}")
-                # After a backoff with nobody waiting the model rests in STOPPED; after the
-                # last allowed failure it is FAILED.
-                await wait_for(lambda: h.state is settled, 3, settled.value)
-            assert h.state is State.FAILED
-            with pytest.raises(WorkerUnavailable) as refused:
-                await h.acquire()
-            assert refused.value.retry is False
-            assert len(start_log.entries()) == 2
-
-
 async def test_crash_after_min_uptime_is_not_a_failed_start(
     tmp_path, monkeypatch, start_log: StartLog
 ) -> None:
