@@ -29,7 +29,7 @@ from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
 from supervisor.slot_queue import Ticket
-from worker.protocol import TokenEvent, ToolFormat, Usage
+from worker.protocol import SamplingParams, TokenEvent, ToolFormat, Usage
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,9 @@ class Generation:
         self._prompt_usages: list[Usage | None] = []  # each prompt's, from its first event
         self._owner: str | None = None  # the sending key's (owners.py), for GET /slots
         self._scope = ""  # whose cached prefixes it may reuse (router/server/cache_scope.py)
+        # The job's parameters as sent, after the output caps: what an answer that repeats
+        # them (llama-server's generation_settings) must say.
+        self.params = SamplingParams()
 
     @classmethod
     async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
@@ -110,6 +113,7 @@ class Generation:
         job = dataclasses.replace(
             job, params=capped(job.params, handle.spec.max_tokens_limit, key.max_tokens if key is not None else None)
         )
+        gen.params = job.params
         if job.keep_alive is not None:  # set while it holds the model: no unload between
             handle.set_keep_alive(job.keep_alive.seconds)
         try:

@@ -102,6 +102,9 @@ async def test_a_models_max_tokens_limit_caps_every_dialect_and_the_lower_cap_wi
                 assert await ask(NARROW, "capped", path, body, read) == (3, True), (path, body)
             chat = DIALECTS[0][2]
             assert await ask(WIDE, "capped", "/v1/chat/completions", {"messages": HI, "max_tokens": 2}, chat) == (2, True)
+            # llama-server reports the n_predict it ran with: the cut one.
+            settings = lambda j: (j["generation_settings"]["n_predict"], j["stop_type"] == "limit")  # noqa: E731
+            assert await ask(WIDE, "capped", "/completion", {"prompt": "hi", "n_predict": 400}, settings) == (5, True)
             # Claude Code's default max_tokens: cut, not refused.
             claude = {"messages": HI, "max_tokens": 32000}
             assert await ask(WIDE, "capped", "/v1/messages", claude, DIALECTS[7][2]) == (5, True)

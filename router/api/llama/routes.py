@@ -292,7 +292,7 @@ async def _respond(
     ready = gen.conn.ready
     fmt = NativeCompletion(
         model=job.model,
-        params=job.params,
+        params=gen.params,  # as capped (max_tokens_limit, a key's max_tokens), as llama-server shows n_predict
         n_ctx=ready.n_ctx_slot if ready is not None else 0,
         stream=r.stream,
         return_tokens=r.return_tokens,
