@@ -375,3 +375,20 @@ async def test_an_upstream_busy_before_its_first_output_is_a_503_to_retry(tmp_pa
             replicas = {u["name"]: u["replicas"][0] for u in (await c.get(front + "/admin/models")).json()["upstreams"]}
     assert all(a.status_code == 503 and a.json()["error"]["type"] == "overloaded_error" for a in answers)
     assert replicas["busy"]["healthy"] is True and "failed" not in replicas["busy"]["requests"]
+
+
+async def test_a_keys_max_tokens_reaches_a_translated_upstream(tmp_path: Path) -> None:
+    # Issue 40, finding 5: a key's output cap held on local models only; a request Corral
+    # translates for an upstream is cut the same way (one relayed as it came is not read).
+    key = "sk-corral-capped-key-0123456789"
+    server = f'api_keys = [{{ key = "{key}", name = "capped", max_tokens = 3 }}]'
+    async with upstream_and_front(tmp_path, TABLES, server=server, fake=OpenAIUpstream()) as (fake, front):
+        async with httpx.AsyncClient(timeout=10, headers={**ANTHROPIC, "x-api-key": key}) as c:
+            for asked in (32000, 2):
+                r = await c.post(front + "/v1/messages", json={
+                    "model": "talks", "max_tokens": asked, "messages": [{"role": "user", "content": "Hi"}],
+                })
+                assert r.status_code == 200, r.text
+            r = await c.post(front + "/api/chat", json={"model": "talks", "stream": False, "messages": [{"role": "user", "content": "Hi"}]})
+            assert r.status_code == 200, r.text
+    assert [sent["max_tokens"] for _, sent in fake.seen] == [3, 2, 3]

@@ -10,6 +10,7 @@ in its own dialect.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
@@ -25,7 +26,8 @@ from router.generation.remote.anthropic_request import messages_body
 from router.generation.remote.inbound import ChunkReader, EventLines, upstream_error
 from router.generation.remote.naming import in_request_terms
 from router.generation.remote.outbound import chat_body, completion_body
-from router.server import access_log
+from router.generation.sampling import capped
+from router.server import access_log, auth
 from router.upstream.relay import Relayed, RelayedBody
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -33,6 +35,20 @@ from worker.protocol import Usage
 
 # The most of an error answer read: enough for any API's error object.
 MAX_ERROR_BYTES = 64 * 1024
+
+
+def _key_capped(job: GenerationJob) -> GenerationJob:
+    """The job with its token limit cut to the sending key's `max_tokens`, as a local
+    model's is (router/generation/run.py); the limit is then sent, whether or not the
+    client set one. A request relayed as it came is not read, and is its upstream's to cap."""
+    key = auth.current_key()
+    if key is None or key.max_tokens is None:
+        return job
+    params = capped(job.params, key.max_tokens)
+    if params is job.params:
+        return job
+    sent = None if job.sent is None else job.sent | {"max_tokens"}
+    return dataclasses.replace(job, params=params, sent=sent)
 
 
 class RemoteGeneration:
@@ -54,6 +70,7 @@ class RemoteGeneration:
         refusal (a 400 naming a parameter, a 429) or its failure before it answers is the
         response's status, before any header."""
         reader: ChunkReader | MessageReader
+        job = _key_capped(job)
         with in_request_terms(job):
             if remote.speaks == "anthropic":
                 body, path = messages_body(job, remote.spec.model), "/v1/messages"
