@@ -56,9 +56,14 @@ def unpacked(tokens: list[int]) -> list[int] | None:
     return tokens[PACKED_EXTRA:]
 
 
-def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int) -> Parsed:
-    """Check a file's header and token list against this model and slot. Raises
-    BadSlotFile. What follows (the cells) is checked by llama.cpp's in-memory reader."""
+def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool | None = False) -> Parsed:
+    """Check a file's header and token list against this model and slot, and the cell
+    count its state claims against its tokens. Raises BadSlotFile. What follows (the cells
+    themselves) is checked by llama.cpp's in-memory reader.
+
+    `windowed`: the model's attention cache keeps only a sliding window's cells, whose
+    save may hold fewer cells than tokens; None: a recurrent memory, whose state has
+    another layout and is not looked into here."""
     if len(data) < HEADER:
         raise BadSlotFile("the file is too short to be a slot file")
     magic, version, n = struct.unpack_from("<III", data)
@@ -80,6 +85,15 @@ def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int) -> Parsed:
         raise BadSlotFile(f"the file holds {len(ids)} tokens, more than the slot's context ({n_ctx_slot})")
     if any(not 0 <= t < n_vocab for t in ids):
         raise BadSlotFile("it holds token ids outside this model's vocabulary")
+    if windowed is not None:
+        # An attention cache's state opens with its stream count (one: Corral's cache is
+        # unified) and its cell count, a cell per token (iSWA models save their full cache
+        # first); a window keeps at most as many.
+        streams, cells = struct.unpack_from("<II", data, state_at)
+        if streams != 1:
+            raise BadSlotFile(f"its state holds {streams} KV streams; this server keeps one")
+        if cells > len(ids) or (not windowed and cells != len(ids)):
+            raise BadSlotFile(f"its state holds {cells} cells for its {len(ids)} tokens")
     return Parsed(ids, state_at)
 
 

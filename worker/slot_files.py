@@ -112,7 +112,8 @@ class SlotFiles:
             self.kv.drop(slot)
         try:
             data = slot_folder.read(frame.folder, frame.filename, frame.folder_max_bytes)
-            parsed = parse(data, self.m.n_vocab, self.n_ctx_slot)
+            att = self.kv.attention
+            parsed = parse(data, self.m.n_vocab, self.n_ctx_slot, None if att.recurrent else att.n_swa > 0)
         except (FolderError, BadSlotFile) as exc:
             log.warning("slot %d: restore from %r refused: %s", frame.slot, frame.filename, exc)
             return self._refused(frame, str(exc))
