@@ -9,6 +9,7 @@ in the folder were followed; any key could save, restore and erase any slot.
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import subprocess
@@ -23,6 +24,9 @@ from tests.e2e.conftest import Server, start_server, stop_server
 from tests.secrets import secret
 
 PROMPT = "What is the capital of France? Answer in one short sentence, please, and nothing more."
+# Files with random bytes flipped where a state's structure is; CI runs a few, a long run
+# sets thousands (CORRAL_SLOT_FUZZ).
+FLIPPED = int(os.environ.get("CORRAL_SLOT_FUZZ", "12"))
 KEY_A, KEY_B, ADMIN = secret("slot-a"), secret("slot-b"), secret("slot-admin")
 
 CONFIG = """
@@ -115,7 +119,7 @@ def crafted(good: bytes, rng: random.Random) -> Iterator[tuple[str, bytes]]:
     ):
         yield f"{what} = {value}", good[:at] + struct.pack("<I", value) + good[at + 4 :]
     yield "junk after it", good + b"\x00" * 64
-    for i in range(12):
+    for i in range(FLIPPED):
         data = bytearray(good)
         for _ in range(4):  # where the cells' structure is: the metadata and layer headers
             data[rng.randrange(state, min(len(good), state + 8 + 12 * n_tokens + 64))] = rng.randrange(256)
@@ -156,7 +160,7 @@ def test_no_cut_or_crafted_slot_file_crashes_the_worker_or_ends_another_stream(s
     stream.join(300)
     assert stream.errors == [] and stream.final.get("tokens_predicted") == 400, (stream.errors, stream.final)
     assert answers["cut at " + str(len(good) // 2)] == 400 and answers["junk after it"] == 400
-    assert sum(1 for s in answers.values() if s == 400) >= len(answers) - 12, answers
+    assert sum(1 for s in answers.values() if s == 400) >= len(answers) - FLIPPED, answers
     # The whole file still restores, and is served from.
     r = act(srv, slot, "restore", {"filename": "good.bin"})
     assert r.status_code == 200 and r.json()["n_restored"] == held["n_saved"], r.text
