@@ -27,6 +27,8 @@ import array
 import struct
 from dataclasses import dataclass
 
+from worker.slot_state_layout import cell_positions
+
 GGSQ = 0x67677371  # LLAMA_FILE_MAGIC_GGSQ
 VERSION = 3  # LLAMA_STATE_SEQ_VERSION of this llama.cpp
 IO_MAGIC = 0xAF143CD8  # the header of a llama_state_seq_get_data buffer (llama-context.cpp)
@@ -57,13 +59,15 @@ def unpacked(tokens: list[int]) -> list[int] | None:
 
 
 def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool | None = False) -> Parsed:
-    """Check a file's header and token list against this model and slot, and the cell
-    count its state claims against its tokens. Raises BadSlotFile. What follows (the cells
-    themselves) is checked by llama.cpp's in-memory reader.
+    """Check a file's header and token list against this model and slot, and the cells its
+    state holds against its tokens: their positions must be exactly the tokens' (a
+    sliding window's cache: the last of them), or the file is refused. Raises BadSlotFile.
+    The cells' contents and the rest of their structure (layer types and row sizes) are
+    checked by llama.cpp's in-memory reader.
 
-    `windowed`: the model's attention cache keeps only a sliding window's cells, whose
-    save may hold fewer cells than tokens; None: a recurrent memory, whose state has
-    another layout and is not looked into here."""
+    `windowed`: the model's attention has a sliding window (gemma-2/3 and others), so a
+    cache may hold only the window's cells; None: a recurrent or hybrid memory, whose state
+    has another layout and is left to llama.cpp."""
     if len(data) < HEADER:
         raise BadSlotFile("the file is too short to be a slot file")
     magic, version, n = struct.unpack_from("<III", data)
@@ -86,15 +90,26 @@ def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool
     if any(not 0 <= t < n_vocab for t in ids):
         raise BadSlotFile("it holds token ids outside this model's vocabulary")
     if windowed is not None:
-        # An attention cache's state opens with its stream count (one: Corral's cache is
-        # unified) and its cell count, a cell per token (iSWA models save their full cache
-        # first); a window keeps at most as many.
-        streams, cells = struct.unpack_from("<II", data, state_at)
-        if streams != 1:
-            raise BadSlotFile(f"its state holds {streams} KV streams; this server keeps one")
-        if cells > len(ids) or (not windowed and cells != len(ids)):
-            raise BadSlotFile(f"its state holds {cells} cells for its {len(ids)} tokens")
+        _check_cells(data, state_at, len(ids), windowed)
     return Parsed(ids, state_at)
+
+
+def _check_cells(data: bytes | bytearray, state_at: int, n: int, windowed: bool) -> None:
+    """The positions of each cache's cells against the file's `n` tokens: a full cache
+    holds 0 .. n-1, a sliding window's a run of them ending at n-1 (an iSWA model saves its
+    full cache, then its window's). A position outside them would stay in the shared KV
+    cache for good (worker/slot_state_layout.py)."""
+    caches = cell_positions(data, state_at)
+    if caches is None:
+        raise BadSlotFile("its state is cut short, or is not this server's KV cache layout")
+    if len(caches) > (2 if windowed else 1):
+        raise BadSlotFile(f"its state holds {len(caches)} caches; this model keeps {2 if windowed else 1}")
+    for i, positions in enumerate(caches):
+        full = not windowed or (len(caches) == 2 and i == 0)
+        low = 0 if full or not positions else min(positions)
+        # The count first: a crafted position of -2**31 must not make a list of 2**31.
+        if len(positions) != n - low or sorted(positions) != list(range(low, n)):
+            raise BadSlotFile(f"its cells' positions are not those of its {n} tokens")
 
 
 def as_state_buffer(data: bytearray, parsed: Parsed, seq_id: int) -> memoryview:

@@ -119,6 +119,15 @@ def crafted(good: bytes, rng: random.Random) -> Iterator[tuple[str, bytes]]:
     ):
         yield f"{what} = {value}", good[:at] + struct.pack("<I", value) + good[at + 4 :]
     yield "junk after it", good + b"\x00" * 64
+    # The last cell of each cache (the full one's and the sliding window's) moved to a
+    # position llama_memory_seq_rm never removes: such a cell outlived the restore's refusal
+    # and failed every later decode of the model, for every key (the probe of issue 40).
+    last = struct.pack("<iI", n_tokens - 1, 1)
+    at = good.find(last, state)
+    while at != -1:
+        for pos in (2**31 - 1, -1, -(2**31)):
+            yield f"the cell at {at} moved to {pos}", good[:at] + struct.pack("<i", pos) + good[at + 4 :]
+        at = good.find(last, at + 1)
     for i in range(FLIPPED):
         data = bytearray(good)
         for _ in range(4):  # where the cells' structure is: the metadata and layer headers
@@ -167,7 +176,16 @@ def test_no_cut_or_crafted_slot_file_crashes_the_worker_or_ends_another_stream(s
     for s in (0, 1):
         act(srv, s, "erase")
     assert complete(srv)["content"] == first["content"]
+    # Nothing a refused file held stayed in the cache: requests on both slots at once decode.
+    outcomes: list[int] = []
+    threads = [threading.Thread(target=lambda: outcomes.append(len(complete(srv, f"{PROMPT} {i}")["content"]))) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(outcomes) == 6
     assert worker_pid(srv) == pid
+    assert all(answers[w] == 400 for w in answers if "moved to" in w), answers
 
 
 def test_links_fifos_and_folders_in_the_slot_folder_are_refused_and_never_written_through(
