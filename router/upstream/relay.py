@@ -175,10 +175,13 @@ class Relay:
                     )
                     raise refused
                 handed_over = True
+                # A body compressed although none was asked for is passed on decoded: the
+                # scrub must see its bytes (the client gets no content-encoding then).
+                decode = bool(_encodings(headers))
                 return Relayed(
                     response.status_code,
-                    {k: v for k in RETURNED if (v := headers.get(k)) is not None},
-                    RelayedBody(self.upstreams, spec.name, replica.name, response, scrubber.stream()),
+                    {k: v for k in RETURNED if (v := headers.get(k)) is not None and not (decode and k == "content-encoding")},
+                    RelayedBody(self.upstreams, spec.name, replica.name, response, scrubber.stream(), decode),
                     replica.name,
                 )
             finally:
@@ -213,10 +216,12 @@ class RelayedBody:
     read it; here the close awaits the connection's)."""
 
     def __init__(
-        self, upstreams: Upstreams, model: str, replica: str, response: httpx.Response, scrub: StreamScrub
+        self, upstreams: Upstreams, model: str, replica: str, response: httpx.Response, scrub: StreamScrub,
+        decode: bool = False,
     ) -> None:
         self._upstreams, self._model, self._replica, self._response = upstreams, model, replica, response
-        self._chunks = response.aiter_raw()
+        # Raw, as it came (identity was asked for), unless it came compressed anyway.
+        self._chunks = response.aiter_bytes() if decode else response.aiter_raw()
         self._scrub = scrub
         self._ended = False  # the upstream's last chunk has come
         self._broke = False
@@ -232,7 +237,10 @@ class RelayedBody:
         try:
             while not self._ended:
                 with scrubbed_errors(self._scrub.scrubber):
-                    chunk = await self._chunks.__anext__()
+                    try:
+                        chunk = await self._chunks.__anext__()
+                    except httpx.DecodingError as exc:  # a compressed body that does not decode
+                        raise httpx.RemoteProtocolError(f"its body does not decode: {exc}") from None
                 if out := self._scrub.feed(chunk):
                     return out
         except httpx.TransportError as exc:
@@ -296,7 +304,24 @@ def unrelayable(model: str, status: int, headers: Mapping[str, str]) -> CorralEr
     if status >= 500 and not _json_or_events(headers.get("content-type")):
         message = f"The upstream of model `{model}` failed ({status})."
         return WorkerUnavailable(message, retry_after=1.0) if status in UNAVAILABLE else WorkerCrashed(message)
+    if _encodings(headers) - _READABLE:
+        # Asked for none, it compressed anyway, in a way Corral cannot read: a body whose
+        # keys no scrub could see is not passed on.
+        return WorkerCrashed(
+            f"The upstream of model `{model}` answered with content-encoding "
+            f"{headers.get('content-encoding')!r}, which Corral cannot read."
+        )
     return None
+
+
+# The content codings httpx decodes with no extra package.
+_READABLE = frozenset({"gzip", "deflate"})
+
+
+def _encodings(headers: Mapping[str, str]) -> set[str]:
+    """The content codings an answer says it was sent with, beyond `identity`."""
+    value = headers.get("content-encoding", "")
+    return {c.strip().lower() for c in value.split(",") if c.strip() and c.strip().lower() != "identity"}
 
 
 async def _discard(response: httpx.Response) -> None:

@@ -32,7 +32,8 @@ Pure apart from `scrubbed_errors`, which only re-raises: text in, text out.
 
 from __future__ import annotations
 
-import json
+import bisect
+import re
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -40,64 +41,158 @@ from contextlib import contextmanager
 import httpx
 
 REDACTED = "[redacted]"
+_REDACTED = REDACTED.encode()
+
+# A run of a key's first characters this long is taken out as the key is: "Bearer
+# sk-...c1" with only its last character cut is one guess from the key. A masked key
+# (OpenAI writes "sk-proj-...abcd") shows far fewer.
+_PREFIX_KEPT = 8  # a key's last characters a quoted prefix may lack and still be taken out
+_PREFIX_MIN = 12  # but never a run shorter than this (or than the key): "sk-proj-" is no secret
+
+# JSON's escapes of one character: \uXXXX (any encoder may write any character so, .NET
+# writes `+` as \u002B, some servers every character), and \/ \" \\.
+_ESCAPE = re.compile(rb'\\(?:u([0-9a-fA-F]{4})|(["\\/]))')
+# An escape cut by a chunk's end, which the next chunk may complete.
+_OPEN_ESCAPE = re.compile(rb'\\(?:u[0-9a-fA-F]{0,3})?$')
 
 
-def forms(key: str) -> set[str]:
-    """The ways `key` is written in an upstream's answer by the encoders in common use.
-    Keys are visible ASCII (supervisor/config/upstreams.py), so JSON escapes only `"`
-    and backslash, and optionally `/` and `<>&`."""
-    escaped = json.dumps(key)[1:-1]  # `"` and `\`
-    go = escaped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return {key, escaped, escaped.replace("/", "\\/"), go, urllib.parse.quote(key, safe="")}
+def _threshold(key: bytes) -> int:
+    return min(len(key), max(_PREFIX_MIN, len(key) - _PREFIX_KEPT))
+
+
+class _View:
+    """`raw` with JSON's escapes decoded, and where each decoded byte came from, so that a
+    key written with any mix of escapes is found in the decoded text and taken out of the
+    raw one. Escapes are few: the map holds one entry per escape, not per byte."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        parts: list[bytes] = []
+        self._starts: list[int] = []  # view offset where each segment starts
+        self._raw_at: list[int] = []  # its raw offset
+        self._escape_len: list[int] = []  # 0: a plain run; else the escape's raw length
+        at = view = 0
+        for m in _ESCAPE.finditer(raw):
+            if m.start() > at:
+                self._segment(view, at, 0)
+                parts.append(raw[at : m.start()])
+                view += m.start() - at
+            if m.group(1) is not None:
+                char = chr(int(m.group(1), 16)).encode("utf-8", "surrogatepass")
+            else:
+                char = m.group(2)
+            self._segment(view, m.start(), m.end() - m.start())
+            parts.append(char[:1] if len(char) == 1 else b"\x00")  # a key is ASCII: others never match
+            view += 1
+            at = m.end()
+        if at < len(raw):
+            self._segment(view, at, 0)
+            parts.append(raw[at:])
+        self.text = b"".join(parts)
+
+    def _segment(self, view: int, raw: int, escape: int) -> None:
+        self._starts.append(view)
+        self._raw_at.append(raw)
+        self._escape_len.append(escape)
+
+    def raw_start(self, i: int) -> int:
+        """The raw offset of view byte `i`."""
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self._raw_at[k] + (0 if self._escape_len[k] else i - self._starts[k])
+
+    def raw_end(self, i: int) -> int:
+        """The raw offset just past view byte `i`."""
+        k = bisect.bisect_right(self._starts, i) - 1
+        esc = self._escape_len[k]
+        return self._raw_at[k] + esc if esc else self._raw_at[k] + i - self._starts[k] + 1
 
 
 class Scrubber:
-    """Replaces every form of every key in `keys` with REDACTED. Longer forms go first,
-    so that a key that holds another is replaced whole."""
+    """Takes every key in `keys` out of upstream text, replaced by REDACTED: written as it
+    is, with any of JSON's escapes for any of its characters, percent-quoted, or its first
+    characters quoted without its last few."""
 
     def __init__(self, keys: Iterable[str]) -> None:
-        every = {f for key in keys if key for f in forms(key)}
-        self._texts = sorted(every, key=len, reverse=True)
-        self._bytes = [f.encode() for f in self._texts]
-        self._redacted = REDACTED.encode()
-        # The bytes any form holds, and those one starts with: a chunk whose last byte is
-        # in no key (an event's closing newline) holds nothing back, found in one lookup.
-        self._alphabet = frozenset(b"".join(self._bytes))
-        self._firsts = frozenset(f[0] for f in self._bytes)
+        self._keys = sorted({k.encode() for k in keys if k}, key=len, reverse=True)
+        self._quoted = sorted(
+            {q for k in self._keys if (q := urllib.parse.quote(k.decode(), safe="").encode()) != k}, key=len, reverse=True
+        )
+        self.longest = max((len(k) for k in self._keys), default=0) * 6  # every character \uXXXX-escaped
+        # The bytes a key's form (or an escape in one) may end a chunk with.
+        self._alphabet = frozenset(b"".join(self._keys + self._quoted) + b"\\u0123456789abcdefABCDEF%")
 
     def __bool__(self) -> bool:
-        return bool(self._texts)
+        return bool(self._keys)
 
     def text(self, text: str) -> str:
-        for f in self._texts:
-            if f in text:
-                text = text.replace(f, REDACTED)
-        return text
+        if not self._keys:
+            return text
+        # Keys are ASCII, so a span taken out never cuts a character in two.
+        return self.data(text.encode("utf-8", "surrogatepass")).decode("utf-8", "surrogatepass")
 
     def data(self, data: bytes) -> bytes:
-        for f in self._bytes:
-            if f in data:
-                data = data.replace(f, self._redacted)
-        return data
+        if not self._keys:
+            return data
+        spans = self._spans(data)
+        if not spans:
+            return data
+        out, at = [], 0
+        for start, end in spans:
+            if start >= at:
+                out += [data[at:start], _REDACTED]
+                at = end
+            elif end > at:
+                at = end
+        out.append(data[at:])
+        return b"".join(out)
+
+    def _spans(self, data: bytes) -> list[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
+        view = _View(data) if b"\\" in data else None
+        text = view.text if view is not None else data
+        for key in self._keys:
+            least = _threshold(key)
+            head = key[:least]
+            i = text.find(head)
+            while i != -1:
+                n = least
+                while n < len(key) and i + n < len(text) and text[i + n] == key[n]:
+                    n += 1
+                if view is None:
+                    spans.append((i, i + n))
+                else:
+                    spans.append((view.raw_start(i), view.raw_end(i + n - 1)))
+                i = text.find(head, i + n)
+        for quoted in self._quoted:
+            i = data.find(quoted)
+            while i != -1:
+                spans.append((i, i + len(quoted)))
+                i = data.find(quoted, i + len(quoted))
+        spans.sort()
+        return spans
 
     def held(self, data: bytes) -> int:
-        """How many bytes at the end of `data` could be the start of a key's form, which
-        the next chunk may complete."""
-        if not data or data[-1] not in self._alphabet:
-            return 0
-        start, held = max(0, len(data) - self.longest + 1), 0
-        for first in self._firsts:  # the earliest match is the longest tail
-            i = data.find(first, start)
-            while i != -1 and len(data) - i > held:
-                if any(f.startswith(data[i:]) for f in self._bytes):
-                    held = len(data) - i
+        """How many bytes at the end of `data` could begin a key (in any of its forms), or
+        an escape, that the next chunk may complete."""
+        if not self._keys or not data or data[-1] not in self._alphabet:
+            return 0  # an event's closing newline is in no key: nothing held, at once
+        tail_at = max(0, len(data) - self.longest)
+        tail = data[tail_at:]
+        held = 0
+        if (m := _OPEN_ESCAPE.search(tail)) is not None:
+            held = len(tail) - m.start()
+        view = _View(tail[: len(tail) - held])
+        text, widest = view.text, len(self._keys[0])
+        for i in range(max(0, len(text) - widest), len(text)):
+            rest = text[i:]
+            if any(k.startswith(rest) for k in self._keys):
+                return max(held, len(tail) - view.raw_start(i))
+        for quoted in self._quoted:
+            for n in range(min(len(quoted), len(data)), 0, -1):
+                if data.endswith(quoted[:n]):
+                    held = max(held, n)
                     break
-                i = data.find(first, i + 1)
         return held
-
-    @property
-    def longest(self) -> int:
-        return len(self._bytes[0]) if self._bytes else 0
 
     def stream(self) -> StreamScrub:
         return StreamScrub(self)
@@ -116,15 +211,17 @@ class StreamScrub:
     def feed(self, chunk: bytes) -> bytes:
         if not self.scrubber:
             return chunk
-        data = self.scrubber.data(self._held + chunk)
+        # What may begin a key is held back before anything is taken out: a long run of a
+        # key's start at the end must wait for the rest of the key, to go with it.
+        data = self._held + chunk
         n = self.scrubber.held(data)
-        out, self._held = (data[:-n], data[-n:]) if n else (data, b"")
-        return out
+        ready, self._held = (data[:-n], data[-n:]) if n else (data, b"")
+        return self.scrubber.data(ready)
 
     def end(self) -> bytes:
-        """What was held back, at the body's end: only the start of a key, never a whole one."""
+        """What was held back, at the body's end, scrubbed: a long run of a key's start."""
         rest, self._held = self._held, b""
-        return rest
+        return self.scrubber.data(rest)
 
 
 @contextmanager

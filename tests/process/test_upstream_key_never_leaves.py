@@ -7,6 +7,7 @@ file), one upstream."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 from pathlib import Path
@@ -103,3 +104,53 @@ async def test_an_upstream_that_quotes_the_key_it_refused_never_gets_it_written_
     replicas = {u["name"]: u["replicas"][0] for u in json.loads(admin)["upstreams"]}
     assert "Bearer [redacted]" in replicas["breaks"]["last_error"]
     assert "Bearer [redacted]" in caplog.text
+
+
+class EscapingUpstream:
+    """Quotes the key it refused as encoders the probe of issue 40 met write it: every
+    character as \\uXXXX ("escaped"), or gzip-compressed although identity was asked for
+    ("gzips"), or compressed in a coding Corral cannot read ("brotli")."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
+        sent = dict(scope["headers"]).get(b"authorization", b"").decode()
+        model = json.loads(body).get("model")
+        escaped = "".join(f"\\u{ord(c):04x}" for c in sent)
+        message = ('{"error": {"message": "Incorrect API key provided: ' + escaped + '", "type": "invalid_request_error"}}').encode()
+        headers = [(b"content-type", b"application/json")]
+        if model == "gzips":
+            message = gzip.compress(message)
+            headers.append((b"content-encoding", b"gzip"))
+        elif model == "brotli":
+            headers.append((b"content-encoding", b"br"))
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": message})
+
+
+async def test_a_key_quoted_in_json_escapes_or_in_a_compressed_body_never_reaches_a_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("CORRAL_TEST_QUOTED_KEY", ENV_KEY)
+    tables = "".join(
+        f'[models.{m}]\nupstream = "{{UP}}"\napi_key_env = "CORRAL_TEST_QUOTED_KEY"\nupstream_dialects = ["openai", "ollama"]\n'
+        for m in ("escaped", "gzips", "brotli")
+    )
+    user = [{"role": "user", "content": "Hi"}]
+    seen: list[str] = []
+    with trio.fail_after(60):
+        async with upstream_and_front(tmp_path, tables, fake=EscapingUpstream()) as (_, front):
+            async with httpx.AsyncClient(base_url=front, timeout=10, headers={"accept-encoding": "gzip, br"}) as c:
+                for model in ("escaped", "gzips", "brotli"):
+                    relayed = await c.post("/v1/chat/completions", json={"model": model, "messages": user})
+                    translated = await c.post("/v1/messages", json={"model": model, "max_tokens": 8, "messages": user},
+                                              headers={"anthropic-version": "2023-06-01"})
+                    for r in (relayed, translated):
+                        seen.append(json.dumps(r.json()))  # what a client's JSON parser reads
+                        assert r.status_code in (401, 502), (model, r.status_code, r.text)
+                    assert relayed.status_code == (502 if model == "brotli" else 401)
+                    assert "content-encoding" not in relayed.headers or model == "brotli"
+    for text in [*seen, caplog.text]:
+        assert not _leaks(text), text
