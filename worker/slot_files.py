@@ -29,7 +29,7 @@ from worker import slot_folder
 from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
 from worker.model import LoadedModel
-from worker.protocol import Error, Frame, SlotFile, SlotFileResult
+from worker.protocol import Error, ErrorCode, Frame, SlotFile, SlotFileResult
 from worker.request import Request
 from worker.seq_state import load_state, read_state
 from worker.slot_file_format import BadSlotFile, as_state_buffer, file_header, parse, state_of
@@ -94,13 +94,19 @@ class SlotFiles:
         try:
             state = state_of(read_state(self.m.ctx, slot.seq_id))
             head = file_header(tokens)
-            slot_folder.write(frame.folder, frame.filename, (head, state), len(head) + len(state), frame.folder_max_bytes)
+            slot_folder.write(
+                frame.folder, frame.filename, (head, state), len(head) + len(state), frame.folder_max_bytes, frame.bound_root
+            )
         except (FolderError, BadSlotFile) as exc:
-            full = isinstance(exc, FolderError) and exc.full
             log.warning("slot %d: save to %r refused: %s", frame.slot, frame.filename, exc)
+            code: ErrorCode = "internal"
+            if isinstance(exc, FolderError) and exc.full:
+                code = "insufficient_storage"
+            elif isinstance(exc, FolderError) and not exc.server:
+                code = "invalid_request"
             return Error(
-                id=frame.id, code="insufficient_storage" if full else "internal",
-                message=f"Unable to save slot: {exc}", param="filename" if full else None,
+                id=frame.id, code=code, message=f"Unable to save slot: {exc}",
+                param=None if code == "internal" else "filename",
             )
         ms = (time.perf_counter() - t0) * 1000
         return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=len(tokens), n_bytes=len(head) + len(state), ms=ms)

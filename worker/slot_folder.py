@@ -34,11 +34,12 @@ _STALE_SECONDS = 600.0
 
 class FolderError(Exception):
     """A slot file that cannot be read or written. `full`: for want of room (the bound, or
-    the disk), which the client hears as 507; otherwise it is the file's fault (400)."""
+    the disk), which the client hears as 507; `server`: the folder's own fault (its
+    permissions, say), a 500; otherwise the name's or the file's fault, a 400."""
 
-    def __init__(self, message: str, full: bool = False) -> None:
+    def __init__(self, message: str, full: bool = False, server: bool = False) -> None:
         super().__init__(message)
-        self.full = full
+        self.full, self.server = full, server
 
 
 def _open_folder(folder: str, create: bool) -> int:
@@ -85,37 +86,50 @@ def read(folder: str, name: str, max_bytes: int) -> bytearray:
     return data
 
 
-def _usage(dfd: int, replacing: str, now: float) -> int:
-    """Bytes the folder's regular files take, but `replacing` (a save replaces it). Stale
-    temporary files are removed on the way."""
+def _usage(root: str, replacing: str, now: float) -> int:
+    """Bytes the regular files under `root` take, in it and in its folders one level down
+    (each key's, with slot_actions = "keys"), but `replacing` (a save replaces it). Stale
+    temporary files are removed on the way. Links are not followed."""
     total = 0
-    with os.scandir(dfd) as entries:
+    folders = [root]
+    while folders:
+        folder = folders.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
         for entry in entries:
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if not stat.S_ISREG(st.st_mode) or entry.name == replacing:
+            if stat.S_ISDIR(st.st_mode) and folder == root:
+                folders.append(entry.path)
+            if not stat.S_ISREG(st.st_mode) or os.path.normpath(entry.path) == replacing:
                 continue
             if entry.name.startswith(_TMP_PREFIX) and now - st.st_mtime > _STALE_SECONDS:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.name, dir_fd=dfd)
+                    os.unlink(entry.path)
                 continue
             total += st.st_size
     return total
 
 
-def write(folder: str, name: str, parts: Iterable[bytes | memoryview], size: int, max_bytes: int) -> None:
+def write(
+    folder: str, name: str, parts: Iterable[bytes | memoryview], size: int, max_bytes: int, bound_root: str = ""
+) -> None:
     """Write `parts` (`size` bytes in all) as file `name` in `folder`, whole or not at all,
-    within the folder's bound `max_bytes` (0: none). Raises FolderError."""
+    within the bound `max_bytes` (0: none) on what the files under `bound_root` (the slot
+    folder; "": `folder` itself) take in all. Raises FolderError."""
     try:
         dfd = _open_folder(folder, create=True)
     except OSError as exc:
-        raise FolderError(f"cannot open the slot folder ({exc.strerror})") from None
+        raise FolderError(f"cannot open the slot folder ({exc.strerror})", server=True) from None
     tmp = _TMP_PREFIX + secrets.token_hex(8) + ".tmp"
     try:
         if max_bytes:
-            used = _usage(dfd, name, time.time())
+            replacing = os.path.normpath(os.path.join(folder, name))
+            used = _usage(os.path.normpath(bound_root or folder), replacing, time.time())
             if used + size > max_bytes:
                 raise FolderError(
                     f"the slot folder holds {used} bytes and this save needs {size}: past "
@@ -137,6 +151,8 @@ def write(folder: str, name: str, parts: Iterable[bytes | memoryview], size: int
             raise
     except OSError as exc:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        raise FolderError(f"cannot write it ({exc.strerror})", full=full) from None
+        # A folder, or another thing that is no file, already under that name: the name's fault.
+        named = exc.errno in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST)
+        raise FolderError(f"cannot write it ({exc.strerror})", full=full, server=not (full or named)) from None
     finally:
         os.close(dfd)

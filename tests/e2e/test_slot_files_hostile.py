@@ -208,6 +208,9 @@ def test_links_fifos_and_folders_in_the_slot_folder_are_refused_and_never_writte
         r = act(srv, 0, "save", {"filename": name})
         assert r.status_code == 200, r.text
         assert not (folder / name).is_symlink()
+    r = act(srv, 0, "save", {"filename": "dir.bin"})  # a folder's name: the name's fault
+    assert r.status_code == 400 and r.json()["error"]["param"] == "filename", r.text
+    assert (folder / "dir.bin").is_dir()
     assert outside.read_bytes() == b"not a slot" and not (tmp_path / "created.bin").exists()
     assert not [p for p in folder.iterdir() if p.name.startswith(".corral-slot-")]
 

@@ -135,6 +135,7 @@ class SlotFile(Frame):
     folder_max_bytes: int = 0
     cache_scope: str = ""
     own_only: bool = False
+    bound_root: str = ""  # the slot folder, whose files folder_max_bytes bounds in all ("": `folder`)
 
 
 class Cancel(Frame):

@@ -111,9 +111,9 @@ def register(app: Blueprint, server: Server) -> None:
         handle = server.resolve(model if isinstance(model, str) else request.args.get("model"))
         filename = ""
         base = config.source.parent if config.source is not None else Path.cwd()
-        folder = resolve_path(config.server.slot_save_path, base)
+        root = folder = resolve_path(config.server.slot_save_path, base)
         if own is not None:
-            folder = folder / own
+            folder = root / own
         if action != "erase":
             given = data.get("filename")
             if not isinstance(given, str):
@@ -130,7 +130,7 @@ def register(app: Blueprint, server: Server) -> None:
                 SlotFile(
                     id=0, slot=slot, action=action, folder=str(folder), filename=filename,
                     folder_max_bytes=config.server.slot_save_max_bytes, cache_scope=cache_scope(key),
-                    own_only=own is not None,
+                    own_only=own is not None, bound_root=str(root),
                 )
             )
         out: dict[str, Any] = {"id_slot": result.slot}

@@ -112,3 +112,26 @@ def test_a_stale_temporary_file_is_removed_by_the_next_save(tmp_path: Path) -> N
     os.utime(stale, (old, old))
     slot_folder.write(str(folder), "a.bin", [b"x"], 1, 10_000)
     assert not stale.exists() and fresh.exists()  # one in progress (another worker's) stays
+
+
+def test_the_bound_counts_every_keys_folder_under_the_slot_folder(tmp_path: Path) -> None:
+    # The outside probe of issue 40: with slot_actions = "keys", each key's folder was
+    # bounded alone, and four keys filled the disk past slot_save_max_bytes for everyone.
+    root = tmp_path / "slots"
+    slot_folder.write(str(root / "key-a"), "a.bin", [b"a" * 600], 600, 1000, str(root))
+    with pytest.raises(FolderError, match="slot_save_max_bytes") as exc:
+        slot_folder.write(str(root / "key-b"), "b.bin", [b"b" * 600], 600, 1000, str(root))
+    assert exc.value.full and not (root / "key-b" / "b.bin").exists()
+    with pytest.raises(FolderError, match="slot_save_max_bytes"):
+        slot_folder.write(str(root), "admin.bin", [b"c" * 600], 600, 1000)
+    # A key replacing its own file counts that file once.
+    slot_folder.write(str(root / "key-a"), "a.bin", [b"a" * 900], 900, 1000, str(root))
+
+
+def test_a_save_over_a_folders_name_is_the_names_fault_not_the_servers(tmp_path: Path) -> None:
+    root = tmp_path / "slots"
+    (root / "adir").mkdir(parents=True)
+    with pytest.raises(FolderError) as exc:
+        slot_folder.write(str(root), "adir", [b"x"], 1, 0)
+    assert not exc.value.full and not exc.value.server
+    assert [p.name for p in root.iterdir()] == ["adir"]
