@@ -256,6 +256,11 @@ class RelayedBody:
                 return rest
         raise StopAsyncIteration
 
+    @property
+    def model(self) -> str:
+        """The model whose upstream answers."""
+        return self._model
+
     def broken(self, why: str) -> None:
         """The answer came whole over HTTP but is not a whole answer (a stream cut before
         its end, an event that is not JSON): the replica's failure, counted as a break,

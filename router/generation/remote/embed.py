@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import trio
+
 from router.generation.remote.run import fetch
 from router.server import access_log, json_text
 from router.upstream.remote import RemoteModel
@@ -33,7 +35,8 @@ async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
         body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
         raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
     try:
-        vectors = read(raw, len(texts))
+        # A large answer is read off the event loop: every other stream waits while it is.
+        vectors = read(raw, len(texts)) if len(raw) < 1 << 20 else await trio.to_thread.run_sync(read, raw, len(texts))
     except ValueError as exc:
         body.broken(str(exc))
         raise WorkerCrashed(f"The upstream of model `{remote.name}` {exc}.") from None

@@ -207,13 +207,17 @@ async def fetch(remote: RemoteModel, path: str, body: dict[str, Any], limit: int
 
 async def read_bounded(body: RelayedBody, limit: int) -> tuple[bytes, bool]:
     """An upstream answer's bytes, up to `limit` of them, and whether there were more
-    (its reading stops there: the caller closes the body)."""
-    out = b""
-    async for chunk in body:
-        out += chunk
-        if len(out) > limit:
-            return out[:limit], True
-    return out, False
+    (its reading stops there: the caller closes the body). An answer broken off is the
+    upstream's failure, a 502 (the body has logged and counted it)."""
+    out = bytearray()  # appended in place: a 200 MB answer copied at every chunk stalled the loop
+    try:
+        async for chunk in body:
+            out += chunk
+            if len(out) > limit:
+                return bytes(out[:limit]), True
+    except httpx.TransportError:
+        raise WorkerCrashed(f"The upstream of model `{body.model}` broke off its answer.") from None
+    return bytes(out), False
 
 
 def retry_after_of(headers: Mapping[str, str]) -> float | None:
