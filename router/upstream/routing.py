@@ -10,6 +10,14 @@ TRANSLATED; any other is a 400 naming `model`.
 The key the client sent is checked first (router/server/auth.py runs before this hook),
 and a key limited to other models sees an upstream model as one that does not exist, as
 it sees a local one.
+
+What an upstream keeps is its own, shared by every key of this server that reaches it. So,
+once keys are configured, an ordinary key's requests in the dialects that reach an
+upstream's per-user state (Responses' stored responses and `previous_response_id`,
+Ollama's `keep_alive`) are translated, not relayed, where the upstream speaks OpenAI's or
+Anthropic's API: the state then stays here, the key's own. And to an upstream with
+`upstream_cache_salt` every request carries its key's cache scope as vLLM's `cache_salt`,
+so that the upstream's prefix cache is kept apart per key too.
 """
 
 from __future__ import annotations
@@ -22,13 +30,21 @@ import msgspec
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from router.server import access_log, auth, bodies, json_body
+from router.server import access_log, auth, bodies, json_body, steering
+from router.server.cache_scope import cache_scope
 from router.upstream import remote
 from router.upstream.affinity import session_key
 from router.upstream.relay import Relay, loop_problem
+from supervisor.config.keys import Key
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import InvalidRequest, Unsupported, WorkerUnavailable
 from supervisor.supervisor import Supervisor, unknown_model
+
+# Dialects whose requests reach an upstream's state of a user's (stored responses, model
+# lifetimes): an ordinary key's are translated where they can be (see above).
+_STATEFUL = frozenset({"responses", "ollama"})
+# Dialects whose bodies another Corral (and vLLM) reads `cache_salt` in.
+_SALTED = frozenset({"openai", "responses", "llama"})
 
 # Routes that manage a server rather than use its model: never relayed (an upstream's
 # slots and loaded models are its own operator's business).
@@ -131,10 +147,13 @@ def install(
             # No session key: any replica, the least busy first (router/upstream/choice.py, rule 4).
             key = session_key(headers, decoded) or f"random:{random.random()}"
             dialect = dialect_of(path)
-            if dialect not in spec.dialects:
+            ring, sender = supervisor.config.keys, auth.current_key()
+            keeps_state = dialect in _STATEFUL and not steering.may_steer(ring, sender)
+            speaks = translation(spec.dialects - {dialect}, path) if keeps_state else None
+            if dialect not in spec.dialects or speaks is not None:
                 if spec.local:
                     return None  # its own worker serves it in every dialect
-                if (speaks := translation(spec.dialects, path)) is not None:
+                if speaks is not None or (speaks := translation(spec.dialects, path)) is not None:
                     remote.put(remote.RemoteModel(spec, relay, key, headers, speaks))
                     return None  # the route decodes it, and answers through translation
                 raise Unsupported(
@@ -143,8 +162,10 @@ def install(
                     "(set upstream_dialects if the upstream speaks this route's dialect).",
                     "model",
                 )
+            sent = _salted(decoded, sender) if spec.cache_salt and dialect in _SALTED else decoded
             relayed = await relay.send(
-                spec, key, path, request.query_string.decode("latin-1"), headers, _renamed(body, decoded, spec)
+                spec, key, path, request.query_string.decode("latin-1"), headers,
+                _renamed(body, sent, spec, changed=sent is not decoded),
             )
             if relayed is None:
                 return None  # the local worker: the route serves it
@@ -182,8 +203,17 @@ def _upstream_of(supervisor: Supervisor, model: str | None) -> UpstreamSpec | No
     return spec
 
 
-def _renamed(body: bytes | bytearray, decoded: dict[str, Any], spec: UpstreamSpec) -> bytes:
-    """The body to send: as it came, or with `model` set to the name the upstream knows."""
-    if decoded.get("model") == spec.model:
+def _salted(decoded: dict[str, Any], key: Key | None) -> dict[str, Any]:
+    """The body with `cache_salt` set to the sending key's cache scope (its own salt, if it
+    sent one, folded in); unchanged when there is no key (one user, one scope)."""
+    own = decoded.get("cache_salt")
+    scope = cache_scope(key, own if isinstance(own, str) and own else None)
+    return {**decoded, "cache_salt": scope} if scope else decoded
+
+
+def _renamed(body: bytes | bytearray, decoded: dict[str, Any], spec: UpstreamSpec, changed: bool = False) -> bytes:
+    """The body to send: as it came, or with `model` set to the name the upstream knows
+    (`changed`: `decoded` differs from the body already, by its cache_salt)."""
+    if not changed and decoded.get("model") == spec.model:
         return bytes(body)
     return msgspec.json.encode({**decoded, "model": spec.model})

@@ -230,11 +230,17 @@ class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
     # The API dialects the upstream speaks: a request in one of them is relayed as it came.
     # Another Corral speaks all five ("openai", "anthropic", "responses", "ollama", "llama").
     upstream_dialects: list[str] = msgspec.field(default_factory=lambda: ["openai"])
+    # The upstream takes vLLM's `cache_salt` (another Corral, vLLM): each request sent there
+    # carries its key's cache scope as one, so that the upstream's prefix cache is kept
+    # apart per key as this server's is (router/server/cache_scope.py). Off, the upstream's
+    # cache is shared by every key that may use the model.
+    upstream_cache_salt: bool = False
 
 
 # The keys of a [models.NAME] table that describe an upstream; the router acts on them.
 UPSTREAM_KEYS = (
     "upstream", "upstream_model", "api_key_env", "api_key_file", "timeout", "max_concurrency", "upstream_dialects",
+    "upstream_cache_salt",
 )
 
 
@@ -291,6 +297,7 @@ class UpstreamSpec:
     timeout: float = 600.0
     max_concurrency: int | None = None
     dialects: frozenset[str] = frozenset({"openai"})
+    cache_salt: bool = False  # ModelConfig.upstream_cache_salt
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     local: bool = False  # the model's own worker (Config.models) is a replica too

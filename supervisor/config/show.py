@@ -33,7 +33,7 @@ def effective(cfg: Config) -> dict[str, Any]:
         table.update(
             upstream=list(up.urls), upstream_model=up.model, api_key_env=up.api_key_env,
             api_key_file=up.api_key_file, timeout=up.timeout, max_concurrency=up.max_concurrency,
-            upstream_dialects=sorted(up.dialects),
+            upstream_dialects=sorted(up.dialects), upstream_cache_salt=up.cache_salt,
         )
     for table in models.values():  # a model served here only: its upstream keys, unset
         for key in UPSTREAM_KEYS:

@@ -195,6 +195,7 @@ def spec_of(name: str, m: ModelConfig, base_dir: Path, environ: Mapping[str, str
         timeout=m.timeout,
         max_concurrency=m.max_concurrency,
         dialects=frozenset(m.upstream_dialects),
+        cache_salt=m.upstream_cache_salt,
         aliases=tuple(m.aliases),
         tags=tuple(m.tags),
         local=m.path is not None,

@@ -28,6 +28,7 @@ from router.generation.remote.naming import in_request_terms
 from router.generation.remote.outbound import chat_body, completion_body
 from router.generation.sampling import capped
 from router.server import access_log, auth
+from router.server.cache_scope import cache_scope
 from router.upstream.relay import Relayed, RelayedBody
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
@@ -80,6 +81,8 @@ class RemoteGeneration:
                 body = chat_body(job, remote.spec.model) if chat else completion_body(job, remote.spec.model)
                 path = "/v1/chat/completions" if chat else "/v1/completions"
                 reader = ChunkReader(remote.name, chat, job.n)
+                if remote.spec.cache_salt and (scope := cache_scope(auth.current_key(), job.cache_salt)):
+                    body["cache_salt"] = scope  # the upstream keeps its prefix cache apart per key
         relayed = await send(remote, path, "text/event-stream", body)
         if relayed.status >= 300 or "text/event-stream" not in relayed.headers.get("content-type", ""):
             try:
