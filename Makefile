@@ -8,12 +8,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL  := models/gemma-3-270m-Q4_K_M.gguf
 CONFIG ?= examples/config.toml
+PORT   ?=
+HOST   ?=
 PYTEST_ARGS ?=
 
 .PHONY: serve test setup model bench clean system-packages
 
+# make serve [CONFIG=file] [PORT=n] [HOST=address]: PORT and HOST override the file's [server].
 serve: setup model
-	$(BIN)/corral serve --config $(CONFIG)
+	$(BIN)/corral serve --config $(CONFIG) $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))
 
 test: setup model system-packages
 	$(BIN)/mypy corral router supervisor worker

@@ -20,6 +20,7 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from corral.args import config_path, print_problems
+from corral.listen import CannotListen, open_listeners
 from router.app import create_app
 from router.upstream import service as upstream_service
 from router.server.auth import refuse_bind
@@ -33,10 +34,6 @@ from worker import log_format
 log = logging.getLogger("corral")
 
 
-def bind_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 async def serve(
     cfg: Config,
     *,
@@ -47,13 +44,34 @@ async def serve(
     """Serve until SIGINT or SIGTERM: then stop accepting, finish responses, stop workers.
 
     `worker_command` replaces `python -m worker` (the tests run the whole server with fake
-    workers); `server_overrides` are [server] keys given on the command line."""
+    workers); `server_overrides` are [server] keys given on the command line. Raises
+    CannotListen, before any worker starts, when an address cannot be bound."""
     notifier = Notifier()
     supervisor = Supervisor(cfg, worker_command=worker_command, notifier=notifier, server_overrides=server_overrides)
     cfg = supervisor.config
+    listeners = open_listeners(listen_hosts(cfg.server), cfg.server.port)
+    adopted = trio.Event()
+    try:
+        await _serve_on(cfg, supervisor, notifier, [f"fd://{each.fd}" for each in listeners], adopted, task_status)
+    finally:
+        # hypercorn owns each descriptor once it has started, and closes it when it stops;
+        # a failure before that (the supervisor's start) leaves them to be closed here.
+        if not adopted.is_set():
+            for each in listeners:
+                os.close(each.fd)
+
+
+async def _serve_on(
+    cfg: Config,
+    supervisor: Supervisor,
+    notifier: Notifier,
+    binds: list[str],
+    adopted: trio.Event,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
     app = create_app(supervisor, cfg)
     hc = HyperConfig()
-    hc.bind = [bind_address(host, cfg.server.port) for host in listen_hosts(cfg.server)]
+    hc.bind = binds
     # hypercorn's messages through our logging (its own handler would print every line
     # twice, and not as JSON); the access log is Corral's own (router/server/access_log.py).
     hc.errorlog = logging.getLogger("hypercorn.error")
@@ -78,6 +96,7 @@ async def serve(
             binds = await nursery.start(
                 partial(hypercorn_serve, app, hc, shutdown_trigger=stop.wait)
             )
+            adopted.set()
             names = [*cfg.models, *(name for name in cfg.upstreams if name not in cfg.models)]
             log.info("listening on %s with %d model(s): %s", ", ".join(binds), len(names), ", ".join(names))
             task_status.started(binds)
@@ -174,8 +193,11 @@ def serve_command(args: argparse.Namespace) -> int:
             return 1
     try:
         trio.run(partial(serve, cfg, server_overrides=overrides))
-    except OSError as exc:
-        log.error("cannot serve: %s", exc)
+    except CannotListen as exc:
+        hint = "choose another port with --port N (make serve PORT=N)"
+        if isinstance(path, Path):
+            hint += f" or [server] port in {path}"
+        print(f"corral: {exc}; {hint}", file=sys.stderr)
         return 1
     return 0
 
