@@ -17,7 +17,7 @@ LIVE_SERVER_KEYS = frozenset(
     {
         "default_model", "unknown_model", "api_keys", "api_keys_file", "admin_keys", "models_dir", "cors_origins",
         "allowed_hosts", "slots_endpoint", "v1_error_shape", "verbose_responses", "public_metrics",
-        "max_keep_alive", "slot_save_path", "slot_save_max_bytes", "slot_actions", "responses_ttl",
+        "max_keep_alive", "slot_save_path", "slot_save_max_bytes", "slot_actions", "hosted_tools", "responses_ttl",
         "responses_max_bytes", "models_autoload",
         "fleet", "fleet_key_env", "fleet_key_file",
     }

@@ -503,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
             embeddings=spec.embeddings,
             n_embd=N_EMBD,
             description=f"fake worker for {spec.name}",
+            # A model that takes tools when its config says how ("auto" reads a template
+            # the fake has not got).
+            tool_format=None if spec.tool_format == "auto" else spec.tool_format,
         )
     )
     if behaviour.hang:

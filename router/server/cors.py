@@ -31,7 +31,7 @@ from router.server.site_guard import origin_allowed
 
 METHODS = "GET, POST, DELETE, OPTIONS"
 # What a page may read besides the CORS-safelisted headers.
-EXPOSED = "retry-after, x-request-id, x-should-retry"
+EXPOSED = "retry-after, x-request-id, x-should-retry, x-corral-skipped-tools"
 MAX_AGE = "600"
 
 

@@ -84,6 +84,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # model, each in a folder of its own under slot_save_path and only on slots holding its
     # own cache. Applies on reload.
     slot_actions: Literal["admin", "keys"] = "admin"
+    # Tools that run at the API's provider (Responses' web_search, file_search, ...;
+    # Anthropic's server tools), which agent CLIs send by default: "skip" leaves them out
+    # and serves the rest, said in the log once per type and in each answer's
+    # x-corral-skipped-tools header (llama-server skips them too); "refuse" answers 400
+    # naming the tool. Applies on reload.
+    hosted_tools: Literal["skip", "refuse"] = "skip"
     # A request for a model that is not loaded loads it (llama-server's --models-autoload).
     # Off (its --no-models-autoload): such a request is a 400 "model is not loaded" unless
     # it asks `?autoload=true`; models load by POST /models/load or the admin API, and one

@@ -16,7 +16,8 @@ from quart import Blueprint, Response
 
 from router.api.anthropic import schemas
 from router.api.anthropic.render import Reply, stream, whole
-from router.api.anthropic.translate import PARAM_NAMES, chat_messages, messages_job, thinking_kwargs, tools
+from router.api import hosted_tools
+from router.api.anthropic.translate import PARAM_NAMES, chat_messages, messages_job, served_tools, thinking_kwargs, tools
 from router.api.answering import answer, job_for, prompt_tokens
 from router.api.dialect import Server
 from router.generation.job import GenerationJob
@@ -40,13 +41,22 @@ def _with_request_id(response: Response) -> Response:
 
 
 def register(app: Blueprint, server: Server) -> None:
+    def served(r: schemas.MessagesRequest | schemas.CountTokensRequest) -> list[str]:
+        """Take the server tools out of `r` unless this server refuses them; the types left out."""
+        if server.supervisor.config.server.hosted_tools == "refuse":
+            return []
+        r.tools, skipped = served_tools(r.tools)
+        return skipped
+
     @app.post("/v1/messages")
     async def messages() -> Response:
         r: schemas.MessagesRequest = decode(await bodies.read_body(), schemas.MessagesRequest, api="Anthropic")
         target = server.target(r.model, _HINT)
+        skipped = served(r)
         job = job_for(target, partial(messages_job, r, r.model or target.name), PARAM_NAMES)
         reply = Reply(model=job.model, stop_sequences=tuple(r.stop_sequences or ()))
-        return _with_request_id(await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply)))
+        response = await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply))
+        return _with_request_id(hosted_tools.note("Anthropic", skipped, response))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
@@ -54,9 +64,11 @@ def register(app: Blueprint, server: Server) -> None:
         nothing (the model loads, as its tokenizer is the model's)."""
         r: schemas.CountTokensRequest = decode(await bodies.read_body(), schemas.CountTokensRequest, api="Anthropic")
         target = server.target(r.model, _HINT)
+        skipped = served(r)
         job = GenerationJob(
             model=r.model or target.name, params=SamplingParams(), messages=tuple(chat_messages(r.system, r.messages)),
             tools=tools(r.tools, r.tool_choice), template_kwargs=thinking_kwargs(r.thinking),
         )
         n = await prompt_tokens(target, job)
-        return _with_request_id(Response(_json.encode({"input_tokens": n}), content_type="application/json"))
+        response = Response(_json.encode({"input_tokens": n}), content_type="application/json")
+        return _with_request_id(hosted_tools.note("Anthropic", skipped, response))

@@ -66,8 +66,8 @@ class Message(msgspec.Struct):
 
 class Tool(msgspec.Struct):
     """A client tool. Anthropic's server tools (web search, code execution, ...) carry a
-    versioned `type` and no `input_schema`: they run at Anthropic, and Corral refuses
-    them naming the tool."""
+    versioned `type` and no `input_schema`: they run at Anthropic, and Corral leaves them
+    out, or refuses them naming the tool (router/api/hosted_tools.py)."""
 
     name: str
     input_schema: dict[str, Any] | None = None

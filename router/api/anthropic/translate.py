@@ -12,7 +12,8 @@
   Corral does not run: a 400 naming the block.
 - `tools` (name, description, input_schema) are function tools; `tool_choice` auto / any /
   tool / none is auto / required / that function / none, and `disable_parallel_tool_use`
-  is parallel_tool_calls false. Anthropic's server tools (a versioned `type`) are refused.
+  is parallel_tool_calls false. Anthropic's server tools (a versioned `type`) are left out
+  (served_tools), or refused with [server] hosted_tools = "refuse".
 - `thinking` enabled or disabled sets the template's `enable_thinking`.
 - `output_format` (or `output_config.format`) with a JSON schema constrains the answer as
   OpenAI's response_format does.
@@ -166,6 +167,14 @@ def _openai_param(param: str | None) -> str | None:
     return param.replace(".function.parameters", ".input_schema").replace(".function.", ".")
 
 
+def served_tools(raw: list[s.Tool] | None) -> tuple[list[s.Tool] | None, list[str]]:
+    """`raw` without Anthropic's server and Anthropic-defined tools (router/api/hosted_tools.py),
+    and their types, in order."""
+    if not raw:
+        return raw, []
+    return [t for t in raw if t.type in (None, "custom")], [t.type for t in raw if t.type not in (None, "custom")]
+
+
 def tools(raw: list[s.Tool] | None, choice: s.ToolChoice | None) -> ToolRequest:
     """The request's tools and tool_choice, checked as OpenAI's are (names, schemas), with
     Anthropic's names in a 400."""
@@ -174,7 +183,8 @@ def tools(raw: list[s.Tool] | None, choice: s.ToolChoice | None) -> ToolRequest:
         if t.type not in (None, "custom"):
             raise Unsupported(
                 f"'tools[{i}]': {t.type!r} is one of Anthropic's server tools, which run at Anthropic; "
-                "Corral serves client tools (name, description, input_schema).",
+                "Corral serves client tools (name, description, input_schema). This server refuses "
+                '(hosted_tools = "refuse") where by default it would leave the tool out.',
                 f"tools[{i}].type",
             )
         # OpenAI's key order: a template that renders a tool as JSON writes the same text

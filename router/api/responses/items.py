@@ -141,19 +141,47 @@ def _function(t: dict[str, Any]) -> dict[str, Any]:
 
 def _hosted(t: Any, at: str) -> Unsupported:
     kind = t.get("type") if isinstance(t, dict) else None
-    hint = ' (Codex: set web_search = "disabled" in its config.toml)' if kind == "web_search" else ""
     return Unsupported(
         f"Invalid value for '{at}.type': {kind!r} tools are not supported; Corral serves function tools (the "
-        f"model's calls come back for the client to run), alone or in a namespace{hint}.",
+        "model's calls come back for the client to run), alone or in a namespace. This server refuses "
+        '(hosted_tools = "refuse") where by default it would leave the tool out.',
         f"{at}.type",
     )
+
+
+def _kind(t: Any) -> str:
+    kind = t.get("type") if isinstance(t, dict) else None
+    return kind if isinstance(kind, str) else repr(kind)
+
+
+def served_tools(tools: list[Any] | None) -> tuple[list[Any] | None, list[str]]:
+    """`tools` without the hosted ones (router/api/hosted_tools.py), a namespace's included,
+    and the types left out, in order. Anything that is not an object is kept, for
+    tool_request's 400; so is a namespace whose `tools` is not a list."""
+    if not tools:
+        return tools, []
+    kept: list[Any] = []
+    skipped: list[str] = []
+    for t in tools:
+        if not isinstance(t, dict) or t.get("type") == "function":
+            kept.append(t)
+        elif t.get("type") == "namespace" and isinstance(t.get("tools"), list):
+            inner = [u for u in t["tools"] if isinstance(u, dict) and u.get("type") == "function"]
+            skipped += [_kind(u) for u in t["tools"] if not (isinstance(u, dict) and u.get("type") == "function")]
+            if inner:
+                kept.append({**t, "tools": inner})
+        elif t.get("type") == "namespace":
+            kept.append(t)
+        else:
+            skipped.append(_kind(t))
+    return kept, skipped
 
 
 def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> tuple[ToolRequest, dict[str, str]]:
     """Function tools (name, description, parameters, strict: flat, unlike chat's), checked
     as chat's are, and the functions of each `namespace` tool (Codex groups its sub-agent
-    tools in one), offered alongside; a hosted tool (web_search, file_search, ...) is
-    refused naming it. Also returns each namespaced function's namespace, which its calls
+    tools in one), offered alongside; a hosted tool (web_search, file_search, ...) left in
+    (hosted_tools = "refuse"; served_tools takes them out) is refused naming it. Also returns each namespaced function's namespace, which its calls
     carry back."""
     functions: list[dict[str, Any]] = []
     paths: list[str] = []  # where each function came from, for a 400

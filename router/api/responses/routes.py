@@ -16,6 +16,7 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from router.api.answering import answer, job_for, prompt_tokens
+from router.api import hosted_tools
 from router.api.dialect import Server
 from router.api.openai.fields import check_metadata
 from router.api.responses import items
@@ -46,6 +47,13 @@ def _owner() -> str | None:
 def register(app: Blueprint, server: Server) -> None:
     store = ResponseStore()
 
+    def served(r: ResponsesRequest) -> list[str]:
+        """Take the hosted tools out of `r` unless this server refuses them; the types left out."""
+        if server.supervisor.config.server.hosted_tools == "refuse":
+            return []
+        r.tools, skipped = items.served_tools(r.tools)
+        return skipped
+
     def limits() -> tuple[float, int]:
         cfg = server.supervisor.config.server
         return cfg.responses_ttl, cfg.responses_max_bytes
@@ -73,6 +81,7 @@ def register(app: Blueprint, server: Server) -> None:
         check_metadata(r.metadata)  # it is stored with the response
         target = server.target(r.model, "")
         turns = conversation(r)
+        skipped = served(r)
         tools, namespaces = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
         job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, turns, tools), PARAM_NAMES)
         owner = _owner()
@@ -82,7 +91,8 @@ def register(app: Blueprint, server: Server) -> None:
             store.put(obj["id"], owner, _json.encode(obj), turns + (turn,), ttl, max_bytes)
 
         reply = Reply(model=job.model, echo=echo(r, job.params, job.sent), keep=keep if r.store else None, namespaces=namespaces)
-        return await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply))
+        response = await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply))
+        return hosted_tools.note("Responses", skipped, response)
 
     @app.post("/v1/responses/input_tokens")
     @app.post("/responses/input_tokens")
@@ -90,10 +100,12 @@ def register(app: Blueprint, server: Server) -> None:
         """The tokens of the prompt a create with this body would run. Generates nothing."""
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         target = server.target(r.model, "")
+        skipped = served(r)
         tools, _ = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
         job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, conversation(r), tools), PARAM_NAMES)
         n = await prompt_tokens(target, job)
-        return Response(_json.encode({"object": "response.input_tokens", "input_tokens": n}), content_type="application/json")
+        response = Response(_json.encode({"object": "response.input_tokens", "input_tokens": n}), content_type="application/json")
+        return hosted_tools.note("Responses", skipped, response)
 
     def kept(response_id: str) -> bytes:
         item = store.get(response_id, _owner(), limits()[0])

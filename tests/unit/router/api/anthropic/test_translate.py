@@ -13,7 +13,8 @@ import pytest
 
 from router.api.anthropic.errors import message
 from router.api.anthropic.schemas import MessagesRequest
-from router.api.anthropic.translate import messages_job, system_text
+from router.api.anthropic import schemas as s
+from router.api.anthropic.translate import messages_job, served_tools, system_text
 from router.server.json_body import decode
 from supervisor.errors import CorralError, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams, ToolCall
@@ -180,3 +181,15 @@ def test_tool_names_may_be_as_long_as_anthropic_takes() -> None:
     long = "mcp__" + "s" * 60 + "__" + "t" * 40
     assert job(tools=[{**WEATHER, "name": long}]).tools.offered[0]["function"]["name"] == long
     assert refused(tools=[{**WEATHER, "name": "x" * 129}]).param == "tools[0].name"
+
+
+def test_served_tools_leave_out_anthropics_server_tools() -> None:
+    """hosted_tools = "skip" (issue 41, item 6): client tools stay, versioned types go, named."""
+    raw = msgspec.convert(
+        [{"type": "web_search_20250305", "name": "web_search"}, {"name": "Read"}, {"type": "custom", "name": "Edit"},
+         {"type": "bash_20250124", "name": "bash"}],
+        list[s.Tool],
+    )
+    kept, skipped = served_tools(raw)
+    assert [t.name for t in kept or ()] == ["Read", "Edit"]
+    assert skipped == ["web_search_20250305", "bash_20250124"]

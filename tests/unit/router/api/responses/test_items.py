@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.api.responses.items import chat_messages, tool_request
+from router.api.responses.items import served_tools, chat_messages, tool_request
 from router.api.responses.schemas import ResponsesRequest
 from router.api.responses.translate import echo, refuse_unserved, responses_job
 from router.generation.tool_schemas import ToolRequest
@@ -143,7 +143,21 @@ def test_a_bad_function_in_a_namespace_is_named_by_its_path() -> None:
     hosted = {"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}
     assert _refused(lambda: tool_request([hosted], None, None)).param == "tools[0].tools[0].type"
     exc = _refused(lambda: tool_request([{"type": "web_search", "external_web_access": False}], None, None))
-    assert 'web_search = "disabled"' in exc.message  # what Codex's user has to change
+    assert 'hosted_tools = "refuse"' in exc.message  # why this server refuses what others skip
+
+
+def test_served_tools_leave_out_the_hosted_ones_namespaces_included() -> None:
+    """What hosted_tools = "skip" offers the model: functions, and each namespace's functions;
+    every other type is left out and named, in order (issue 41, item 6)."""
+    ns = {"type": "namespace", "name": "ns", "tools": [{"type": "mcp"}, FN]}
+    only_hosted = {"type": "namespace", "name": "web", "tools": [{"type": "web_search"}]}
+    kept, skipped = served_tools([{"type": "web_search"}, FN, ns, only_hosted, {"type": "custom", "name": "apply_patch"}])
+    assert kept == [FN, {**ns, "tools": [FN]}]
+    assert skipped == ["web_search", "mcp", "web_search", "custom"]
+    # Not objects, or a namespace without a list: kept, for tool_request's 400.
+    assert served_tools(["x", {"type": "namespace", "tools": "x"}]) == (["x", {"type": "namespace", "tools": "x"}], [])
+    assert served_tools(None) == (None, [])
+    assert served_tools([{"type": 7}]) == ([], ["7"])
 
 
 @pytest.mark.parametrize(
