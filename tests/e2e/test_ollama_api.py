@@ -3,7 +3,8 @@
 
 The client's pydantic models are the check on every shape (ollama/_types.py); the
 reference for behaviour is Ollama's docs/api.md. Where Corral differs on purpose, the test
-says so: models are the config's (no pull), `digest` hashes the file's path, size and time.
+says so: models are the config's (no pull), `digest` hashes the served model's name and the
+file's path, size and time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ idle_timeout = 0
 
 [models.chat-a]
 path = "{MODEL}"
+aliases = ["gemma"]
 slots = 2
 n_ctx = 2048
 chat_template = "gemma"
@@ -64,7 +66,7 @@ def client(server: Server) -> ollama.Client:
 
 def test_list_and_show_describe_the_configured_models(client: ollama.Client) -> None:
     listed = {m.model: m for m in client.list().models}
-    assert set(listed) == {"chat-a:latest", "chat-b:latest", "embed:latest"}
+    assert set(listed) == {"chat-a:latest", "gemma:latest", "chat-b:latest", "embed:latest"}
     m = listed["chat-a:latest"]
     assert m.details is not None and m.details.format == "gguf" and m.details.family == "gemma3"
     assert m.details.quantization_level == "Q4_K_M" and m.details.parameter_size == "270M"
@@ -74,6 +76,22 @@ def test_list_and_show_describe_the_configured_models(client: ollama.Client) -> 
     assert shown.capabilities == ["completion"] and shown.template == "gemma"
     assert "/" not in (shown.modelfile or "").split("FROM", 1)[1]  # never a path on the server
     assert client.show("embed:latest").capabilities == ["embedding"]
+
+
+def test_a_digest_is_one_served_model_and_show_gives_the_servers_context(client: ollama.Client) -> None:
+    """Issue 41, item 3. Three served models on one file had one digest, and the llm-ollama
+    plugin (which merges entries of one digest, as Ollama's copies) refused the embedding
+    model; an alias was not listed, so `llm -m gemma` was unknown. /api/show said the file's
+    training context (32,768) where the server gives 2,048."""
+    listed = {m.model: m for m in client.list().models}
+    digests = {name: m.digest for name, m in listed.items()}
+    assert len({digests["chat-a:latest"], digests["chat-b:latest"], digests["embed:latest"]}) == 3
+    assert digests["gemma:latest"] == digests["chat-a:latest"]  # an alias is the same model
+    assert client.show("gemma").capabilities == ["completion"]
+    for name, n_ctx in (("chat-a", 2048), ("chat-b", 1024)):
+        shown = client.show(name)
+        assert shown.modelinfo is not None and shown.modelinfo["gemma3.context_length"] == n_ctx
+        assert shown.parameters is not None and shown.parameters.split() == ["num_ctx", str(n_ctx)]
 
 
 def test_a_chat_says_the_same_as_the_openai_route_for_the_same_request(

@@ -165,12 +165,13 @@ def register(app: Blueprint, server: Server) -> None:
         # Models served elsewhere that take Ollama's chats: as they come, or translated to
         # OpenAI's or Anthropic's API (router/upstream/routing.py).
         served_elsewhere = [
-            models.remote_tag_entry(up.name, up.model, server.started)
+            models.remote_tag_entry(name, up.model, server.started)
             for up in server.supervisor.config.upstreams.values()
             if not up.local and ("ollama" in up.dialects or translation(up.dialects, "/api/chat") is not None)
             and (key is None or key.may_use(up.name))
+            for name in (up.name, *up.aliases)
         ]
-        return _json_response({"models": [models.tag_entry(h) for h in visible] + served_elsewhere})
+        return _json_response({"models": [e for h in visible for e in models.tag_entries(h)] + served_elsewhere})
 
     @app.post("/api/show")
     async def show() -> Response:
