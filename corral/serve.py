@@ -185,8 +185,9 @@ def serve_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print_problems(exc)
         return 1
-    log_format.configure(getattr(logging, args.log_level.upper()), cfg.server.log_format)
-    os.environ[log_format.ENV] = cfg.server.log_format  # the workers inherit it
+    level = getattr(logging, args.log_level.upper())
+    log_format.configure(level, cfg.server.log_format)
+    log_format.hand_down(level, cfg.server.log_format)
     for host in listen_hosts(cfg.server):
         if (why := refuse_bind(host, cfg.keys, cfg.server.allow_insecure_bind)) is not None:
             print(f"{path}: {why}", file=sys.stderr)

@@ -91,9 +91,12 @@ def _turn(child: pexpect.spawn) -> Turn:
 
 
 def leave(child: pexpect.spawn) -> int:
-    """/exit, then the exit status."""
+    """/exit, then the exit status. Nothing may be printed after the /exit (issue 41, item
+    5: a worker's INFO line on its way out landed under the last prompt)."""
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+    after = str(child.before).replace("/exit", "", 1).strip()
+    assert after == "", f"printed after /exit: {after!r}"
     child.close()
     assert child.exitstatus is not None, f"killed by signal {child.signalstatus}"
     return int(child.exitstatus)

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="WorkerSpec as JSON")
     args = ap.parse_args(argv)
     spec = msgspec.json.decode(args.spec, type=WorkerSpec)
-    log_format.configure(logging.INFO, log_format.from_environment(), model=spec.name)
+    log_format.configure(log_format.level_from_environment(), log_format.from_environment(), model=spec.name)
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides when a
     # worker stops, so the worker ignores it instead of dying mid-request.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -149,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ChatError("--api-key-file is for --url: an in-process chat needs no key")
             path = config_path(args.config)
             cfg = load(path)
-            # Only warnings and errors: the chat's own output is the terminal's.
+            # Only warnings and errors, the workers' too: the chat's own output is the
+            # terminal's (a worker's INFO line on exit landed under the last prompt).
             log_format.configure(logging.WARNING, "text")
+            log_format.hand_down(logging.WARNING, "text")
             local = LocalChat(cfg, args.model)
             model, where = args.model, f"in this process, from {path}"
             print(f"loading {model}...", file=sys.stderr, flush=True)

@@ -24,6 +24,9 @@ aliases = ["g"]
 chat_template = "gemma"
 slots = 1
 n_ctx = 4096
+# As examples/config.toml: the worker writes its conversations out on its way down, and
+# says so in an INFO line that must not reach the terminal (issue 41, item 5).
+prompt_cache_dir = "cache"
 """
 MAX_TOKENS = 120
 
