@@ -12,7 +12,7 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "CORRAL_URL"
 KEY_ENV = "CORRAL_ADMIN_KEY"
 
-# Exit codes a script can act on; the commands' help and README list them.
+# Exit codes a script can act on; the commands' help and docs/cli.md list them.
 OK = 0
 FAILED = 1  # understood, but it did not work: a load that failed, an invalid config
 USAGE = 2  # argparse's own, and any other bad argument (a malformed --url, an empty key file)

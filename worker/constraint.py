@@ -3,8 +3,8 @@
 Why llguidance and not llama.cpp's grammar sampler: on the demo model's 262k-token
 vocabulary, llama.cpp's sampler costs milliseconds a token applied to the whole vocabulary,
 while llguidance fills its token mask in a fraction of that (bench/constraint_engines.py,
-figures in the README). It also reads JSON schemas itself (no GBNF conversion), Lark
-(which forced tool calls use, with `%json { schema }` inside), and GBNF.
+figures in docs/api.md, "Structured output"). It also reads JSON schemas itself (no GBNF
+conversion), Lark (which forced tool calls use, with `%json { schema }` inside), and GBNF.
 
 Three pieces, each with its own cost and thread:
 - `Constraints.tokenizer()`: llguidance's view of the vocabulary, built once per model (one

@@ -271,7 +271,7 @@ def test_every_source_path_that_the_docs_and_comments_name_exists() -> None:
     """After a move, a comment or a doc that still names the old path sends a reader to
     nothing: README, docs/ and every module of the packages and the tests."""
     pattern = re.compile(r"\b(?:corral|router|supervisor|worker|tests)/[A-Za-z0-9_/]+\.py\b")
-    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    texts = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
     texts += [p for package in (*PACKAGES, "tests") for p in (ROOT / package).rglob("*.py")]
     missing = sorted({
         f"{t.relative_to(ROOT)} names {m}"
@@ -280,3 +280,110 @@ def test_every_source_path_that_the_docs_and_comments_name_exists() -> None:
         if not (ROOT / m).exists()
     })
     assert missing == []
+
+
+# The docs: a short README that sends readers to docs/, an index there that names every page,
+# and no relative link that leads nowhere (issue "The first hour: a short front door").
+README_MAX_LINES = 300
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def doc_pages() -> list[Path]:
+    return sorted((ROOT / "docs").rglob("*.md"))
+
+
+def prose(text: str) -> str:
+    """The text with fenced code blocks and code spans blanked: a link shown as code is not
+    one. A code span may run over a line break, never over a paragraph's end."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        out.append("" if fenced or FENCE.match(line) else line)
+    paragraphs = re.split(r"\n\s*\n", "\n".join(out))
+    return "\n\n".join(re.sub(r"`[^`]*`", "", p) for p in paragraphs)
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, every character that is not a letter, a
+    digit, a space, '-' or '_' dropped, spaces made '-'. Inline code keeps its text."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").strip().lower()
+    return "".join(c for c in text if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor the headings of a Markdown file give, duplicates numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    lines, fenced = path.read_text().splitlines(), False
+    for line in lines:
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        m = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            slug = github_slug(m[1])
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def relative_links(path: Path) -> list[str]:
+    targets = LINK.findall(prose(path.read_text()))
+    return [t for t in targets if not re.match(r"^(?:[a-z][a-z0-9+.-]*:|//)", t, re.I)]
+
+
+def broken_links(path: Path) -> list[str]:
+    problems = []
+    for target in relative_links(path):
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        where = f"{path.relative_to(ROOT)}: {target}"
+        if not dest.exists():
+            problems.append(f"{where}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{where}: no heading of {dest.name} gives #{anchor}")
+    return problems
+
+
+def test_the_slugs_are_githubs() -> None:
+    assert github_slug("Coding agents: Anthropic's Messages API and OpenAI's Responses API") == (
+        "coding-agents-anthropics-messages-api-and-openais-responses-api")
+    assert github_slug("The internal request: `GenerationJob`") == "the-internal-request-generationjob"
+    assert github_slug("1. Install") == "1-install"
+    assert github_slug("n_ctx and `max_tokens`") == "n_ctx-and-max_tokens"
+
+
+def test_the_link_checker_finds_a_broken_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("# A\n\n## Two words\n\n## Two words\n\n```\n# not a heading\n```\n")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md) [ok](a.md#two-words-1) [ok](#b) [web](https://x.example/none) `[code](nowhere.md)`\n"
+        "[gone](c.md) [bad anchor](a.md#two-words-2) [not a heading](a.md#not-a-heading)\n\n# B\n"
+    )
+    assert broken_links(tmp_path / "b.md") == [
+        "b.md: c.md: no such file",
+        "b.md: a.md#two-words-2: no heading of a.md gives #two-words-2",
+        "b.md: a.md#not-a-heading: no heading of a.md gives #not-a-heading",
+    ]
+
+
+def test_the_readme_is_a_short_front_door() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines, over {README_MAX_LINES}: the reference goes in docs/")
+    assert "docs/README.md" in relative_links(ROOT / "README.md"), "README.md should link docs/README.md"
+
+
+def test_the_docs_index_links_every_page() -> None:
+    index = ROOT / "docs" / "README.md"
+    linked = {(index.parent / t.partition("#")[0]).resolve() for t in relative_links(index)}
+    missing = [str(p.relative_to(ROOT)) for p in doc_pages() if p != index and p.resolve() not in linked]
+    assert missing == [], "docs/README.md (the index) should link every page"
+
+
+def test_every_relative_link_in_the_docs_leads_somewhere() -> None:
+    problems = [p for path in [ROOT / "README.md", *doc_pages()] for p in broken_links(path)]
+    assert problems == []
