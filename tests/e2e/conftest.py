@@ -8,6 +8,7 @@ assembled by `make model` (part of `make test`); without it these tests fail, no
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -92,6 +93,29 @@ def start_server(
             time.sleep(0.1)
     proc.kill()
     pytest.fail(f"corral serve did not become healthy:\n{log.read_text()}")
+
+
+def stock_config() -> str:
+    """examples/config.toml as shipped, with the demo model's path and a free port (its
+    prompt cache folder goes to the test's, not the checkout's build/)."""
+    text = (ROOT / "examples" / "config.toml").read_text()
+    for pattern, new in (
+        (r'(?m)^path = "\.\./models/gemma-3-270m-Q4_K_M\.gguf"$', 'path = "{MODEL}"'),
+        (r"(?m)^port = 8080\b", "port = {PORT}"),
+        (r'(?m)^prompt_cache_dir = "\.\./build/prompt-cache"$', 'prompt_cache_dir = "prompt-cache"'),
+    ):
+        text, n = re.subn(pattern, new, text)
+        assert n >= 1, f"examples/config.toml no longer matches {pattern}"
+    return text
+
+
+@pytest.fixture(scope="session")
+def stock_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`make serve`'s server: examples/config.toml, shared by every test that reads it as a
+    new user would and changes nothing in it."""
+    srv = start_server(tmp_path_factory.mktemp("stock"), stock_config())
+    yield srv
+    assert stop_server(srv) == 0
 
 
 # What a worker logs when its KV check finds a slot whose cached tokens and KV cells

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import DEMO_MODEL, ROOT, Server, start_server, stop_server
+from tests.e2e.conftest import Server
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -39,20 +38,9 @@ SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def stock_config() -> str:
-    """examples/config.toml as shipped, with the demo model's path and a free port."""
-    text = (ROOT / "examples" / "config.toml").read_text()
-    text = re.sub(r'(?m)^path = ".*"$', 'path = "{MODEL}"', text)
-    text = re.sub(r"(?m)^port = \d+", "port = {PORT}", text)
-    assert 'chat_template = "gemma"' in text and "tool_format" not in text.replace("# tool_format", "")
-    return text
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("stock"), stock_config())
-    yield srv
-    assert stop_server(srv) == 0
+def server(stock_server: Server) -> Server:
+    return stock_server
 
 
 @pytest.fixture(scope="module")
