@@ -26,6 +26,7 @@ from router.server import (
     access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, readiness, site_guard,
 )
 from router.server.errors import Rendered, http_problem
+from router.upstream import relay
 from router.upstream import service as upstream_service
 from router.upstream.metrics import UpstreamCollector
 from supervisor.config import Config, ConfigError
@@ -78,6 +79,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     access_log.install(app)
+    # A relayed answer that broke off at its upstream is logged once, by the relay; the
+    # ASGI server's traceback for the same break says nothing more.
+    relay.quiet_breaks(logging.getLogger("hypercorn.error"))
     # Before anything runs: a foreign page's request, or a rebound host name, is refused.
     site_guard.install(app, supervisor)
     # Preflights are answered before keys are checked: browsers send none with them.

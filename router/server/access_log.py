@@ -53,6 +53,7 @@ class Record:
     generated_tokens: int | None = None
     first_token: float | None = None  # time.monotonic() of the first token
     complete: bool = False  # the whole answer went out
+    upstream_broke: bool = False  # a relayed answer broke off at the upstream, not the client
     # For the metrics (router/server/request_metrics.py), not the log line:
     route: str | None = None  # the route's rule ("/v1/models/<path:model>"); None: no route
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -74,7 +75,8 @@ class Record:
             "generated_tokens": self.generated_tokens,
             "ttft": None if self.first_token is None else round(self.first_token - self.started, 4),
             "duration": round(now - self.started, 4),
-            "client_gone": not self.complete,
+            "client_gone": not self.complete and not self.upstream_broke,
+            "upstream_broke": self.upstream_broke,
         }
 
 
@@ -82,7 +84,7 @@ def line(f: dict[str, Any]) -> str:
     """The text form: id, client, key and model, the request, status, tokens, times."""
     tokens = "" if f["prompt_tokens"] is None else f" prompt={f['prompt_tokens']} generated={f['generated_tokens']}"
     ttft = "" if f["ttft"] is None else f" ttft={f['ttft']:.3f}s"
-    gone = " client-gone" if f["client_gone"] else ""
+    gone = " client-gone" if f["client_gone"] else " upstream-broke" if f.get("upstream_broke") else ""
     upstream = f" upstream={f['upstream']}" if f.get("upstream") else ""
     return (
         f"{f['request_id']} {f['client'] or '-'} key={f['key'] or '-'} model={f['model'] or '-'}{upstream} "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from router.server import access_log
 from router.upstream.choice import pick
 from router.upstream.pool import LOCAL, Upstreams
 from router.upstream.scrub import StreamScrub, scrubbed_errors
@@ -35,6 +36,28 @@ from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import CorralError, Overloaded, WorkerCrashed, WorkerUnavailable
 
 log = logging.getLogger("corral.upstream")
+
+
+class BrokeOff(Exception):
+    """An upstream's answer broke off after some of it was passed on. Raised out of the
+    body, so that the client's connection ends without a last chunk (a cut answer is never
+    taken for a whole one); already logged in one line, so the ASGI server's "Error in ASGI
+    Framework" traceback for it is dropped (quiet_breaks), and the access log marks the
+    request `upstream-broke`, not `client-gone`."""
+
+
+class _NotBreaks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        return not isinstance(exc, BrokeOff)
+
+
+def quiet_breaks(logger: logging.Logger) -> None:
+    """Drop the ASGI server's traceback for a BrokeOff from `logger` (idempotent)."""
+    if not any(isinstance(f, _NotBreaks) for f in logger.filters):
+        logger.addFilter(_NotBreaks())
 
 # Request headers passed on: what the dialects read (content type, versions and betas of
 # the Anthropic and OpenAI APIs, a session for the upstream's own affinity, an id to
@@ -227,6 +250,7 @@ class RelayedBody:
         self._broke = False
         self._closed = False
         self._counted: str | None = None  # the outcome its end was counted as
+        self._record = access_log.current()  # made in the request, read when the body breaks
 
     def __aiter__(self) -> RelayedBody:
         return self
@@ -247,8 +271,10 @@ class RelayedBody:
             self._broke = True
             log.warning("upstream %s of model %s broke off its answer: %s", self._replica, self._model, _describe(exc))
             self._upstreams.observe(self._model, self._replica, False, _describe(exc), dead=isinstance(exc, httpx.ConnectError))
+            if self._record is not None:
+                self._record.upstream_broke = True
             await self.aclose()
-            raise
+            raise BrokeOff(f"upstream {self._replica} of model {self._model} broke off its answer") from None
         except StopAsyncIteration:
             self._ended = True
             await self.aclose()

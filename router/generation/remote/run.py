@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
-import httpx
 import msgspec
 import trio
 
@@ -29,7 +28,7 @@ from router.generation.remote.outbound import chat_body, completion_body
 from router.generation.sampling import capped
 from router.server import access_log, auth
 from router.server.cache_scope import cache_scope
-from router.upstream.relay import Relayed, RelayedBody
+from router.upstream.relay import BrokeOff, Relayed, RelayedBody
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 from worker.protocol import Usage
@@ -145,7 +144,7 @@ class RemoteGeneration:
             ending = [ev for data in lines.end() for ev in self._reader.feed(data)] + self._reader.end()
             for ev in ending:
                 self._judge(ev)
-        except (httpx.TransportError, ValueError) as exc:  # a break, counted by the body; an event too long
+        except (BrokeOff, ValueError) as exc:  # a break, counted by the body; an event too long
             failed = Failed(WorkerCrashed(f"The upstream's answer broke off: {str(exc) or type(exc).__name__}"))
             self._judge(failed)
             yield failed
@@ -218,7 +217,7 @@ async def read_bounded(body: RelayedBody, limit: int) -> tuple[bytes, bool]:
             out += chunk
             if len(out) > limit:
                 return bytes(out[:limit]), True
-    except httpx.TransportError:
+    except BrokeOff:
         raise WorkerCrashed(f"The upstream of model `{body.model}` broke off its answer.") from None
     return bytes(out), False
 
