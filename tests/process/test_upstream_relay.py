@@ -6,6 +6,7 @@ failover on a 5xx, and an answer cut off mid-way (issue 25, item 1)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -187,8 +188,24 @@ async def test_an_upstream_that_stays_silent_past_its_timeout_is_a_503(tmp_path:
         assert r.status_code == 503 and "answered (1 tried)" in r.json()["error"]["message"]
 
 
+def _asgi_tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The ASGI server's tracebacks of the front: the fake upstream's own (its RuntimeError,
+    how it breaks off) left out."""
+    return [
+        repr(r.exc_info[1]) for r in caplog.records
+        if r.getMessage() == "Error in ASGI Framework" and r.exc_info
+        and "the upstream dies mid-answer" not in repr(r.exc_info[1])
+    ]
+
+
 @pytest.mark.trio
-async def test_a_5xx_fails_over_and_a_cut_answer_is_never_a_whole_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_5xx_fails_over_and_a_cut_answer_is_never_a_whole_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cut answer ends the client's connection without its last chunk. Found by the
+    outside probe of issue 40 (N3): each break also printed the ASGI server's traceback,
+    and the access log blamed the client (`client-gone`)."""
+    caplog.set_level(logging.INFO)
     monkeypatch.setenv("CORRAL_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
     async with upstream_and_front(tmp_path, TABLES) as (fake, front):
         async with httpx.AsyncClient(timeout=10) as c:
@@ -204,6 +221,12 @@ async def test_a_5xx_fails_over_and_a_cut_answer_is_never_a_whole_one(tmp_path: 
                     assert s.status_code == 200
                     async for _ in s.aiter_raw():
                         pass
+            await trio.sleep(0.2)  # the access log line is written once the request is done
+    assert _asgi_tracebacks(caplog) == []
+    broke = [r.getMessage() for r in caplog.records if r.name == "corral.upstream" and "broke off" in r.getMessage()]
+    assert len(broke) == 1, broke
+    lines = [r.getMessage() for r in caplog.records if r.name == "corral.access" and "model=breaks" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].endswith(" upstream-broke"), lines
 
 
 @pytest.mark.trio
@@ -242,7 +265,8 @@ async def test_ollama_lists_the_upstream_models_that_take_its_requests(tmp_path:
             r = await c.post(front + "/api/chat", json={"model": "llama:latest", "messages": []})
     assert r.status_code == 200 and json.loads(fake.seen[-1][2])["model"] == "llama3.2:3b"
     assert [(m["name"], m["remote_model"], m["size"]) for m in listed] == [
-        ("chat:latest", "renamed", 0), ("hangs:latest", "hangs", 0), ("breaks:latest", "breaks", 0),
+        # An alias is listed after its model (issue 41, item 3: `llm -m c` must find it).
+        ("chat:latest", "renamed", 0), ("c:latest", "renamed", 0), ("hangs:latest", "hangs", 0), ("breaks:latest", "breaks", 0),
         ("fails:latest", "fails", 0), ("llama:latest", "llama3.2:3b", 0), ("claude:latest", "claude", 0),
     ]
     assert listed[0]["modified_at"].endswith("Z") and listed[0]["details"]["format"] == ""

@@ -40,7 +40,7 @@ def test_a_finished_generation_line() -> None:
     assert f == {
         "request_id": "r1", "client": "10.0.0.7", "key": "alice", "model": "gemma", "upstream": None,
         "method": "POST", "endpoint": "/v1/chat/completions", "status": 200,
-        "prompt_tokens": 12, "generated_tokens": 16, "ttft": 0.25, "duration": 1.5, "client_gone": False,
+        "prompt_tokens": 12, "generated_tokens": 16, "ttft": 0.25, "duration": 1.5, "client_gone": False, "upstream_broke": False,
     }
     assert line(f) == 'r1 10.0.0.7 key=alice model=gemma "POST /v1/chat/completions" 200 prompt=12 generated=16 ttft=0.250s 1.500s'
 
