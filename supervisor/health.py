@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 import trio
@@ -33,15 +34,28 @@ async def watch(
     handle's run loop starts at once after the kill. `on_ping` runs before each ping (the
     handle measures the worker's memory then); `on_hung` runs just before the kill, so the
     handle knows why its worker died before the death reaches it.
+
+    Silence is only the worker's while this event loop could listen. A loop that stalled
+    (a request's work held it: found by the outside probe of issue 40, a 200 MB upstream
+    answer decoded in one call held it 17 s) leaves every answer unread in the socket, and
+    its stall would read as every worker's silence: all of them killed as hung, their
+    requests broken, by one request that touched none of them. The watch sees such a stall
+    as its own late wake-up, and counts silence from the stall's end, with a ping at once.
     """
     if interval <= 0:
         return
     allowed = interval * (misses + 0.5)
     next_ping = trio.current_time() + interval
+    excused = -math.inf  # silence before this was the loop's own, not the worker's
     seq = 0
     while not conn.closed.is_set():
-        await trio.sleep_until(min(next_ping, conn.last_pong + allowed))
-        silent = trio.current_time() - conn.last_pong
+        wake = min(next_ping, max(conn.last_pong, excused) + allowed)
+        await trio.sleep_until(wake)
+        now = trio.current_time()
+        if now - wake > interval / 2:  # this loop stalled: the worker may have answered
+            log.warning("%s: the event loop stalled for %.1fs; its silence meanwhile is not counted", name, now - wake)
+            excused, next_ping = now, now
+        silent = now - max(conn.last_pong, excused)
         if silent >= allowed:
             pid = conn.process.pid if conn.process is not None else None
             log.warning("%s: no answer to pings for %.1fs; killing pid %s as hung", name, silent, pid)

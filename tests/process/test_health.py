@@ -81,3 +81,27 @@ async def test_health_interval_zero_disables_pings(tmp_path) -> None:
                 assert handle.state is State.READY and handle.pid == pid
             finally:
                 os.kill(pid, signal.SIGCONT)  # so the graceful stop can reach it
+
+
+async def test_a_stall_of_the_routers_own_loop_kills_no_worker(tmp_path) -> None:
+    """Found by the outside probe of issue 40 (N1): one request whose answer held the event
+    loop for 17 s (a 200 MB upstream answer decoded in one call) made every worker look
+    silent, and the supervisor killed them all as hung, breaking other keys' requests. The
+    loop's own stall is not a worker's silence; a worker that really hangs is still caught
+    (the test above)."""
+    sup = make_supervisor(tmp_path, {"m": {}, "n": {}}, health_interval=INTERVAL, health_misses=MISSES)
+    with trio.fail_after(20):
+        async with running(sup):
+            for name in ("m", "n"):
+                async with sup.resolve(name).lease() as conn:
+                    await generate(conn, 2)
+            pids = {name: sup.resolve(name).pid for name in ("m", "n")}
+            time.sleep(4 * BOUND)  # the loop held, as by a long synchronous call
+            await trio.sleep(3 * BOUND)  # past the detection bound, with the loop free again
+            for name in ("m", "n"):
+                handle = sup.resolve(name)
+                assert handle.state is State.READY and handle.pid == pids[name], (name, handle.last_error)
+                assert handle.starts == 1
+                async with handle.lease() as conn:
+                    text, _ = await generate(conn, 3)
+                assert text == expected_text(3)
