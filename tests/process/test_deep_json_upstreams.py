@@ -124,7 +124,7 @@ CASES = [
     ("a call's arguments, for ollama",
      ("/api/chat", {"model": "deep_arguments", "messages": USER, "stream": False}), _ollama, "not a JSON object"),
     ("an error body", _messages("deep_error"), _anthropic, "answered 500"),
-    ("an embeddings answer", ("/api/embed", {"model": "talks", "input": ["a"]}), _ollama, "not JSON"),
+    ("an embeddings answer", ("/api/embed", {"model": "talks", "input": ["a"]}), _ollama, "embeddings of another shape"),
     # An Anthropic upstream, reached from OpenAI's and Responses' routes.
     ("an anthropic event, whole answer asked", _chat("a_deep_event"), _openai, "not JSON"),
     ("an anthropic event, stream asked", _chat("a_deep_event", stream=True), _openai, "not JSON"),

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[4]
 # (file, the decodes it holds): the two decoders, and JSON of Corral's own making.
 OWN: dict[str, int] = {
     "router/server/json_body.py": 1,  # the decoder of request bodies
-    "router/server/json_text.py": 1,  # the decoder of models' and upstreams' JSON
+    "router/server/json_text.py": 2,  # the decoders of models' and upstreams' JSON
     "router/api/openai/errors.py": 1,  # the error envelope it has just encoded
     "router/api/openai/routes.py": 1,  # its own whole answer, to add llama-server's __verbose
     # A JSON schema the router encoded from the client's, decoded by json_body.py.
