@@ -14,14 +14,18 @@ log; a replica's `last_error` in /admin/models and /v1/models) has to remember t
   not parse, which may be a header line that echoes the key.
 
 Every key is scrubbed from every upstream's text, not only the key sent there: the same
-server may front two models with two keys. The forms scrubbed are the key as sent and as
-JSON encoders write it (PHP's `\\/`, Go's `\\u003c`) or a URL quotes it; a key masked by the
-upstream ("sk-...abcd", as OpenAI writes it) is no longer the key and is left alone.
+server may front two models with two keys. The forms scrubbed are the key as sent, as
+JSON encoders write it (PHP's `\\/`, Go's `\\u003c`), as HTML writes it (`&#115;`, `&#x73;`,
+`&amp;`: an error page), as a URL quotes it and as base64 writes it (at any of the three
+alignments); its first characters without its last few; and a masked key that shows more
+than a mask should. A key masked as OpenAI masks it ("sk-proj-****abcd": at most 8
+characters of its start and 4 of its end, at most half of it) is no longer the key and is
+left alone: it tells an operator which key was refused.
 
 A relayed body is scrubbed whole, a 200 stream of model output included. An error can
 come as an event inside a 200 stream, and the relay passes bytes on without parsing them,
 so it cannot tell output from error without a scan anyway; the scan is a substring search
-per form (about 3 us for a server-sent event with three keys, against about 0.5 ms of CPU
+per form (about 10 us for a server-sent event with three keys and an `&` in it, against about 0.5 ms of CPU
 the relay spends per token). A model has no business writing the operator's key, and one
 that echoes it has still put the operator's key in an answer. A body the upstream
 compressed although asked not to (`accept-encoding: identity`) passes as it came: no scan
@@ -32,6 +36,7 @@ Pure apart from `scrubbed_errors`, which only re-raises: text in, text out.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import re
 import urllib.parse
@@ -49,11 +54,19 @@ _REDACTED = REDACTED.encode()
 _PREFIX_KEPT = 8  # a key's last characters a quoted prefix may lack and still be taken out
 _PREFIX_MIN = 12  # but never a run shorter than this (or than the key): "sk-proj-" is no secret
 
-# JSON's escapes of one character: \uXXXX (any encoder may write any character so, .NET
-# writes `+` as \u002B, some servers every character), and \/ \" \\.
-_ESCAPE = re.compile(rb'\\(?:u([0-9a-fA-F]{4})|(["\\/]))')
+# Escapes of one character: JSON's \uXXXX (any encoder may write any character so, .NET
+# writes `+` as \u002B, some servers every character) and \/ \" \\; HTML's numeric
+# references (&#115; &#x73;) and the five named ones a page escapes a key's `&<>"'` with.
+_ESCAPE = re.compile(
+    rb'\\(?:u([0-9a-fA-F]{4})|(["\\/]))|&#(?:([0-9]{1,7})|[xX]([0-9a-fA-F]{1,6}));|&(amp|lt|gt|quot|apos|#39);'
+)
+_NAMED = {b"amp": b"&", b"lt": b"<", b"gt": b">", b"quot": b'"', b"apos": b"'", b"#39": b"'"}
 # An escape cut by a chunk's end, which the next chunk may complete.
-_OPEN_ESCAPE = re.compile(rb'\\(?:u[0-9a-fA-F]{0,3})?$')
+_OPEN_ESCAPE = re.compile(rb'(?:\\(?:u[0-9a-fA-F]{0,3})?|&(?:#[xX]?[0-9a-fA-F]{0,7}|[a-z]{0,4}))$')
+# What masks a key's middle: asterisks, bullets, an ellipsis, two dots or more.
+_MASK = re.compile(rb"(?:\*|\xe2\x80\xa2)+|\xe2\x80\xa6|\.{2,}")
+_MASK_HEAD = 8  # a mask may show this much of a key's start
+_MASK_TAIL = 4  # and this much of its end
 
 
 def _threshold(key: bytes) -> int:
@@ -77,8 +90,12 @@ class _View:
                 self._segment(view, at, 0)
                 parts.append(raw[at : m.start()])
                 view += m.start() - at
-            if m.group(1) is not None:
-                char = chr(int(m.group(1), 16)).encode("utf-8", "surrogatepass")
+            code = m.group(1) or m.group(4)
+            if code is not None or m.group(3) is not None:
+                number = int(code, 16) if code is not None else int(m.group(3))
+                char = chr(min(number, 0x10FFFF)).encode("utf-8", "surrogatepass")
+            elif m.group(5) is not None:
+                char = _NAMED[m.group(5)]
             else:
                 char = m.group(2)
             self._segment(view, m.start(), m.end() - m.start())
@@ -109,17 +126,17 @@ class _View:
 
 class Scrubber:
     """Takes every key in `keys` out of upstream text, replaced by REDACTED: written as it
-    is, with any of JSON's escapes for any of its characters, percent-quoted, or its first
-    characters quoted without its last few."""
+    is, with any of JSON's or HTML's escapes for any of its characters, percent-quoted, in
+    base64, its first characters quoted without its last few, or masked showing too much."""
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._keys = sorted({k.encode() for k in keys if k}, key=len, reverse=True)
-        self._quoted = sorted(
-            {q for k in self._keys if (q := urllib.parse.quote(k.decode(), safe="").encode()) != k}, key=len, reverse=True
-        )
-        self.longest = max((len(k) for k in self._keys), default=0) * 6  # every character \uXXXX-escaped
+        literal = {urllib.parse.quote(k.decode(), safe="").encode() for k in self._keys}
+        literal |= {b for k in self._keys for b in _base64_forms(k)}
+        self._quoted = sorted(literal - set(self._keys), key=len, reverse=True)
+        self.longest = max((len(k) for k in self._keys), default=0) * 10  # every character &#1234567;
         # The bytes a key's form (or an escape in one) may end a chunk with.
-        self._alphabet = frozenset(b"".join(self._keys + self._quoted) + b"\\u0123456789abcdefABCDEF%")
+        self._alphabet = frozenset(b"".join(self._keys + self._quoted) + b"\\u0123456789abcdefABCDEF%&#;xXmpltgquos")
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -148,8 +165,13 @@ class Scrubber:
 
     def _spans(self, data: bytes) -> list[tuple[int, int]]:
         spans: list[tuple[int, int]] = []
-        view = _View(data) if b"\\" in data else None
+        view = _View(data) if b"\\" in data or b"&" in data else None
         text = view.text if view is not None else data
+
+        def span(i: int, end: int) -> None:
+            """View bytes i..end-1 taken out, as the raw bytes they came from."""
+            spans.append((i, end) if view is None else (view.raw_start(i), view.raw_end(end - 1)))
+
         for key in self._keys:
             least = _threshold(key)
             head = key[:least]
@@ -158,11 +180,10 @@ class Scrubber:
                 n = least
                 while n < len(key) and i + n < len(text) and text[i + n] == key[n]:
                     n += 1
-                if view is None:
-                    spans.append((i, i + n))
-                else:
-                    spans.append((view.raw_start(i), view.raw_end(i + n - 1)))
+                span(i, i + n)
                 i = text.find(head, i + n)
+            for i, end in _masked(text, key):
+                span(i, end)
         for quoted in self._quoted:
             i = data.find(quoted)
             while i != -1:
@@ -196,6 +217,41 @@ class Scrubber:
 
     def stream(self) -> StreamScrub:
         return StreamScrub(self)
+
+
+def _base64_forms(key: bytes) -> list[bytes]:
+    """What base64 (standard and URL-safe) writes for `key` wherever it starts in the
+    encoded bytes: per alignment, the groups of four that hold only the key's bytes."""
+    forms = []
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + key + b"\0\0")
+        first = 4 if offset else 0  # a group shared with what came before
+        whole = (offset + len(key)) // 3  # groups made of the key's bytes (and before) only
+        core = encoded[first : whole * 4]
+        if len(core) >= 12:
+            forms += [core, core.replace(b"+", b"-").replace(b"/", b"_")]
+    return forms
+
+
+def _masked(text: bytes, key: bytes) -> Iterator[tuple[int, int]]:
+    """Where `text` holds `key` masked so as to show more of it than a mask should: its
+    start, a mask (_MASK), then its end, with more than _MASK_HEAD of its start, more than
+    _MASK_TAIL of its end, or more than half of it in all shown."""
+    head = key[: min(4, len(key))]
+    i = text.find(head)
+    while i != -1:
+        p = len(head)
+        while p < len(key) and i + p < len(text) and text[i + p] == key[p]:
+            p += 1
+        mask = _MASK.match(text, i + p)
+        if mask is not None and p < len(key):
+            after = mask.end()
+            tail = next(
+                (t for t in range(min(len(key) - p, len(text) - after), 0, -1) if text[after : after + t] == key[-t:]), 0
+            )
+            if p > _MASK_HEAD or tail > _MASK_TAIL or p + tail > len(key) // 2:
+                yield i, after + tail
+        i = text.find(head, i + 1)
 
 
 class StreamScrub:

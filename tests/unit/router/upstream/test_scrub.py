@@ -4,6 +4,8 @@ encoder, in a header, or quoted by a transport error; a masked key is left alone
 
 from __future__ import annotations
 
+import base64
+import html
 import re
 
 import httpx
@@ -156,3 +158,57 @@ def test_no_mix_of_escapes_and_chunk_cuts_lets_the_key_through(data: st.DataObje
     out = b"".join(stream.feed(body[a:b]) for a, b in zip([0, *cuts], [*cuts, len(body)])) + stream.end()
     read = _unescaped(out)
     assert KEY not in read and KEY[:22] not in read and REDACTED in read and read.endswith(' refused"}\n\n')
+
+
+def _html(key: str, which: list[int]) -> str:
+    """`key` as an HTML page may write it: characters `which` as numeric references
+    (decimal or hex), and `&<>"` as named ones."""
+    named = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
+    out = []
+    for i, ch in enumerate(key):
+        if i in which:
+            out.append(f"&#{ord(ch)};" if i % 2 else f"&#x{ord(ch):x};")
+        else:
+            out.append(named.get(ch, ch))
+    return "".join(out)
+
+
+def _html_unescaped(data: bytes) -> str:
+    """What a browser shows of `data`."""
+    return html.unescape(data.decode())
+
+
+def test_a_key_written_as_html_base64_or_masked_too_little_is_taken_out() -> None:
+    """The outside probe of issue 40 (N2): an error page with the key as numeric character
+    references, one with its `&<>` as entities, a key in base64, and a "mask" that showed
+    17 of its 27 characters all passed."""
+    s = Scrubber([KEY, "Up/Str+eam=SECRET-42&<x>"])
+    for body in (
+        f"<html>bad key {_html(KEY, list(range(len(KEY))))}</html>",
+        f"<p>bad key {_html(KEY, [])}</p>",
+        "<p>bad key Up/Str+eam=SECRET-42&amp;&lt;x&gt;</p>",
+    ):
+        out = s.data(body.encode())
+        assert REDACTED.encode() in out and KEY not in _html_unescaped(out) and "SECRET-42" not in _html_unescaped(out), out
+    for offset in range(3):  # the key at each of base64's three alignments
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(b"u:"[:offset] + KEY.encode()).decode()
+            out = s.text(f"auth was {encoded}")
+            assert REDACTED in out and encoded[4:-4] not in out, (offset, out)
+    for shown in ("sk-proj-Ab/9<x>&****6789", "sk-proj-Ab/9<x****3456789", "sk-proj-Ab/9<x>&y..."):
+        assert REDACTED in s.text(f"Incorrect API key provided: {shown}"), shown
+    # OpenAI's own mask is left alone: it tells the operator which key was refused.
+    for mask in ("sk-proj-***6789", "sk-proj-********6789", "sk-p…6789", "sk-proj-...6789"):
+        assert s.text(f"key {mask}") == f"key {mask}", mask
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_no_mix_of_html_references_and_chunk_cuts_lets_the_key_through(data: st.DataObject) -> None:
+    which = data.draw(st.lists(st.integers(0, len(KEY) - 1), unique=True))
+    body = f"<html><p>Bearer {_html(KEY, which)} refused</p></html>\n".encode()
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(body) - 1), unique=True, max_size=6)))
+    stream = Scrubber([KEY, OTHER]).stream()
+    out = b"".join(stream.feed(body[a:b]) for a, b in zip([0, *cuts], [*cuts, len(body)])) + stream.end()
+    read = _html_unescaped(out)
+    assert KEY not in read and KEY[:22] not in read and REDACTED in read and read.endswith(" refused</p></html>\n")
