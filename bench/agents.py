@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 import httpx
 
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, OUT, ROOT, free_port, wait_healthy
 
 N_CTX = 16384
@@ -342,6 +343,7 @@ def main() -> int:
     (args.out / "agents.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = report(doc)
     (args.out / "agents.md").write_text(md)
+    write_chart(args.out / "agents.json")
     print(md)
     return 0
 

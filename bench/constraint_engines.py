@@ -36,6 +36,7 @@ import llguidance.llamacpp
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from bench.charts import write_chart
 from worker.batch import BatchBuffer
 from worker.constraint import Matcher, compile_constraint, tokenizer_for
 from worker.model import LoadedModel, load
@@ -298,6 +299,7 @@ def main() -> None:
         md.append(f"| {k} | {float(v['choose_ms_per_token']):.3f} | {float(v['gen_tok_s']):.1f} | "
                   f"{result['throughput_vs_unconstrained'][k]:.2f}x | {v['output_parses']} |")
     (OUT / "constraint_engines.md").write_text("\n".join(md) + "\n")
+    write_chart(OUT / "constraint_engines.json")
     print("\n".join(md))
 
 

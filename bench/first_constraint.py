@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, ROOT, free_port, wait_healthy
 
 RESULTS = ROOT / "bench" / "results"
@@ -142,6 +143,7 @@ def main() -> int:
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "rounds": rounds}
     (RESULTS / "first_constraint.json").write_text(json.dumps(out, indent=2) + "\n")
     (RESULTS / "first_constraint.md").write_text(report(rounds))
+    write_chart(RESULTS / "first_constraint.json")
     print(report(rounds))
     return 0
 

@@ -46,6 +46,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, OUT, ROOT, free_port, wait_healthy
 
 SIZES = (("150 KB", 150_000), ("1 MB", 1_000_000), ("15 MB", 15_000_000))
@@ -260,6 +261,7 @@ def main() -> None:
     if args.report:
         md = report(json.loads((OUT / "hostile_prompt.json").read_text()))
         (OUT / "hostile_prompt.md").write_text(md)
+        write_chart(OUT / "hostile_prompt.json")
         print(md, end="")
         return
     servers = {"corral": partial(corral, args.model)}
@@ -286,6 +288,7 @@ def main() -> None:
     (OUT / "hostile_prompt.json").write_text(json.dumps(result, indent=2) + "\n")
     md = report(result)
     (OUT / "hostile_prompt.md").write_text(md)
+    write_chart(OUT / "hostile_prompt.json")
     print(md, end="")
 
 

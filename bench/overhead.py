@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 import httpx
 
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, OUT, ROOT, free_port, prompt, wait_healthy
 
 BASELINE = "27e4582"  # issue 10's last commit: before keys, the slot line, logs and metrics
@@ -134,6 +135,7 @@ def main() -> int:
             f"| {statistics.median(v['baseline']):.1f} | {result['ratio_median'][s]:.3f} |"
         )
     (OUT / "overhead.md").write_text("\n".join(lines) + "\n")
+    write_chart(OUT / "overhead.json")
     print("\n".join(lines))
     return 0
 

@@ -41,6 +41,7 @@ import httpx
 
 from bench import agents
 from bench.agents import one_turn
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, OUT
 
 N_CTX = 8192
@@ -219,6 +220,7 @@ def main() -> int:
     (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = report(doc)
     (args.out / f"{name}.md").write_text(md)
+    write_chart(args.out / f"{name}.json")
     print(md)
     return 0
 

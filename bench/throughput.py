@@ -68,6 +68,7 @@ from typing import Any
 
 import httpx
 
+from bench.charts import write_chart
 from bench.intervals import clustered_median_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,6 +264,7 @@ def bench_structured(model: Path, tokens: int, rounds: int, threads: int | None)
         )
     md = "\n".join(lines) + "\n"
     (OUT / "structured_throughput.md").write_text(md)
+    write_chart(OUT / "structured_throughput.json")
     print(md)
     return 0
 
@@ -353,6 +355,7 @@ def bench_choices(model: Path, tokens: int, rounds: int, n: int = 4) -> dict[str
     one, sep = out["one_request"], out["separate"]
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "choices": n, "tokens": tokens, "rounds": rounds, "prompt_tokens": prompt_tokens, **out,
         "time_ratio_separate_over_n": sep["seconds"] / one["seconds"],
         "decoded_ratio_separate_over_n": sep["decoded"] / max(one["decoded"], 1),
@@ -509,6 +512,8 @@ def bench_pairs(
         "|---:|---:|---:|---:|---:|---:|" + ("---|" if epochs > 1 else ""),
     ]
     doc: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "tokens": tokens, "rounds": rounds, "epochs": epochs, "corral_options": options, "rates": rates,
         "ratios_per_start": per_start,
     }
@@ -525,6 +530,7 @@ def bench_pairs(
     (OUT / "throughput-pairs.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = "\n".join(lines) + "\n"
     (OUT / "throughput-pairs.md").write_text(md)
+    write_chart(OUT / "throughput-pairs.json")
     return md
 
 
@@ -628,6 +634,7 @@ def main() -> int:
         (OUT / "choices.json").write_text(json.dumps(res, indent=2) + "\n")
         md = choices_report(res)
         (OUT / "choices.md").write_text(md)
+        write_chart(OUT / "choices.json")
         print(md)
         if args.choices_only:
             return 0
@@ -671,6 +678,7 @@ def main() -> int:
     (OUT / "throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = report(corral, llama, raw, args.tokens, args.rounds, server, paired)
     (OUT / "throughput.md").write_text(md)
+    write_chart(OUT / "throughput.json")
     print(md)
     return 0
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.charts import write_chart
 from bench.intervals import median_interval
 from bench.throughput import DEFAULT_MODEL, OUT, start_corral
 
@@ -133,6 +134,8 @@ def main() -> int:
     added = [f - d for d, f in zip(direct, relayed)]
     lo, hi = median_interval(ratios)
     doc = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": {"cpus": os.cpu_count()},
+        "back_threads": args.back_threads,
         "requests": args.requests, "rounds": args.rounds, "tokens": args.tokens,
         "direct_s": direct, "relayed_s": relayed, "stream_tok_s": rates, "stream_ratios": ratios,
     }
@@ -159,6 +162,7 @@ def main() -> int:
     name = "upstream" + (f"-back-threads-{args.back_threads}" if args.back_threads else "")
     (OUT / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     (OUT / f"{name}.md").write_text(md)
+    write_chart(OUT / f"{name}.json")
     print(md)
     return 0
 
