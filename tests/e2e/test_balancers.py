@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import ROOT, Server, free_port, start_server, stop_server
+from tests.e2e.conftest import ROOT, Server, free_port, start_server, stop_server, die_with_the_tests
 
 PLACEHOLDERS = ("127.0.0.1:8081", "127.0.0.1:8082")
 
@@ -99,7 +99,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     check = subprocess.run([*args, check_flag], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     log = (tmp / "balancer.log").open("wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_the_tests)
     url = f"http://127.0.0.1:{port}"
     for back in backs:  # each loads its model now, not in the middle of a measured stream
         assert chat(back.url, None).status_code == 200

@@ -25,7 +25,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import ROOT, Server, start_server, stop_server
+from tests.e2e.conftest import ROOT, Server, start_server, stop_server, die_with_the_tests
 from tests.e2e.test_balancers import BACKEND
 from tests.e2e.test_kv_mixes import CANARY_TEXT
 
@@ -394,7 +394,7 @@ def restart(server: Server, folder: Path) -> Server:
     log = folder / "server-again.log"
     proc = subprocess.Popen(
         [*server.process.args[:-2], "--config", str(folder / "config.toml")],  # type: ignore[index]
-        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=die_with_the_tests,
     )
     again = Server(server.url, proc, log)
     deadline = time.monotonic() + 30
