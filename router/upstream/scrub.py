@@ -14,22 +14,24 @@ log; a replica's `last_error` in /admin/models and /v1/models) has to remember t
   not parse, which may be a header line that echoes the key.
 
 Every key is scrubbed from every upstream's text, not only the key sent there: the same
-server may front two models with two keys. The forms scrubbed are the key as sent, as
-JSON encoders write it (PHP's `\\/`, Go's `\\u003c`), as HTML writes it (`&#115;`, `&#x73;`,
-`&amp;`: an error page), as a URL quotes it and as base64 writes it (at any of the three
-alignments); its first characters without its last few; and a masked key that shows more
-than a mask should. A key masked as OpenAI masks it ("sk-proj-****abcd": at most 8
-characters of its start and 4 of its end, at most half of it) is no longer the key and is
-left alone: it tells an operator which key was refused.
+server may front two models with two keys. A key is found however a reader of the text
+would read it: through any mix and layering of JSON's, HTML's and URL escapes
+(router/upstream/scrub_view.py), and in base64 at any of its three alignments. What is
+taken out is every run of a key's characters that shows more of it than a mask does: 9
+of its start, 5 of its end, or 12 from anywhere. A key masked as OpenAI masks it
+("sk-proj-****abcd": 8 of its start, 4 of its end) is left alone, to tell an operator which
+key was refused. A chunk that ends in what the next one may make more of a key (an escape
+cut short, a run of a key's characters, the start of a base64 form) is held back until
+that next one comes.
 
 A relayed body is scrubbed whole, a 200 stream of model output included. An error can
 come as an event inside a 200 stream, and the relay passes bytes on without parsing them,
 so it cannot tell output from error without a scan anyway; the scan is a substring search
-per form (about 10 us for a server-sent event with three keys and an `&` in it, against about 0.5 ms of CPU
+per form (about 20 us for a server-sent event with three keys, against about 0.5 ms of CPU
 the relay spends per token). A model has no business writing the operator's key, and one
 that echoes it has still put the operator's key in an answer. A body the upstream
-compressed although asked not to (`accept-encoding: identity`) passes as it came: no scan
-sees into it.
+compressed although asked not to (`accept-encoding: identity`) is decoded before the scan
+(gzip, deflate); one in a coding Corral cannot read is not passed on (router/upstream/relay.py).
 
 Pure apart from `scrubbed_errors`, which only re-raises: text in, text out.
 """
@@ -37,106 +39,38 @@ Pure apart from `scrubbed_errors`, which only re-raises: text in, text out.
 from __future__ import annotations
 
 import base64
-import bisect
-import re
-import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import httpx
 
+from router.upstream.scrub_view import ESCAPE_BYTES, View
+
 REDACTED = "[redacted]"
 _REDACTED = REDACTED.encode()
 
-# A run of a key's first characters this long is taken out as the key is: "Bearer
-# sk-...c1" with only its last character cut is one guess from the key. A masked key
-# (OpenAI writes "sk-proj-...abcd") shows far fewer.
-_PREFIX_KEPT = 8  # a key's last characters a quoted prefix may lack and still be taken out
-_PREFIX_MIN = 12  # but never a run shorter than this (or than the key): "sk-proj-" is no secret
-
-# Escapes of one character: JSON's \uXXXX (any encoder may write any character so, .NET
-# writes `+` as \u002B, some servers every character) and \/ \" \\; HTML's numeric
-# references (&#115; &#x73;) and the five named ones a page escapes a key's `&<>"'` with.
-_ESCAPE = re.compile(
-    rb'\\(?:u([0-9a-fA-F]{4})|(["\\/]))|&#(?:([0-9]{1,7})|[xX]([0-9a-fA-F]{1,6}));|&(amp|lt|gt|quot|apos|#39);'
-)
-_NAMED = {b"amp": b"&", b"lt": b"<", b"gt": b">", b"quot": b'"', b"apos": b"'", b"#39": b"'"}
-# An escape cut by a chunk's end, which the next chunk may complete.
-_OPEN_ESCAPE = re.compile(rb'(?:\\(?:u[0-9a-fA-F]{0,3})?|&(?:#[xX]?[0-9a-fA-F]{0,7}|[a-z]{0,4}))$')
-# What masks a key's middle: asterisks, bullets, an ellipsis, two dots or more.
-_MASK = re.compile(rb"(?:\*|\xe2\x80\xa2)+|\xe2\x80\xa6|\.{2,}")
-_MASK_HEAD = 8  # a mask may show this much of a key's start
-_MASK_TAIL = 4  # and this much of its end
-
-
-def _threshold(key: bytes) -> int:
-    return min(len(key), max(_PREFIX_MIN, len(key) - _PREFIX_KEPT))
-
-
-class _View:
-    """`raw` with JSON's escapes decoded, and where each decoded byte came from, so that a
-    key written with any mix of escapes is found in the decoded text and taken out of the
-    raw one. Escapes are few: the map holds one entry per escape, not per byte."""
-
-    def __init__(self, raw: bytes) -> None:
-        self.raw = raw
-        parts: list[bytes] = []
-        self._starts: list[int] = []  # view offset where each segment starts
-        self._raw_at: list[int] = []  # its raw offset
-        self._escape_len: list[int] = []  # 0: a plain run; else the escape's raw length
-        at = view = 0
-        for m in _ESCAPE.finditer(raw):
-            if m.start() > at:
-                self._segment(view, at, 0)
-                parts.append(raw[at : m.start()])
-                view += m.start() - at
-            code = m.group(1) or m.group(4)
-            if code is not None or m.group(3) is not None:
-                number = int(code, 16) if code is not None else int(m.group(3))
-                char = chr(min(number, 0x10FFFF)).encode("utf-8", "surrogatepass")
-            elif m.group(5) is not None:
-                char = _NAMED[m.group(5)]
-            else:
-                char = m.group(2)
-            self._segment(view, m.start(), m.end() - m.start())
-            parts.append(char[:1] if len(char) == 1 else b"\x00")  # a key is ASCII: others never match
-            view += 1
-            at = m.end()
-        if at < len(raw):
-            self._segment(view, at, 0)
-            parts.append(raw[at:])
-        self.text = b"".join(parts)
-
-    def _segment(self, view: int, raw: int, escape: int) -> None:
-        self._starts.append(view)
-        self._raw_at.append(raw)
-        self._escape_len.append(escape)
-
-    def raw_start(self, i: int) -> int:
-        """The raw offset of view byte `i`."""
-        k = bisect.bisect_right(self._starts, i) - 1
-        return self._raw_at[k] + (0 if self._escape_len[k] else i - self._starts[k])
-
-    def raw_end(self, i: int) -> int:
-        """The raw offset just past view byte `i`."""
-        k = bisect.bisect_right(self._starts, i) - 1
-        esc = self._escape_len[k]
-        return self._raw_at[k] + esc if esc else self._raw_at[k] + i - self._starts[k] + 1
+# What of a key may show, as OpenAI's masks show it ("sk-proj-****abcd"): runs of a key's
+# characters longer than these are taken out, wherever they stand and whatever surrounds
+# them (a mask of asterisks, dots, X's, or nothing).
+_HEAD = 9  # a run of its first characters this long: "sk-proj-" is no secret, one more is
+_TAIL = 5  # a run of its last characters this long: the last 4 tell which key was refused
+_RUN = 12  # a run of any of its characters this long
+_TILE = _RUN // 2  # any run of _RUN - 1 or more holds a whole tile of this length
 
 
 class Scrubber:
     """Takes every key in `keys` out of upstream text, replaced by REDACTED: written as it
-    is, with any of JSON's or HTML's escapes for any of its characters, percent-quoted, in
-    base64, its first characters quoted without its last few, or masked showing too much."""
+    is or with any mix of JSON's, HTML's and URL escapes (router/upstream/scrub_view.py), in
+    base64, or in part: _HEAD of its start, _TAIL of its end, _RUN of anywhere in it."""
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._keys = sorted({k.encode() for k in keys if k}, key=len, reverse=True)
-        literal = {urllib.parse.quote(k.decode(), safe="").encode() for k in self._keys}
-        literal |= {b for k in self._keys for b in _base64_forms(k)}
-        self._quoted = sorted(literal - set(self._keys), key=len, reverse=True)
-        self.longest = max((len(k) for k in self._keys), default=0) * 10  # every character &#1234567;
+        self._base64 = sorted({b for k in self._keys for b in _base64_forms(k)}, key=len, reverse=True)
+        # Each escaped character takes at most `&#x` + 6 digits + `;` (more with leading
+        # zeros, which no encoder writes at length), each layer of escaping about 6 times.
+        self.longest = max((len(k) for k in self._keys), default=0) * 12
         # The bytes a key's form (or an escape in one) may end a chunk with.
-        self._alphabet = frozenset(b"".join(self._keys + self._quoted) + b"\\u0123456789abcdefABCDEF%&#;xXmpltgquos")
+        self._alphabet = frozenset(b"".join(self._keys + self._base64) + ESCAPE_BYTES)
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -164,59 +98,64 @@ class Scrubber:
         return b"".join(out)
 
     def _spans(self, data: bytes) -> list[tuple[int, int]]:
-        spans: list[tuple[int, int]] = []
-        view = _View(data) if b"\\" in data or b"&" in data else None
-        text = view.text if view is not None else data
-
-        def span(i: int, end: int) -> None:
-            """View bytes i..end-1 taken out, as the raw bytes they came from."""
-            spans.append((i, end) if view is None else (view.raw_start(i), view.raw_end(end - 1)))
-
-        for key in self._keys:
-            least = _threshold(key)
-            head = key[:least]
-            i = text.find(head)
+        view = View(data)
+        spans = [view.raw_span(i, end) for key in self._keys for i, end in _runs(view.text, key)]
+        for form in self._base64:
+            i = data.find(form)
             while i != -1:
-                n = least
-                while n < len(key) and i + n < len(text) and text[i + n] == key[n]:
-                    n += 1
-                span(i, i + n)
-                i = text.find(head, i + n)
-            for i, end in _masked(text, key):
-                span(i, end)
-        for quoted in self._quoted:
-            i = data.find(quoted)
-            while i != -1:
-                spans.append((i, i + len(quoted)))
-                i = data.find(quoted, i + len(quoted))
+                spans.append((i, i + len(form)))
+                i = data.find(form, i + len(form))
         spans.sort()
         return spans
 
     def held(self, data: bytes) -> int:
-        """How many bytes at the end of `data` could begin a key (in any of its forms), or
-        an escape, that the next chunk may complete."""
+        """How many bytes at the end of `data` the next chunk may make part of a key's form:
+        an escape cut short, the start of a base64 form, or a run of a key's characters
+        (a run that ends here may go on there, past what may show)."""
         if not self._keys or not data or data[-1] not in self._alphabet:
             return 0  # an event's closing newline is in no key: nothing held, at once
         tail_at = max(0, len(data) - self.longest)
         tail = data[tail_at:]
         held = 0
-        if (m := _OPEN_ESCAPE.search(tail)) is not None:
-            held = len(tail) - m.start()
-        view = _View(tail[: len(tail) - held])
-        text, widest = view.text, len(self._keys[0])
-        for i in range(max(0, len(text) - widest), len(text)):
-            rest = text[i:]
-            if any(k.startswith(rest) for k in self._keys):
-                return max(held, len(tail) - view.raw_start(i))
-        for quoted in self._quoted:
-            for n in range(min(len(quoted), len(data)), 0, -1):
-                if data.endswith(quoted[:n]):
+        if (opened := View(tail).open_escape()) is not None:
+            held = len(tail) - opened
+        view = View(tail[: len(tail) - held])
+        text = view.text
+        for i in range(max(0, len(text) - len(self._keys[0])), len(text)):
+            if any(text[i:] in key for key in self._keys):
+                held = max(held, len(tail) - view.raw_span(i, i + 1)[0])
+                break
+        for form in self._base64:
+            for n in range(min(len(form), len(data)), 0, -1):
+                if data.endswith(form[:n]):
                     held = max(held, n)
                     break
         return held
 
     def stream(self) -> StreamScrub:
         return StreamScrub(self)
+
+
+def _runs(text: bytes, key: bytes) -> Iterator[tuple[int, int]]:
+    """The runs of `key`'s characters in `text`, as they stand in the key, that show more of
+    it than a mask may: _HEAD of its start, _TAIL of its end, or _RUN of anywhere."""
+    head, tail, run = min(_HEAD, len(key)), min(_TAIL, len(key)), min(_RUN, len(key))
+    needles = {(key[:head], 0), (key[len(key) - tail :], len(key) - tail)}
+    needles |= {(key[j : j + _TILE], j) for j in range(0, len(key) - _TILE + 1, _TILE)}
+    for needle, at in needles:
+        i = text.find(needle)
+        while i != -1:
+            # Grow the run both ways while text and key agree, the needle at key[at].
+            left = 0
+            while at - left > 0 and i - left > 0 and text[i - left - 1] == key[at - left - 1]:
+                left += 1
+            right = len(needle)
+            while at + right < len(key) and i + right < len(text) and text[i + right] == key[at + right]:
+                right += 1
+            start, n = at - left, left + right
+            if n >= run or (start == 0 and n >= head) or (start + n == len(key) and n >= tail):
+                yield i - left, i + right
+            i = text.find(needle, i + 1)
 
 
 def _base64_forms(key: bytes) -> list[bytes]:
@@ -231,27 +170,6 @@ def _base64_forms(key: bytes) -> list[bytes]:
         if len(core) >= 12:
             forms += [core, core.replace(b"+", b"-").replace(b"/", b"_")]
     return forms
-
-
-def _masked(text: bytes, key: bytes) -> Iterator[tuple[int, int]]:
-    """Where `text` holds `key` masked so as to show more of it than a mask should: its
-    start, a mask (_MASK), then its end, with more than _MASK_HEAD of its start, more than
-    _MASK_TAIL of its end, or more than half of it in all shown."""
-    head = key[: min(4, len(key))]
-    i = text.find(head)
-    while i != -1:
-        p = len(head)
-        while p < len(key) and i + p < len(text) and text[i + p] == key[p]:
-            p += 1
-        mask = _MASK.match(text, i + p)
-        if mask is not None and p < len(key):
-            after = mask.end()
-            tail = next(
-                (t for t in range(min(len(key) - p, len(text) - after), 0, -1) if text[after : after + t] == key[-t:]), 0
-            )
-            if p > _MASK_HEAD or tail > _MASK_TAIL or p + tail > len(key) // 2:
-                yield i, after + tail
-        i = text.find(head, i + 1)
 
 
 class StreamScrub:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import urllib.parse
 
 import httpx
 import pytest
@@ -144,7 +145,8 @@ def test_a_long_run_of_a_keys_start_is_taken_out_and_a_masked_key_is_not() -> No
     s = Scrubber([KEY])
     for cut in (1, 4, 8):  # the key less its last characters: a guess or a few from it
         assert s.text(f"Bearer {KEY[:-cut]}!") == f"Bearer {REDACTED}!"
-    assert s.text(f"Bearer {KEY[:12]}") == f"Bearer {KEY[:12]}"  # "sk-proj-Ab/9": no secret
+    assert s.text(f"Bearer {KEY[:8]}") == f"Bearer {KEY[:8]}"  # "sk-proj-": no secret
+    assert s.text(f"Bearer {KEY[:9]}") == f"Bearer {REDACTED}"  # one more is
     assert s.text("key sk-proj-********6789") == "key sk-proj-********6789"
 
 
@@ -212,3 +214,65 @@ def test_no_mix_of_html_references_and_chunk_cuts_lets_the_key_through(data: st.
     out = b"".join(stream.feed(body[a:b]) for a, b in zip([0, *cuts], [*cuts, len(body)])) + stream.end()
     read = _html_unescaped(out)
     assert KEY not in read and KEY[:22] not in read and REDACTED in read and read.endswith(" refused</p></html>\n")
+
+
+SECRET2 = "Up/Str+eam=SECRET-42&<x>"
+
+
+def _forms(key: str) -> dict[str, str]:
+    """The outside probe's second round (issue 40, N2): forms that passed the first fix."""
+    return {
+        "html, no semicolons": "".join(f"&#{ord(c)}" for c in key),
+        "html, zero padded": "".join(f"&#00000000{ord(c)};" if i % 2 else f"&#x0000{ord(c):x};" for i, c in enumerate(key)),
+        "html5 names": html.escape(key).replace("/", "&sol;").replace("+", "&plus;").replace("=", "&equals;"),
+        "go json of html": "".join(f"\\u0026#{ord(c)};" for c in key),
+        "percent, lower case": "".join(f"%{ord(c):02x}" if not c.isalnum() else c for c in key),
+        "percent, every character": "".join(f"%{ord(c):02X}" for c in key),
+    }
+
+
+def _no_run_of(read: str, key: str) -> None:
+    """No reader of `read` sees more of `key` than a mask shows: 8 of its start, 4 of its
+    end, 11 anywhere."""
+    assert key[:9] not in read and key[-5:] not in read, read
+    assert not any(key[j : j + 12] in read for j in range(len(key) - 11)), read
+
+
+def _as_read(text: str) -> str:
+    """Every escape of the forms above decoded, as many times as it was applied."""
+    for _ in range(3):
+        text = html.unescape(urllib.parse.unquote(_unescaped(text.encode()) if "\\" in text else text))
+    return text
+
+
+@pytest.mark.parametrize("key", [KEY, SECRET2], ids=["key", "secret2"])
+def test_every_escape_a_reader_decodes_in_any_layering_is_seen_through(key: str) -> None:
+    s = Scrubber([KEY, SECRET2])
+    for name, form in _forms(key).items():
+        assert _as_read(form) == key, name  # the form is one a reader reads as the key
+        _no_run_of(_as_read(s.text(f"bad key {form} (end)")), key)
+
+
+def test_a_run_of_a_key_shows_no_more_than_a_mask_does() -> None:
+    s = Scrubber([KEY])
+    for shown in (KEY[:10] + "XXXX" + KEY[-4:], KEY[:10] + "####", KEY[:4] + "[...]" + KEY[-6:], KEY[5:19], KEY[-9:]):
+        _no_run_of(s.text(f"Incorrect API key provided: {shown}."), KEY)
+    for mask in ("sk-proj-***6789", "sk-proj-XXXX6789", "sk-proj-[...]6789"):
+        assert s.text(f"key {mask}") == f"key {mask}", mask
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_no_form_in_any_chunking_lets_a_run_of_the_key_through(data: st.DataObject) -> None:
+    """Any of the forms, or base64, or a part of the key, cut into chunks of any sizes down
+    to one byte (the probe's base64 in chunks of two passed, and so could the halves of a
+    run): joined, no reader sees more than a mask shows."""
+    forms = [*_forms(KEY).values(), base64.b64encode(KEY.encode()).decode(), KEY[3:20], KEY]
+    form = data.draw(st.sampled_from(forms))
+    body = f"Incorrect key: {form} (end)\n".encode()
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(body) - 1), unique=True, max_size=40)))
+    stream = Scrubber([KEY, OTHER]).stream()
+    out = b"".join(stream.feed(body[a:b]) for a, b in zip([0, *cuts], [*cuts, len(body)])) + stream.end()
+    read = _as_read(out.decode())
+    _no_run_of(read, KEY)
+    assert base64.b64encode(KEY.encode()).decode()[4:-4] not in out.decode() and read.endswith("(end)\n")
