@@ -19,8 +19,11 @@ from router.server import access_log, json_text
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 
-# The most of an answer read: 2048 inputs of 4096 numbers as JSON text is about 200 MB.
-MAX_BYTES = 256 * 1024 * 1024
+# The most of an answer read: 512 inputs of 4096 numbers (or 2048 of 1024) as JSON text.
+# Decoding it, and encoding Ollama's answer from it, hold the GIL and so every other
+# request for about a second; 2048 inputs of 4096 numbers (200 MB) held it for seven on the
+# two-core machine (the outside probe of issue 40, N1). More inputs: more requests.
+MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,10 @@ async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
     body, raw, more = await fetch(remote, "/v1/embeddings", asked, MAX_BYTES)
     if more:
         body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
-        raise WorkerCrashed(f"The upstream of model `{remote.name}` answered more than {MAX_BYTES} bytes.")
+        raise WorkerCrashed(
+            f"The upstream of model `{remote.name}` answered more than {MAX_BYTES // (1024 * 1024)} MiB of "
+            f"embeddings for {len(texts)} inputs; send fewer inputs per request."
+        )
     try:
         # A large answer is read off the event loop: every other stream waits while it is.
         vectors = read(raw, len(texts)) if len(raw) < 1 << 20 else await trio.to_thread.run_sync(read, raw, len(texts))
