@@ -12,7 +12,7 @@ PORT   ?=
 HOST   ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup model bench clean system-packages
+.PHONY: serve test check test-long setup model bench clean system-packages
 
 # make serve [CONFIG=file] [PORT=n] [HOST=address]: PORT and HOST override the file's [server].
 serve: setup model
@@ -21,6 +21,20 @@ serve: setup model
 test: setup model system-packages
 	$(BIN)/mypy corral router supervisor worker
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The inner loop: the unit, sim and layout tests and the types, no model and no server
+# (docs/development.md).
+check: setup
+	$(BIN)/mypy corral router supervisor worker
+	$(BIN)/python -m pytest -q tests/unit tests/sim $(PYTEST_ARGS)
+
+# The long runs of the fuzz and mix tests that `make test` runs short (docs/development.md
+# has their last figures): each count is an environment variable of its test.
+LONG_RUNS := CORRAL_API_FUZZ_REQUESTS=2000 CORRAL_FUZZ_REQUESTS=1000 CORRAL_KV_MIXES=60 CORRAL_SLOT_FUZZ=1000
+LONG_TESTS := tests/e2e/test_openapi_fuzz.py tests/e2e/test_fuzz.py tests/e2e/test_kv_mixes.py \
+	tests/e2e/test_slot_files_hostile.py
+test-long: setup model
+	$(LONG_RUNS) $(BIN)/python -m pytest $(LONG_TESTS) $(PYTEST_ARGS)
 
 bench: setup model
 	$(BIN)/python -m bench.throughput
