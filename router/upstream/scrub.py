@@ -16,7 +16,7 @@ log; a replica's `last_error` in /admin/models and /v1/models) has to remember t
 Every key is scrubbed from every upstream's text, not only the key sent there: the same
 server may front two models with two keys. A key is found however a reader of the text
 would read it: through any mix and layering of JSON's, HTML's and URL escapes
-(router/upstream/scrub_view.py), and in base64 at any of its three alignments. What is
+(router/upstream/scrub_view.py), and in base64, of any of those, read as base64 decodes. What is
 taken out is every run of a key's characters that shows more of it than a mask does: 9
 of its start, 5 of its end, or 12 from anywhere. A key masked as OpenAI masks it
 ("sk-proj-****abcd": 8 of its start, 4 of its end) is left alone, to tell an operator which
@@ -27,7 +27,7 @@ that next one comes.
 A relayed body is scrubbed whole, a 200 stream of model output included. An error can
 come as an event inside a 200 stream, and the relay passes bytes on without parsing them,
 so it cannot tell output from error without a scan anyway; the scan is a substring search
-per form (about 20 us for a server-sent event with three keys, against about 0.5 ms of CPU
+per form (about 10 to 20 us for a server-sent event with three keys, against about 0.5 ms of CPU
 the relay spends per token). A model has no business writing the operator's key, and one
 that echoes it has still put the operator's key in an answer. A body the upstream
 compressed although asked not to (`accept-encoding: identity`) is decoded before the scan
@@ -39,6 +39,7 @@ Pure apart from `scrubbed_errors`, which only re-raises: text in, text out.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -56,21 +57,26 @@ _HEAD = 9  # a run of its first characters this long: "sk-proj-" is no secret, o
 _TAIL = 5  # a run of its last characters this long: the last 4 tell which key was refused
 _RUN = 12  # a run of any of its characters this long
 _TILE = _RUN // 2  # any run of _RUN - 1 or more holds a whole tile of this length
+# Base64 long enough to hold _TAIL bytes, and a chunk's end that may begin or go on with one.
+_BASE64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{8,}=*")
+_BASE64_TAIL = re.compile(rb"[A-Za-z0-9+/_-]+=*$")
+_BASE64_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-="
+MAX_HELD = 64 * 1024  # what a stream may hold back at most, waiting for the next chunk
 
 
 class Scrubber:
     """Takes every key in `keys` out of upstream text, replaced by REDACTED: written as it
     is or with any mix of JSON's, HTML's and URL escapes (router/upstream/scrub_view.py), in
-    base64, or in part: _HEAD of its start, _TAIL of its end, _RUN of anywhere in it."""
+    base64 (of any of those), or in part: _HEAD of its start, _TAIL of its end, _RUN of
+    anywhere in it."""
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._keys = sorted({k.encode() for k in keys if k}, key=len, reverse=True)
-        self._base64 = sorted({b for k in self._keys for b in _base64_forms(k)}, key=len, reverse=True)
-        # Each escaped character takes at most `&#x` + 6 digits + `;` (more with leading
-        # zeros, which no encoder writes at length), each layer of escaping about 6 times.
-        self.longest = max((len(k) for k in self._keys), default=0) * 12
+        self._needles = [(key, _needles(key)) for key in self._keys]
+        # Any needle of any key: most text holds none, and one search says so.
+        self._any = re.compile(b"|".join(re.escape(n) for _, ns in self._needles for n, _ in ns) or b"(?!)")
         # The bytes a key's form (or an escape in one) may end a chunk with.
-        self._alphabet = frozenset(b"".join(self._keys + self._base64) + ESCAPE_BYTES)
+        self._alphabet = frozenset(b"".join(self._keys) + ESCAPE_BYTES + _BASE64_BYTES)
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -99,49 +105,61 @@ class Scrubber:
 
     def _spans(self, data: bytes) -> list[tuple[int, int]]:
         view = View(data)
-        spans = [view.raw_span(i, end) for key in self._keys for i, end in _runs(view.text, key)]
-        for form in self._base64:
-            i = data.find(form)
-            while i != -1:
-                spans.append((i, i + len(form)))
-                i = data.find(form, i + len(form))
+        spans = [view.raw_span(i, end) for i, end in self._runs(view.text)]
+        # A run of base64 is read as its reader would decode it: any of the above in it
+        # (a key, a part of one, a key URL-quoted first) takes the whole run out.
+        for m in _BASE64_RUN.finditer(view.text):
+            if any(True for _ in self._runs(View(_unbase64(m.group())).text)):
+                spans.append(view.raw_span(m.start(), m.end()))
         spans.sort()
         return spans
 
+    def _runs(self, text: bytes) -> Iterator[tuple[int, int]]:
+        if self._any.search(text) is None:
+            return
+        for key, needles in self._needles:
+            yield from _runs(text, key, needles)
+
     def held(self, data: bytes) -> int:
         """How many bytes at the end of `data` the next chunk may make part of a key's form:
-        an escape cut short, the start of a base64 form, or a run of a key's characters
-        (a run that ends here may go on there, past what may show)."""
+        an escape cut short in any layer, a run of a key's characters (a run that ends here
+        may go on there, past what may show), or a run of base64 (which the next chunk's
+        bytes decode with). At most MAX_HELD: more is no form a server writes."""
         if not self._keys or not data or data[-1] not in self._alphabet:
             return 0  # an event's closing newline is in no key: nothing held, at once
-        tail_at = max(0, len(data) - self.longest)
-        tail = data[tail_at:]
-        held = 0
-        if (opened := View(tail).open_escape()) is not None:
-            held = len(tail) - opened
-        view = View(tail[: len(tail) - held])
+        # An escape cut short, and what it would close: "%26%2" is "&" and an open "%2",
+        # which may make "&#", another escape's start, so both wait.
+        cut = len(data)
+        while (opened := View(data[:cut]).open_escape()) is not None and opened < cut:
+            cut = opened
+        held = len(data) - cut
+        view = View(data[:cut])
         text = view.text
         for i in range(max(0, len(text) - len(self._keys[0])), len(text)):
             if any(text[i:] in key for key in self._keys):
-                held = max(held, len(tail) - view.raw_span(i, i + 1)[0])
+                held = max(held, len(data) - view.raw_span(i, i + 1)[0])
                 break
-        for form in self._base64:
-            for n in range(min(len(form), len(data)), 0, -1):
-                if data.endswith(form[:n]):
-                    held = max(held, n)
-                    break
-        return held
+        if (m := _BASE64_TAIL.search(text)) is not None:
+            held = max(held, len(data) - view.raw_span(m.start(), m.start() + 1)[0])
+        return min(held, MAX_HELD)
 
     def stream(self) -> StreamScrub:
         return StreamScrub(self)
 
 
-def _runs(text: bytes, key: bytes) -> Iterator[tuple[int, int]]:
+def _needles(key: bytes) -> list[tuple[bytes, int]]:
+    """What a run of `key` that shows too much holds at least one of, and where each stands
+    in the key: its first _HEAD characters, its last _TAIL, or a whole tile of _TILE."""
+    head, tail = min(_HEAD, len(key)), min(_TAIL, len(key))
+    needles = {(key[:head], 0), (key[len(key) - tail :], len(key) - tail)}
+    needles |= {(key[j : j + _TILE], j) for j in range(0, len(key) - _TILE + 1, _TILE)}
+    return sorted(needles)
+
+
+def _runs(text: bytes, key: bytes, needles: list[tuple[bytes, int]]) -> Iterator[tuple[int, int]]:
     """The runs of `key`'s characters in `text`, as they stand in the key, that show more of
     it than a mask may: _HEAD of its start, _TAIL of its end, or _RUN of anywhere."""
     head, tail, run = min(_HEAD, len(key)), min(_TAIL, len(key)), min(_RUN, len(key))
-    needles = {(key[:head], 0), (key[len(key) - tail :], len(key) - tail)}
-    needles |= {(key[j : j + _TILE], j) for j in range(0, len(key) - _TILE + 1, _TILE)}
     for needle, at in needles:
         i = text.find(needle)
         while i != -1:
@@ -158,18 +176,14 @@ def _runs(text: bytes, key: bytes) -> Iterator[tuple[int, int]]:
             i = text.find(needle, i + 1)
 
 
-def _base64_forms(key: bytes) -> list[bytes]:
-    """What base64 (standard and URL-safe) writes for `key` wherever it starts in the
-    encoded bytes: per alignment, the groups of four that hold only the key's bytes."""
-    forms = []
-    for offset in range(3):
-        encoded = base64.b64encode(b"\0" * offset + key + b"\0\0")
-        first = 4 if offset else 0  # a group shared with what came before
-        whole = (offset + len(key)) // 3  # groups made of the key's bytes (and before) only
-        core = encoded[first : whole * 4]
-        if len(core) >= 12:
-            forms += [core, core.replace(b"+", b"-").replace(b"/", b"_")]
-    return forms
+def _unbase64(run: bytes) -> bytes:
+    """A run of base64, standard or URL-safe, decoded as far as it goes."""
+    run = run.rstrip(b"=").replace(b"-", b"+").replace(b"_", b"/")
+    run = run[: len(run) - len(run) % 4 if len(run) % 4 == 1 else len(run)]
+    try:
+        return base64.b64decode(run + b"=" * (-len(run) % 4))
+    except ValueError:
+        return b""
 
 
 class StreamScrub:
