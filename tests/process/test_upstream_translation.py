@@ -12,6 +12,7 @@ usage), and how the upstream's refusals and breaks reach it."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -326,8 +327,11 @@ async def test_ollamas_embeddings_reach_an_openai_upstream(tmp_path: Path) -> No
             short = await c.post(front + "/api/embed", json={"model": "cuts", "input": ["a", "b"]})
             empty = (await c.post(front + "/api/embed", json={"model": "talks", "input": []})).json()
     assert fake.seen[0] == ("/v1/embeddings", {"model": "talks", "input": ["a", "b", "c"], "encoding_format": "float"})
-    assert embedded["embeddings"] == [[0.0, 0.5], [1.0, 0.5], [2.0, 0.5]] and embedded["prompt_eval_count"] == 7
-    assert legacy == {"embedding": [0.0, 0.5]}
+    # L2-normalised, as Ollama's are (the upstream's [x, 0.5] were not: the second probe
+    # of issue 40 found them passed on as they came).
+    unit = [[x / math.hypot(x, 0.5), 0.5 / math.hypot(x, 0.5)] for x in (0.0, 1.0, 2.0)]
+    assert embedded["embeddings"] == pytest.approx(unit) and embedded["prompt_eval_count"] == 7
+    assert legacy == {"embedding": [0.0, 1.0]}
     # One vector for two inputs: refused, never passed on with one missing.
     assert short.status_code == 502 and "1 embeddings for 2 inputs" in short.json()["error"]
     assert empty["embeddings"] == [] and len(fake.seen) == 3

@@ -217,7 +217,9 @@ def register(app: Blueprint, server: Server) -> None:
         if isinstance(handle, RemoteModel):  # served elsewhere: nothing here to load or keep
             if texts:
                 got = await remote_embed(handle, texts)
-                vectors, prompt_tokens = got.data, got.prompt_tokens
+                # L2-normalised, as Ollama's and a local model's are: an OpenAI-compatible
+                # upstream's may not be (llama-server's are unless --embd-normalize says not).
+                vectors, prompt_tokens = [_normalized(v) for v in got.data], got.prompt_tokens
         elif not texts:  # an empty request loads the model, as Ollama's (or unloads it)
             await load_or_unload(handle, bounded(handle, kept))
         else:

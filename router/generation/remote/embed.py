@@ -19,10 +19,11 @@ from router.server import access_log, json_text
 from router.upstream.remote import RemoteModel
 from supervisor.errors import WorkerCrashed
 
-# The most of an answer read: 512 inputs of 4096 numbers (or 2048 of 1024) as JSON text.
-# Decoding it, and encoding Ollama's answer from it, hold the GIL and so every other
-# request for about a second; 2048 inputs of 4096 numbers (200 MB) held it for seven on the
-# two-core machine (the outside probe of issue 40, N1). More inputs: more requests.
+# The most of an answer read: Ollama's routes take at most 128 inputs, and 128 vectors of
+# 4096 numbers are about 10 MB of JSON text, so this leaves room for anything a real
+# upstream answers. Decoding it, and encoding Ollama's answer from it, hold the GIL and so
+# every other request for about a second; an upstream's 200 MB answer held it for seven on
+# the two-core machine (the outside probe of issue 40, N1).
 MAX_BYTES = 64 * 1024 * 1024
 
 
@@ -39,7 +40,7 @@ async def embed(remote: RemoteModel, texts: list[str]) -> Vectors:
         body.broken(f"an embeddings answer larger than {MAX_BYTES // (1024 * 1024)} MiB")
         raise WorkerCrashed(
             f"The upstream of model `{remote.name}` answered more than {MAX_BYTES // (1024 * 1024)} MiB of "
-            f"embeddings for {len(texts)} inputs; send fewer inputs per request."
+            f"embeddings for {len(texts)} input(s), more than any real answer holds."
         )
     try:
         # A large answer is read off the event loop: every other stream waits while it is.
