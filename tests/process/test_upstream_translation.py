@@ -330,7 +330,8 @@ async def test_ollamas_embeddings_reach_an_openai_upstream(tmp_path: Path) -> No
     # L2-normalised, as Ollama's are (the upstream's [x, 0.5] were not: the second probe
     # of issue 40 found them passed on as they came).
     unit = [[x / math.hypot(x, 0.5), 0.5 / math.hypot(x, 0.5)] for x in (0.0, 1.0, 2.0)]
-    assert embedded["embeddings"] == pytest.approx(unit) and embedded["prompt_eval_count"] == 7
+    assert [v == pytest.approx(u) for v, u in zip(embedded["embeddings"], unit)] == [True] * 3
+    assert embedded["prompt_eval_count"] == 7
     assert legacy == {"embedding": [0.0, 1.0]}
     # One vector for two inputs: refused, never passed on with one missing.
     assert short.status_code == 502 and "1 embeddings for 2 inputs" in short.json()["error"]
