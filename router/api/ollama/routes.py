@@ -244,7 +244,8 @@ def register(app: Blueprint, server: Server) -> None:
         kept = keep_alive(r.keep_alive)  # a bad one is a 400 before any work
         refuse_unload(kept, not r.prompt)  # held with keep_alive 0, it would unload at once
         if isinstance(handle, RemoteModel):
-            return _json_response({"embedding": (await remote_embed(handle, [r.prompt])).data[0] if r.prompt else []})
+            vector = (await remote_embed(handle, [r.prompt])).data[0] if r.prompt else []
+            return _json_response({"embedding": _normalized(vector)})  # as a local model's
         kept = bounded(handle, kept)
         if not r.prompt:
             await hold(handle, kept)
