@@ -15,7 +15,7 @@ the server serves unchanged:
   are valid, and would make a run's length depend on a few draws.
 - Ollama's `keep_alive` is drawn from values that keep the model loaded.
 
-CI runs CORRAL_API_FUZZ_REQUESTS (default 240) spread over the operations that take input;
+`make test` runs CORRAL_API_FUZZ_REQUESTS (default 120; `make test-long` 2,000) spread over the operations that take input;
 the acceptance run used 5000 (`--hypothesis-show-statistics` counts the requests sent: the
 "passing" cases, one request each; "invalid" ones were never sent).
 """
@@ -37,7 +37,7 @@ from router.app import DIALECTS
 from router.app import openapi_document as document
 from tests.e2e.conftest import Server, start_server, stop_server
 
-N_REQUESTS = int(os.environ.get("CORRAL_API_FUZZ_REQUESTS", "240"))
+N_REQUESTS = int(os.environ.get("CORRAL_API_FUZZ_REQUESTS", "120"))
 DEADLINE = 300.0  # seconds for one request (a busy 2-core machine); a hang fails the test
 
 # A small context bounds every generation (whatever max_tokens a draw asks for) to well under
