@@ -86,3 +86,23 @@ async def test_refuse_keeps_the_400_naming_the_tool(tmp_path: Path) -> None:
             assert r.status_code == 400
             error = (r.json())["error"]
             assert error["type"] == "invalid_request_error" and "tools[1]" in error["message"]
+
+
+async def test_a_hostile_tool_type_is_neither_a_5xx_nor_a_flood(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A tool's `type` is the client's string: one holding a newline or any character must not
+    break the header (werkzeug refuses a newline in a header value: a 500), and a thousand
+    new types must not be a thousand log lines, nor a set that grows without end."""
+    sup = _supervisor(tmp_path)
+    caplog.set_level(logging.WARNING, logger="corral.router")
+    with trio.fail_after(60):
+        async with serving_http(sup) as base, httpx.AsyncClient(base_url=base, timeout=10) as client:
+            for kind in ("web\r\nx-evil: 1", "ünïcödé ☃", "x" * 5000):
+                r = await client.post("/v1/responses", json={"model": "a", "input": "hi", "tools": [FN, {"type": kind}], "max_output_tokens": 2})
+                assert r.status_code == 200, r.text
+                assert "x-evil" not in r.headers and r.headers["x-corral-skipped-tools"].isascii()
+                assert len(r.headers["x-corral-skipped-tools"]) <= 100
+            tools = [FN, *({"type": f"t{i}"} for i in range(1000))]
+            r = await client.post("/v1/responses", json={"model": "a", "input": "hi", "tools": tools, "max_output_tokens": 2})
+            assert r.status_code == 200 and len(r.headers["x-corral-skipped-tools"]) <= 1000
+    said = [rec for rec in caplog.records if "not served by Corral" in rec.getMessage()]
+    assert len(said) <= 70, len(said)
