@@ -41,18 +41,11 @@ def _with_request_id(response: Response) -> Response:
 
 
 def register(app: Blueprint, server: Server) -> None:
-    def served(r: schemas.MessagesRequest | schemas.CountTokensRequest) -> list[str]:
-        """Take the server tools out of `r` unless this server refuses them; the types left out."""
-        if server.supervisor.config.server.hosted_tools == "refuse":
-            return []
-        r.tools, skipped = served_tools(r.tools)
-        return skipped
-
     @app.post("/v1/messages")
     async def messages() -> Response:
         r: schemas.MessagesRequest = decode(await bodies.read_body(), schemas.MessagesRequest, api="Anthropic")
         target = server.target(r.model, _HINT)
-        skipped = served(r)
+        r.tools, skipped = hosted_tools.served(server.supervisor.config.server.hosted_tools, r.tools, served_tools)
         job = job_for(target, partial(messages_job, r, r.model or target.name), PARAM_NAMES)
         reply = Reply(model=job.model, stop_sequences=tuple(r.stop_sequences or ()))
         response = await answer(target, job, partial(whole, reply=reply), partial(stream, reply=reply))
@@ -64,7 +57,7 @@ def register(app: Blueprint, server: Server) -> None:
         nothing (the model loads, as its tokenizer is the model's)."""
         r: schemas.CountTokensRequest = decode(await bodies.read_body(), schemas.CountTokensRequest, api="Anthropic")
         target = server.target(r.model, _HINT)
-        skipped = served(r)
+        r.tools, skipped = hosted_tools.served(server.supervisor.config.server.hosted_tools, r.tools, served_tools)
         job = GenerationJob(
             model=r.model or target.name, params=SamplingParams(), messages=tuple(chat_messages(r.system, r.messages)),
             tools=tools(r.tools, r.tool_choice), template_kwargs=thinking_kwargs(r.thinking),

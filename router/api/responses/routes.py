@@ -47,13 +47,6 @@ def _owner() -> str | None:
 def register(app: Blueprint, server: Server) -> None:
     store = ResponseStore()
 
-    def served(r: ResponsesRequest) -> list[str]:
-        """Take the hosted tools out of `r` unless this server refuses them; the types left out."""
-        if server.supervisor.config.server.hosted_tools == "refuse":
-            return []
-        r.tools, skipped = items.served_tools(r.tools)
-        return skipped
-
     def limits() -> tuple[float, int]:
         cfg = server.supervisor.config.server
         return cfg.responses_ttl, cfg.responses_max_bytes
@@ -81,7 +74,7 @@ def register(app: Blueprint, server: Server) -> None:
         check_metadata(r.metadata)  # it is stored with the response
         target = server.target(r.model, "")
         turns = conversation(r)
-        skipped = served(r)
+        r.tools, skipped = hosted_tools.served(server.supervisor.config.server.hosted_tools, r.tools, items.served_tools)
         tools, namespaces = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
         job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, turns, tools), PARAM_NAMES)
         owner = _owner()
@@ -100,7 +93,7 @@ def register(app: Blueprint, server: Server) -> None:
         """The tokens of the prompt a create with this body would run. Generates nothing."""
         r: ResponsesRequest = decode(await bodies.read_body(), ResponsesRequest)
         target = server.target(r.model, "")
-        skipped = served(r)
+        r.tools, skipped = hosted_tools.served(server.supervisor.config.server.hosted_tools, r.tools, items.served_tools)
         tools, _ = items.tool_request(r.tools, r.tool_choice, r.parallel_tool_calls)
         job = job_for(target, lambda defaults: responses_job(r, r.model or target.name, defaults, conversation(r), tools), PARAM_NAMES)
         n = await prompt_tokens(target, job)
