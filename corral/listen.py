@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import errno
 import socket
-from dataclasses import dataclass
 
 
 class CannotListen(Exception):
     """An address could not be bound; str() is the one line to show."""
-
-
-@dataclass(frozen=True)
-class Listener:
-    address: str  # as the operator wrote it: "127.0.0.1:8080", "[::1]:8080"
-    fd: int
 
 
 def bind_address(host: str, port: int) -> str:
@@ -34,9 +27,10 @@ _WHY = {
 }
 
 
-def open_listeners(hosts: list[str], port: int) -> list[Listener]:
+def open_listeners(hosts: list[str], port: int) -> list[int]:
     """Bind and listen on `port` at every host, as hypercorn would (SO_REUSEADDR,
-    TCP_NODELAY); on the first failure close what was bound and raise CannotListen."""
+    TCP_NODELAY), and give their descriptors; on the first failure close what was bound
+    and raise CannotListen."""
     bound: list[socket.socket] = []
     try:
         for host in hosts:
@@ -50,7 +44,7 @@ def open_listeners(hosts: list[str], port: int) -> list[Listener]:
         for sock in bound:
             sock.close()
         raise
-    return [Listener(bind_address(h, port), sock.detach()) for h, sock in zip(hosts, bound)]
+    return [sock.detach() for sock in bound]
 
 
 def _bind(host: str, port: int) -> socket.socket:

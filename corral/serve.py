@@ -49,16 +49,16 @@ async def serve(
     notifier = Notifier()
     supervisor = Supervisor(cfg, worker_command=worker_command, notifier=notifier, server_overrides=server_overrides)
     cfg = supervisor.config
-    listeners = open_listeners(listen_hosts(cfg.server), cfg.server.port)
+    fds = open_listeners(listen_hosts(cfg.server), cfg.server.port)
     adopted = trio.Event()
     try:
-        await _serve_on(cfg, supervisor, notifier, [f"fd://{each.fd}" for each in listeners], adopted, task_status)
+        await _serve_on(cfg, supervisor, notifier, [f"fd://{fd}" for fd in fds], adopted, task_status)
     finally:
         # hypercorn owns each descriptor once it has started, and closes it when it stops;
         # a failure before that (the supervisor's start) leaves them to be closed here.
         if not adopted.is_set():
-            for each in listeners:
-                os.close(each.fd)
+            for fd in fds:
+                os.close(fd)
 
 
 async def _serve_on(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import html.entities
 import re
+import string
 
 # HTML's named references that stand for one ASCII character, as names with no `;`.
 _NAMED = {
@@ -36,9 +37,8 @@ _ESCAPE = re.compile(
 )
 # An escape a chunk's end may have cut, which the next chunk may complete.
 OPEN_ESCAPE = re.compile(rb"(?:\\(?:u[0-9a-fA-F]{0,3})?|&(?:#[xX]?[0-9a-fA-F]*|[A-Za-z]*)|%[0-9a-fA-F]?)$")
-ESCAPE_BYTES = b"\\u0123456789abcdefABCDEF%&#;xX" + bytes(range(ord("a"), ord("z") + 1)) + bytes(
-    range(ord("A"), ord("Z") + 1)
-)
+# The bytes an escape is written with: a chunk ending in one may end in an escape.
+ESCAPE_BYTES = (string.ascii_letters + string.digits + "\\%&#;").encode()
 _LAYERS = 3  # escapes of escapes of escapes: no reader decodes more
 
 

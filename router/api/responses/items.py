@@ -181,8 +181,8 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | Non
     """Function tools (name, description, parameters, strict: flat, unlike chat's), checked
     as chat's are, and the functions of each `namespace` tool (Codex groups its sub-agent
     tools in one), offered alongside; a hosted tool (web_search, file_search, ...) left in
-    (hosted_tools = "refuse"; served_tools takes them out) is refused naming it. Also returns each namespaced function's namespace, which its calls
-    carry back."""
+    (hosted_tools = "refuse"; served_tools takes them out) is refused naming it. Also
+    returns each namespaced function's namespace, which its calls carry back."""
     functions: list[dict[str, Any]] = []
     paths: list[str] = []  # where each function came from, for a 400
     namespaces: dict[str, str] = {}

@@ -9,7 +9,6 @@ passed on with a vector missing or out of place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import trio
