@@ -20,19 +20,21 @@ Three pieces, each with its own cost and thread:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 from typing import TYPE_CHECKING, Callable, cast
 
 import llama_cpp
 import llguidance
-import llguidance.llamacpp
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
+from worker import vocab_pieces
 from worker.logits import Logits
 from worker.protocol import JSON_LAYOUT, Constraint
 from worker.rejected import RequestRejected
+from worker.vocab_pieces import Pieces
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -92,12 +94,21 @@ def _short(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
-def tokenizer_for(vocab: llama_cpp.llama_vocab_p, n_vocab: int, is_eog: Callable[[int], bool]) -> llguidance.LLTokenizer:
-    """llguidance's tokenizer over a llama.cpp vocabulary. Every end-of-generation token
-    counts as EOS, so that the grammar allows any of them (gemma ends a turn with
-    <end_of_turn>, not <eos>) exactly where the output may end."""
-    eog = [t for t in range(n_vocab) if is_eog(t)]
-    return llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=eog or None)
+def tokenizer_for(
+    vocab: llama_cpp.llama_vocab_p, n_vocab: int, is_eog: Callable[[int], bool], pieces: Pieces | None = None
+) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer over a llama.cpp vocabulary, from its tokens' bytes (worker/
+    vocab_pieces.py; built here when not given). Every end-of-generation token counts as
+    EOS, so that the grammar allows any of them (gemma ends a turn with <end_of_turn>, not
+    <eos>) exactly where the output may end. What llguidance.llamacpp.lltokenizer_from_vocab
+    does, with the bytes taken from a cache."""
+    if pieces is None:
+        pieces = vocab_pieces.build(vocab, n_vocab, is_eog)
+    tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    return llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined,no-any-return]
+        tokens=pieces.tokens, vocab_ptr=vocab, tokenize_fptr=tokenize,
+        eos_token=pieces.eog or int(llama_cpp.llama_vocab_eos(vocab)), slices=None,
+    )
 
 
 class Matcher:

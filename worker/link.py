@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import trio
 
-from worker import draft_model
+from worker import draft_model, vocab_pieces
 from worker.constraint import tokenizer_for
 from worker.engine import Engine
 from worker.model import LoadedModel
@@ -243,8 +243,9 @@ def cache_counts(e: Engine) -> dict[str, int]:
 def load_with_vocabulary(spec: WorkerSpec, progress: Callable[[float], None]) -> tuple[LoadedModel, LLTokenizer | None]:
     """Load the model, then, for a model that generates, build llguidance's view of its
     vocabulary (structured output). It costs a second or two, most of it holding Python's
-    GIL (llguidance builds it in Rust without letting go): built here, before the worker is
-    ready, it delays no stream; built by the first constrained request, it stalled every
+    GIL (llguidance builds it in Rust without letting go; the tokens' bytes it starts from
+    come from a cache, worker/vocab_pieces.py): built here, before the worker is ready, it
+    delays no stream; built by the first constrained request, it stalled every
     stream of the model for as long (bench/first_constraint.py). When it fails, the first
     constrained request tries again."""
     from worker.model import load
@@ -254,7 +255,8 @@ def load_with_vocabulary(spec: WorkerSpec, progress: Callable[[float], None]) ->
         return model, None
     t0 = time.perf_counter()
     try:
-        vocabulary = tokenizer_for(model.vocab, model.n_vocab, model.is_eog)
+        pieces = vocab_pieces.for_model(spec.path, llama_cpp_version(), model.vocab, model.n_vocab, model.is_eog)
+        vocabulary = tokenizer_for(model.vocab, model.n_vocab, model.is_eog, pieces)
     except Exception:
         log.exception("building the structured-output vocabulary failed; the first constrained request retries")
         return model, None

@@ -1,5 +1,6 @@
 """The forced-call grammars against the demo model's real vocabulary: llguidance, built on
-the GGUF's tokenizer as the worker's constraint engine builds it, accepts a valid call in
+the GGUF's tokenizer as the worker's constraint engine builds it (its tokens' bytes read
+back from the cache, checked against llguidance's own llama.cpp bridge), accepts a valid call in
 each format token by token and refuses arguments that break the function's schema.
 
 Needs only the GGUF's vocabulary (no weights, no server), so it runs in seconds.
@@ -17,6 +18,8 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 
 from router.generation.tool_grammar import tool_choice_grammar
 from tests.e2e.conftest import DEMO_MODEL
+from worker import vocab_pieces
+from worker.constraint import tokenizer_for
 from worker.protocol import ToolFormat
 
 TOOLS: list[dict[str, Any]] = [
@@ -44,9 +47,8 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
-# llguidance's bridge calls llama_token_get_attr once per token, deprecated in llama-cpp-python.
 @pytest.fixture(scope="module")
-def tokenizer() -> Iterator[llguidance.LLTokenizer]:
+def vocab() -> Iterator[llama_cpp.llama_vocab_p]:
     if not DEMO_MODEL.is_file():
         pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model`")
     llama_cpp.llama_backend_init()
@@ -54,11 +56,41 @@ def tokenizer() -> Iterator[llguidance.LLTokenizer]:
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(DEMO_MODEL).encode(), params)
     assert model
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(vocab: llama_cpp.llama_vocab_p, tmp_path_factory: pytest.TempPathFactory) -> llguidance.LLTokenizer:
+    """As the worker builds it: the tokens' bytes written to a cache folder by one load and
+    read back by the next (worker/vocab_pieces.py)."""
+    n = llama_cpp.llama_vocab_n_tokens(vocab)
+    ident = vocab_pieces.identity(str(DEMO_MODEL), llama_cpp.__version__, n)
+    folder = tmp_path_factory.mktemp("vocab-cache")
+    is_eog = lambda t: bool(llama_cpp.llama_vocab_is_eog(vocab, t))  # noqa: E731
+    built = vocab_pieces.load_or_build(ident, folder, lambda: vocab_pieces.build(vocab, n, is_eog), lambda p: False)
+    read = vocab_pieces.load_or_build(ident, folder, lambda: pytest.fail("built twice"), lambda p: vocab_pieces.agrees(p, vocab, is_eog))
+    assert read == built
+    return tokenizer_for(vocab, n, is_eog, read)
+
+
+def test_the_workers_tokenizer_is_llguidances_own_on_every_token(
+    vocab: llama_cpp.llama_vocab_p, tokenizer: llguidance.LLTokenizer
+) -> None:
+    """The bytes cached and read back give llguidance the tokenizer its own llama.cpp bridge
+    builds (which calls the deprecated llama_token_get_attr once per token), token by token,
+    with every end-of-generation token as EOS."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        tok = lltokenizer_from_vocab(llama_cpp.llama_model_get_vocab(model))
-    yield tok
-    llama_cpp.llama_model_free(model)
+        eog = [t for t in range(tokenizer.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+        own = lltokenizer_from_vocab(vocab, eos_token=eog)
+    assert tokenizer.vocab_size == own.vocab_size == llama_cpp.llama_vocab_n_tokens(vocab)
+    assert tokenizer.eos_tokens == own.eos_tokens and len(eog) >= 2  # <eos> and <end_of_turn>
+    for t in range(own.vocab_size):
+        assert tokenizer.decode_bytes([t]) == own.decode_bytes([t]), t
+        assert tokenizer.is_special_token(t) == own.is_special_token(t), t
+    text = "Sure! <tool_call>\n{\"city\": \"Zürich 東京\"}</tool_call>"
+    assert tokenizer.tokenize_str(text) == own.tokenize_str(text)
 
 
 def accepts(

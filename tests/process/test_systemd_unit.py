@@ -158,8 +158,10 @@ def test_the_hardening_the_deployment_relies_on() -> None:
     filters = svc["SystemCallFilter"]
     assert filters[0].split() == syscall_sandbox.ALLOW_SETS
     assert [f.lstrip("~") for f in filters[1:]] == syscall_sandbox.DENY_SETS
-    # Nothing is writable: Corral writes no files, and its worker sockets have no path.
+    # Nothing is writable but the cache folder (worker/vocab_pieces.py reads it from
+    # $CACHE_DIRECTORY): Corral writes no other file, and its worker sockets have no path.
     assert "ReadWritePaths" not in svc and "StateDirectory" not in svc
+    assert one("CacheDirectory") == "corral"
     assert "/etc/corral" in one("ReadOnlyPaths").split()
     assert "WatchdogSec" in svc
 
