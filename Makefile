@@ -11,6 +11,8 @@ CONFIG ?= examples/config.toml
 PORT   ?=
 HOST   ?=
 PYTEST_ARGS ?=
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 .PHONY: serve test check test-long setup model bench clean system-packages
 
@@ -18,15 +20,17 @@ PYTEST_ARGS ?=
 serve: setup model
 	$(BIN)/corral serve --config $(CONFIG) $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))
 
+# The suite runs in TEST_WORKERS processes, one a core (tests/conftest.py says how it is
+# shared out); TEST_WORKERS=1 runs it in one.
 test: setup model system-packages
 	$(BIN)/mypy corral router supervisor worker
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: the unit, sim and layout tests and the types, no model and no server
 # (docs/development.md).
 check: setup
 	$(BIN)/mypy corral router supervisor worker
-	$(BIN)/python -m pytest -q tests/unit tests/sim $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests/unit tests/sim $(PYTEST_ARGS)
 
 # The long runs of the fuzz and mix tests that `make test` runs short (docs/development.md
 # has their last figures): each count is an environment variable of its test.
@@ -34,7 +38,7 @@ LONG_RUNS := CORRAL_API_FUZZ_REQUESTS=2000 CORRAL_API_FUZZ_COVERAGE=1 CORRAL_FUZ
 LONG_TESTS := tests/e2e/test_openapi_fuzz.py tests/e2e/test_fuzz.py tests/e2e/test_kv_mixes.py \
 	tests/e2e/test_slot_files_hostile.py
 test-long: setup model
-	$(LONG_RUNS) $(BIN)/python -m pytest $(LONG_TESTS) $(PYTEST_ARGS)
+	$(LONG_RUNS) $(BIN)/python -m pytest $(XDIST) $(LONG_TESTS) $(PYTEST_ARGS)
 
 bench: setup model
 	$(BIN)/python -m bench.throughput

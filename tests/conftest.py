@@ -1,9 +1,15 @@
 """Suite-wide: no test key (tests/secrets.py) may appear in what the code under test
 writes: a test's captured logs and output, or any *.log file the tests leave behind
-(the e2e servers' logs, for one)."""
+(the e2e servers' logs, for one).
+
+And how `make test` shares the suite among test workers (pytest-xdist, `-n N --dist
+loadscope --no-loadscope-reorder`): each test module (or test class) is one unit of work,
+so that a module's servers (its module-scoped fixtures) start once. The longest modules
+are handed out first, in the order below, and each worker keeps to one core of its own."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -36,3 +42,50 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if leaked:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         print(f"\nA test key appeared in these log files: {', '.join(map(str, leaked))}")
+
+
+# The longest modules of `make test` (--durations on a two-core machine, slowest first):
+# started first, so that none of them is the last thing still running.
+LONGEST_FIRST = (
+    "tests/e2e/test_agent_clis.py",  # Claude Code's 19,600-token prompt: 85-200 s
+    "tests/peer/test_upstream_selection.py",  # 4 parts, 60-140 s each
+    "tests/e2e/test_embeddings_line.py",
+    "tests/e2e/test_tool_formats.py",
+    "tests/e2e/test_fuzz.py",
+    "tests/e2e/test_kv_mixes.py",
+    "tests/e2e/test_slot_files_hostile.py",
+    "tests/e2e/test_kv_pressure.py",
+    "tests/e2e/test_openapi_fuzz.py",
+    "tests/process/test_cli_admin.py",
+    "tests/e2e/test_upstream_front.py",
+    "tests/e2e/test_draft_model.py",
+    "tests/e2e/test_prefix_reuse.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test worker of several keeps to one core, and so does every server it starts:
+    Corral gives each model as many threads as it has cores (os.sched_getaffinity), and
+    two servers decoding with two threads each on two cores lose a quarter of their speed
+    to llama.cpp's spinning threads (298 against 404 tokens/s in all, prefill of the demo
+    model), where two with one thread each make 533."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and len(cores) > 1 and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ.setdefault(ALL_CORES, ",".join(map(str, cores)))
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
+# The cores the run was given, before a test worker kept to one (a test that starts a
+# server as a user would, with every core, reads them: tests/peer).
+ALL_CORES = "CORRAL_TESTS_ALL_CORES"
+
+
+def all_cores() -> set[int]:
+    given = os.environ.get(ALL_CORES)
+    return {int(c) for c in given.split(",")} if given else os.sched_getaffinity(0)

@@ -17,6 +17,8 @@ Each run writes {test id: "passed" | "failed" | "skipped" | "error"} as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -25,6 +27,7 @@ import tarfile
 import venv
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".peer"
@@ -46,8 +49,23 @@ def llama_cpp_python_version() -> str:
     raise SystemExit("pyproject.toml pins no llama-cpp-python version")
 
 
+@contextlib.contextmanager
+def cache_locked() -> Iterator[None]:
+    """.peer/ to this process alone while it fetches or installs: parallel test workers
+    (pytest-xdist) run parts of the selection at once."""
+    CACHE.mkdir(exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def suite_dir() -> Path:
     """tools/server/tests of the pinned llama-cpp-python's sdist, fetched once."""
+    with cache_locked():
+        return _suite_dir()
+
+
+def _suite_dir() -> Path:
     version = llama_cpp_python_version()
     root = CACHE / f"llama_cpp_python-{version}"
     tests = root / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
@@ -68,6 +86,11 @@ def suite_dir() -> Path:
 
 def suite_python(tests: Path) -> Path:
     """A virtual environment with the suite's requirements."""
+    with cache_locked():
+        return _suite_python(tests)
+
+
+def _suite_python(tests: Path) -> Path:
     env = CACHE / "suite-venv"
     python = env / "bin" / "python"
     stamp = env / "installed"
@@ -116,9 +139,10 @@ def run_tests(
     slow: bool = False,
     k: str | None = None,
     workers: int = 1,
+    cores: set[int] | None = None,
 ) -> tuple[dict[str, str], Path]:
-    """Run `targets` (files or node ids under the suite's unit/) against `server`; each
-    test's outcome, and the pytest log."""
+    """Run `targets` (files or node ids under the suite's unit/) against `server` (on
+    `cores` when given, else this process's); each test's outcome, and the pytest log."""
     tests = suite_dir()
     python = suite_python(tests)
     work = CACHE / f"work-{server}-{port or 8080}"
@@ -146,7 +170,8 @@ def run_tests(
         command += ["-k", k]
     log = work / "pytest.log"
     with open(log, "w") as out:
-        subprocess.run(command, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT)
+        subprocess.run(command, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT,
+                       preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     return (outcomes(junit) if junit.exists() else {}), log
 
 
