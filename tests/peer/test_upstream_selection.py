@@ -9,6 +9,7 @@ or the suite's packages cannot be fetched from PyPI."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -73,6 +74,14 @@ def suite() -> None:
 # of its own, so that test workers (pytest-xdist shares out modules and classes, `make
 # test`) run them at once: one run of all of it took about seven minutes, a server start
 # for each of its 82 cases.
+# `make test` leaves out two thirds of test_reasoning's 27 cases, each a server start of
+# its own: the same templates and reasoning modes with `tools` set ([] and one tool), which
+# test_template.py::test_add_generation_prompt and the tool tests cover otherwise.
+# CORRAL_PEER_SELECTION=all (`make test-long`) runs them all.
+SHORT = "not (test_reasoning and (tools1 or tools2))"
+ALL = os.environ.get("CORRAL_PEER_SELECTION") == "all"
+
+
 class Part:
     FILES: tuple[str, ...] = ()
     PORT = 0
@@ -83,11 +92,14 @@ class Part:
         # On every core, as a user's server runs (its threads are the cores it has). Kept
         # to a test worker's one core, test_completion_with_tokens_input got two different
         # greedy answers for a batch of two equal prompts; left as found, in the notes.
-        outcomes, log = run_tests("corral", selected, port=self.PORT, cores=all_cores())
+        outcomes, log = run_tests("corral", selected, port=self.PORT, cores=all_cores(), k=None if ALL else SHORT)
         assert outcomes, f"no test ran: see {log}"
         failing = sorted(t for t, o in outcomes.items() if o != "passed" and t not in deliberate)
         assert not failing, f"llama.cpp's tests that fail against Corral: {failing} (log: {log})"
         assert len(outcomes) >= len(selected)  # parametrized ones count once per case
+        if "test_template.py" in self.FILES:
+            reasoning = [t for t in outcomes if t.startswith("test_template.py::test_reasoning[")]
+            assert len(reasoning) == (27 if ALL else 9), reasoning
         assert deliberate <= outcomes.keys()  # still run: a renamed case would hide here
 
 
