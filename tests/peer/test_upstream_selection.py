@@ -85,14 +85,13 @@ ALL = os.environ.get("CORRAL_PEER_SELECTION") == "all"
 class Part:
     FILES: tuple[str, ...] = ()
     PORT = 0
+    EVERY_CORE = False  # the test worker's own core (tests/conftest.py), else every core
 
     def test_a_selection_of_llama_servers_own_tests_passes_against_corral(self, suite: None) -> None:
         selected = [t for t in SELECTION if t.split("::")[0] in self.FILES]
         deliberate = {t for t in DELIBERATE if t.split("::")[0] in self.FILES}
-        # On every core, as a user's server runs (its threads are the cores it has). Kept
-        # to a test worker's one core, test_completion_with_tokens_input got two different
-        # greedy answers for a batch of two equal prompts; left as found, in the notes.
-        outcomes, log = run_tests("corral", selected, port=self.PORT, cores=all_cores(), k=None if ALL else SHORT)
+        cores = all_cores() if self.EVERY_CORE else None
+        outcomes, log = run_tests("corral", selected, port=self.PORT, cores=cores, k=None if ALL else SHORT)
         assert outcomes, f"no test ran: see {log}"
         failing = sorted(t for t, o in outcomes.items() if o != "passed" and t not in deliberate)
         assert not failing, f"llama.cpp's tests that fail against Corral: {failing} (log: {log})"
@@ -109,6 +108,11 @@ class TestServer(Part):
 
 class TestCompletion(Part):
     FILES, PORT = ("test_completion.py", "test_embedding.py", "test_rerank.py", "test_chat_completion.py"), 8480
+    # On every core, as a user's server runs (its threads are the cores it has). Kept to
+    # a test worker's one core, test_completion_with_tokens_input got two different greedy
+    # answers for a batch of two equal prompts; left as found (the closing note of issue
+    # 41). The other parts pass on one core, where they do not slow the other workers.
+    EVERY_CORE = True
 
 
 class TestTemplate(Part):
