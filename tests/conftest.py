@@ -10,6 +10,8 @@ are handed out first, in the order below, and each worker keeps to one core of i
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -69,11 +71,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A test worker of several keeps to one core, and so does every server it starts:
+    """The servers the tests start keep their cache (worker/vocab_pieces.py) in a folder of
+    the run's, not the user's ~/.cache: test models live in temporary folders, and each run
+    would leave their files there. Set here, in the process that starts the test workers,
+    so that they share it; removed at the end.
+
+    A test worker of several keeps to one core, and so does every server it starts:
     Corral gives each model as many threads as it has cores (os.sched_getaffinity), and
     two servers decoding with two threads each on two cores lose a quarter of their speed
     to llama.cpp's spinning threads (298 against 404 tokens/s in all, prefill of the demo
     model), where two with one thread each make 533."""
+    if "CORRAL_CACHE_DIR" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="corral-test-cache-")
+        os.environ["CORRAL_CACHE_DIR"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     cores = sorted(os.sched_getaffinity(0))
     if worker.startswith("gw") and len(cores) > 1 and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:

@@ -176,7 +176,8 @@ def load_or_build(
 
 def forget_older(kept: Path, ident: Mapping[str, object]) -> None:
     """Remove the files written for the same model path before it changed (or before
-    llama.cpp did): one file a model, not one for every version of it."""
+    llama.cpp did), and those of model files that are gone: one file a model that exists,
+    not one for every version of it or every temporary copy."""
     for other in kept.parent.glob("*.pieces"):
         if other == kept:
             continue
@@ -184,7 +185,8 @@ def forget_older(kept: Path, ident: Mapping[str, object]) -> None:
             with open(other, "rb") as f:
                 head = f.readline() + f.readline(1 << 20)
             header = json.loads(head[len(MAGIC) :]) if head.startswith(MAGIC) else None
-            if isinstance(header, dict) and header.get("model") == ident["model"]:
+            model = header.get("model") if isinstance(header, dict) else None
+            if isinstance(model, str) and (model == ident["model"] or not os.path.exists(model)):
                 other.unlink()
         except (OSError, ValueError):
             continue

@@ -104,10 +104,14 @@ def test_identity_names_the_file_by_what_it_is(tmp_path: Path) -> None:
     assert identity(str(model), "v", 3) != a
 
 
-def test_a_new_file_for_a_model_replaces_the_one_its_old_version_left(tmp_path: Path) -> None:
-    old = {**IDENT, "mtime_ns": 1}
-    other_model = {**IDENT, "model": "/other.gguf"}
-    for ident in (old, other_model):
-        load_or_build(ident, tmp_path, Builds(), lambda p: True)
-    load_or_build(IDENT, tmp_path, Builds(), lambda p: True)
-    assert sorted((tmp_path / "vocab").glob("*.pieces")) == sorted([file_for(tmp_path, IDENT), file_for(tmp_path, other_model)])
+def test_a_new_file_replaces_those_of_its_models_old_version_and_of_models_gone(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "other.gguf").write_bytes(b"")
+    ident = {**IDENT, "model": str(tmp_path / "m.gguf")}
+    old = {**ident, "mtime_ns": 1}
+    other_model = {**IDENT, "model": str(tmp_path / "other.gguf")}
+    gone = {**IDENT, "model": str(tmp_path / "deleted.gguf")}
+    for each in (old, other_model, gone):
+        load_or_build(each, tmp_path, Builds(), lambda p: True)
+    load_or_build(ident, tmp_path, Builds(), lambda p: True)
+    assert sorted((tmp_path / "vocab").glob("*.pieces")) == sorted([file_for(tmp_path, ident), file_for(tmp_path, other_model)])
