@@ -89,6 +89,11 @@ def name_each_item(items: list[pytest.Item]) -> None:
     assert len(ids) == len(set(ids)), "tests that share a node id: pytest-xdist would run one of them"
 
 
+# The cores the run was given, before a test worker kept to one (a test that starts a
+# server as a user would, with every core, reads them: tests/peer).
+ALL_CORES = "CORRAL_TESTS_ALL_CORES"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The servers the tests start keep their cache (worker/vocab_pieces.py) in a folder of
     the run's, not the user's ~/.cache: test models live in temporary folders, and each run
@@ -109,11 +114,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker.startswith("gw") and len(cores) > 1 and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         os.environ.setdefault(ALL_CORES, ",".join(map(str, cores)))
         os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
-
-
-# The cores the run was given, before a test worker kept to one (a test that starts a
-# server as a user would, with every core, reads them: tests/peer).
-ALL_CORES = "CORRAL_TESTS_ALL_CORES"
 
 
 def all_cores() -> set[int]:
