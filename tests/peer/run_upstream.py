@@ -152,6 +152,7 @@ def run_tests(
         "LLAMA_SERVER_BIN_PATH": str(launcher(server, work)),
         "PEER_MODEL": str(Path(model).resolve()),
         "PEER_WORK": str(work),
+        "PEER_SUITE": str(tests),  # its utils.py names the presets (launch_corral.is_download)
     }
     if port:
         env["PORT"] = str(port)  # the suite's own knob (utils.py); xdist workers add 10 each

@@ -10,6 +10,7 @@ import tomlkit
 
 from supervisor.config import parse
 from tests.harness import write_gguf
+from tests.peer.launch_corral import is_download, preset_models
 from tests.peer.llama_flags import corral_config, hf_to_local, read_flags
 
 # What the suite's tinyllama2 preset starts, with --slots and an API key.
@@ -53,3 +54,54 @@ def test_router_mode_and_the_baseline_rewrite(tmp_path: Path) -> None:
     embed = corral_config(read_flags(["--model", "/m.gguf", "--reranking"], "/x"))
     (m,) = embed["models"].values()
     assert m["embeddings"] is True and m["pooling"] == "rank"
+
+
+UTILS = '''
+class ServerProcess:
+    model_hf_repo: str | None = "ggml-org/models"
+    model_hf_file: str | None = "tinyllamas/stories260K.gguf"
+    offline: bool = False
+
+class ServerPreset:
+    @staticmethod
+    def load_all() -> None:
+        pass
+
+    @staticmethod
+    def tinyllama2() -> ServerProcess:
+        server = ServerProcess()
+        server.offline = True
+        server.model_hf_repo = "ggml-org/test-model-stories260K"
+        server.model_hf_file = None
+        return server
+
+    @staticmethod
+    def keeps_defaults() -> ServerProcess:
+        server = ServerProcess()
+        server.offline = True
+        return server
+
+    @staticmethod
+    def router() -> ServerProcess:
+        server = ServerProcess()
+        server.model_hf_repo = None
+        server.model_hf_file = None
+        return server
+'''
+
+
+def test_only_the_suites_download_starts_get_the_stand_in(tmp_path: Path) -> None:
+    """load_all's start of a preset (its repository and file, no --offline) is stood in
+    for; the same preset started by a test (--offline), a test's own model without
+    --offline (test_load_split_model) and a router start are served by Corral."""
+    (tmp_path / "utils.py").write_text(UTILS)
+    assert preset_models(tmp_path / "utils.py") == {
+        ("ggml-org/test-model-stories260K", None), ("ggml-org/models", "tinyllamas/stories260K.gguf"),
+    }
+    stories = ["--port", "8080", "--hf-repo", "ggml-org/test-model-stories260K"]
+    assert is_download(stories, tmp_path)
+    assert not is_download([*stories, "--offline"], tmp_path)
+    assert is_download(["--hf-repo", "ggml-org/models", "--hf-file", "tinyllamas/stories260K.gguf"], tmp_path)
+    split = ["--hf-repo", "ggml-org/models", "--hf-file", "tinyllamas/split/stories15M-q8_0-00001-of-00003.gguf"]
+    assert not is_download(split, tmp_path)
+    assert not is_download(["--port", "8080", "--models-dir", "x"], tmp_path)
