@@ -13,10 +13,9 @@ with every layer kept it is the model itself, whose drafts are always taken.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-import gguf
+from bench.gguf_edit import first_layers
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"
@@ -24,38 +23,10 @@ DEFAULT_MODEL = ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"
 
 def cut(src: Path, dst: Path, layers: int, tokens: dict[int, str] | None = None) -> Path:
     """`tokens`: token texts to replace (tests: a vocabulary that differs)."""
-    reader = gguf.GGUFReader(src)
-    arch = str(reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
-    block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
-    total = int(reader.fields[block_key].contents())
-    if not 1 <= layers <= total:
-        raise SystemExit(f"--layers must be 1..{total}")
-    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if field.name == block_key:
-            value = layers
-        elif field.name == gguf.Keys.General.NAME:
-            value = f"{value} (first {layers} of {total} layers)"
-        elif field.name == gguf.Keys.Tokenizer.LIST and tokens:
-            value = [tokens.get(i, t) for i, t in enumerate(value)]
-        elif kind == gguf.GGUFValueType.ARRAY and isinstance(value, list) and len(value) == total:
-            value = value[:layers]  # per-layer lists (a sliding-window pattern)
-        writer.add_key_value(field.name, value, kind, sub_type=sub)
-    kept = [t for t in reader.tensors if not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
-    for t in kept:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in kept:
-        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-    writer.close()
-    return dst
+    try:
+        return first_layers(src, dst, layers, tokens)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main() -> None:

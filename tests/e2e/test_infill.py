@@ -1,18 +1,19 @@
 """Issue 22, item 4: llama-server's /infill end to end (llama.cpp's server tests,
 test_infill.py, re-expressed). The demo model has no fill-in-the-middle tokens, so a copy
-of it is given some (five unused tokens named as FIM tokens, with ggml-org's own
-gguf_new_metadata); the plain demo model answers 501, as llama-server does."""
+of it is given some (five unused tokens named as FIM tokens, the header keys that ggml-org's
+gguf_new_metadata --special-token-by-id writes; bench/gguf_edit.py writes the copy in a
+second where that script took 13 to 24); the plain demo model answers 501, as llama-server
+does."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
+from bench.gguf_edit import with_values
 from tests.e2e.conftest import DEMO_MODEL, Server, start_server, stop_server
 
 # <unused0> .. <unused4> of the demo model's vocabulary
@@ -22,12 +23,7 @@ FIM_IDS = {"fim_pre": 6, "fim_suf": 7, "fim_mid": 8, "fim_rep": 9, "fim_sep": 10
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("infill")
-    fim = tmp / "demo-fim.gguf"
-    args = [a for name, tok in FIM_IDS.items() for a in ("--special-token-by-id", name, str(tok))]
-    subprocess.run(
-        [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", *args, "--force", str(DEMO_MODEL), str(fim)],
-        check=True, capture_output=True, timeout=300,
-    )
+    fim = with_values(DEMO_MODEL, tmp / "demo-fim.gguf", {f"tokenizer.ggml.{name}_token_id": tok for name, tok in FIM_IDS.items()})
     config = f"""
 [server]
 port = {{PORT}}
