@@ -32,7 +32,7 @@ from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_calls import ToolCallParser
 from router.server import json_text
 from worker.chat_formats import CONTENT_WRAPPERS, call_opening
-from worker.protocol import FinishReason, ToolFormat
+from worker.protocol import FinishReason, TokenLogprob, ToolFormat
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -81,6 +81,8 @@ class ChatOutput:
     reasoning_tags: tuple[str, str] = ("<think>", "</think>")  # the family's block
     # The model's format, tools or not: what wraps its content (worker/chat_formats.py).
     model_format: ToolFormat | None = None
+    # Logprobs of the tokens whose text is held back, until it goes out (stream.py).
+    held_logprobs: tuple[TokenLogprob, ...] = ()
 
     def __post_init__(self) -> None:
         # Formats whose whole output is messages, tools or not.

@@ -14,7 +14,9 @@ import dataclasses
 from typing import Any, AsyncIterator
 
 from router.generation.chat_output import ChatOutput
-from router.generation.events import Begin, Delta, Done, Event, Failed, Finish, Reason, TextDelta
+from router.generation.events import (
+    Begin, Delta, Done, Event, Failed, Finish, Reason, ReasoningDelta, TextDelta, ToolCallStart,
+)
 from router.generation.job import GenerationJob
 from router.generation.run import Generation
 from supervisor.errors import CorralError
@@ -91,22 +93,45 @@ async def events(gen: Generation, job: GenerationJob) -> AsyncIterator[Event]:
 def _chat_deltas(
     gen: Generation, out: ChatOutput, ev: TokenEvent, logprobs: tuple[TokenLogprob, ...], timings: Timings | None
 ) -> list[Delta]:
-    """One step of a chat choice through its parser. The step's logprobs ride on the first
-    delta it makes (on an empty TextDelta when its text is all held back); its timings on
-    every one."""
+    """One step of a chat choice through its parser; its timings ride on every delta it
+    makes. Logprobs leave with the text they are for, on the first delta that carries it:
+    while the parser holds text back (what may open a tool call), its tokens' logprobs
+    wait with it, and when max_tokens cuts the call short they are dropped with it. So a
+    client's logprobs cover exactly the tokens whose text or call it received (docs/api.md)."""
     was_ended = out.ended
     deltas = out.feed(ev.text) if ev.text else []
     if out.ended and not was_ended and ev.finish_reason is None:
         gen.end_choice(ev.index)  # its final event follows, "cancelled"
     if ev.finish_reason is not None:
         deltas += out.finish(cut=_cut(ev.finish_reason))
+    pending = out.held_logprobs + logprobs if out.held_logprobs else logprobs
+    out.held_logprobs = ()
     if not deltas:
-        return [TextDelta(ev.index, "", logprobs=logprobs, timings=timings)] if logprobs else []
+        if ev.finish_reason is None:
+            out.held_logprobs = pending
+        return []
+    if ev.finish_reason is not None and _cut(ev.finish_reason):
+        pending = _covering(pending, deltas)
     if timings is not None:
         deltas = [_with(d, timings=timings) for d in deltas]
-    if logprobs:
-        deltas[0] = _with(deltas[0], logprobs=logprobs)
+    if pending:
+        deltas[0] = _with(deltas[0], logprobs=pending)
     return deltas
+
+
+def _covering(held: tuple[TokenLogprob, ...], deltas: list[Delta]) -> tuple[TokenLogprob, ...]:
+    """The first of `held` whose bytes the text of `deltas` covers, when a cut dropped the
+    rest of the held text (a call being written); all of them where a call was made."""
+    if any(isinstance(d, ToolCallStart) for d in deltas):
+        return held
+    room = sum(len(d.text.encode()) for d in deltas if isinstance(d, (TextDelta, ReasoningDelta)))
+    kept = 0
+    for lp in held:
+        room -= len(lp.piece)
+        if room < 0:
+            break
+        kept += 1
+    return held[:kept]
 
 
 def _with(delta: Delta, **changes: object) -> Delta:
