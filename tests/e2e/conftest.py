@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import httpx
+import httpx2
+import openai
 import psutil
 import pytest
 
@@ -106,6 +108,16 @@ def start_server(
             time.sleep(0.1)
     proc.kill()
     pytest.fail(f"corral serve did not become healthy:\n{log.read_text()}")
+
+
+def pooled_briefly() -> openai.DefaultHttpxClient:
+    """The HTTP client of a module's openai.OpenAI(max_retries=0): it lets an idle pooled
+    connection go after 4 s. hypercorn closes one after 5 s (its keep_alive_timeout) and
+    httpx keeps one as long, so a request sent on it just then is lost ("Server
+    disconnected without sending a response"), which a client with retries sends again
+    and a test without them failed on (test_tools' prefill request, after a lazy load made
+    a 5.006 s gap). deploy/nginx and deploy/haproxy keep theirs under 5 s for the same reason."""
+    return openai.DefaultHttpxClient(limits=httpx2.Limits(keepalive_expiry=4.0))
 
 
 def stock_config() -> str:

@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, pooled_briefly
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -45,7 +45,7 @@ def server(stock_server: Server) -> Server:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, _strict_response_validation=True)
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, http_client=pooled_briefly(), _strict_response_validation=True)
 
 
 def valid_calls(calls: list[Any]) -> None:

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, pooled_briefly
 
 GREEDY = {"temperature": 0.0}
 
@@ -21,7 +21,8 @@ def client(server: Server) -> openai.OpenAI:
     # Strict validation: every response and chunk must match the openai client's own types
     # (issue 10, item 7), not merely parse.
     return openai.OpenAI(
-        base_url=server.base, api_key="unused", max_retries=0, _strict_response_validation=True
+        base_url=server.base, api_key="unused", max_retries=0, http_client=pooled_briefly(),
+        _strict_response_validation=True,
     )
 
 
@@ -31,7 +32,7 @@ def lax(server: Server) -> openai.OpenAI:
     OpenAI's included: a streamed text completion's chunks before the last carry
     `finish_reason: null` (the type allows only "stop", "length", "content_filter"), and a
     base64 embedding is a string (the type says a list of floats)."""
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, http_client=pooled_briefly())
 
 
 def test_chat_non_streaming(client: openai.OpenAI) -> None:

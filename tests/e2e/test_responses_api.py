@@ -21,7 +21,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.e2e.conftest import ROOT, Server, start_server, stop_server
+from tests.e2e.conftest import ROOT, Server, pooled_briefly, start_server, stop_server
 
 QWEN3 = ROOT / "tests" / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 CONFIG = f"""
@@ -77,7 +77,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0, _strict_response_validation=True) as c:
+    with openai.OpenAI(base_url=server.base, api_key="sk-alpha1", max_retries=0, http_client=pooled_briefly(), _strict_response_validation=True) as c:
         yield c
 
 

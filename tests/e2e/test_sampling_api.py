@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Server, start_server, stop_server
+from tests.e2e.conftest import Server, pooled_briefly, start_server, stop_server
 
 # Pings every 0.2 s, so the worker's prompt_tokens_decoded reaches /admin/models quickly.
 CONFIG = """
@@ -60,7 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, _strict_response_validation=True)
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, http_client=pooled_briefly(), _strict_response_validation=True)
 
 
 def tokenize(server: Server, text: str, model: str = "chat", add_special: bool = False) -> list[int]:

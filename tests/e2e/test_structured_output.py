@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, pooled_briefly
 
 MODEL = "chat-a"
 # Every value fixed by `const`, through a nested array: the schema allows exactly one JSON
@@ -40,7 +40,7 @@ ASK = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="x", max_retries=0, _strict_response_validation=True)
+    return openai.OpenAI(base_url=server.base, api_key="x", max_retries=0, http_client=pooled_briefly(), _strict_response_validation=True)
 
 
 def forced_format() -> dict[str, Any]:

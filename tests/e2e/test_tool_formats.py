@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from tests.e2e.conftest import ROOT, Server, start_server, stop_server
+from tests.e2e.conftest import ROOT, Server, pooled_briefly, start_server, stop_server
 
 TEMPLATES = ROOT / "tests" / "fixtures" / "templates"
 
@@ -56,7 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, _strict_response_validation=True)
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, http_client=pooled_briefly(), _strict_response_validation=True)
 
 
 @pytest.mark.parametrize("model", sorted(FAMILIES))

@@ -19,7 +19,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.e2e.conftest import Server, start_server, stop_server
+from tests.e2e.conftest import Server, pooled_briefly, start_server, stop_server
 
 CONFIG = """
 [server]
@@ -69,7 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, _strict_response_validation=True)
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, http_client=pooled_briefly(), _strict_response_validation=True)
 
 
 def conforms(value: Any, schema: dict[str, Any]) -> list[str]:
