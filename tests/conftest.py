@@ -50,18 +50,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # started first, so that none of them is the last thing still running.
 LONGEST_FIRST = (
     "tests/e2e/test_agent_clis.py",  # Claude Code's 19,600-token prompt: 85-200 s
-    "tests/peer/test_upstream_selection.py",  # 4 parts, 60-140 s each
-    "tests/e2e/test_embeddings_line.py",
+    "tests/peer/test_upstream_selection.py",  # 4 parts, 45-120 s each
     "tests/e2e/test_tool_formats.py",
-    "tests/e2e/test_fuzz.py",
-    "tests/e2e/test_kv_mixes.py",
-    "tests/e2e/test_slot_files_hostile.py",
     "tests/e2e/test_kv_pressure.py",
+    "tests/e2e/test_embeddings_line.py",
+    "tests/e2e/test_kv_mixes.py",
     "tests/e2e/test_openapi_fuzz.py",
-    "tests/process/test_cli_admin.py",
-    "tests/e2e/test_upstream_front.py",
-    "tests/e2e/test_draft_model.py",
     "tests/e2e/test_prefix_reuse.py",
+    "tests/e2e/test_fuzz.py",
+    "tests/e2e/test_forced_tool_calls.py",
+    "tests/e2e/test_upstream_front.py",
+    "tests/process/test_cli_admin.py",
+    "tests/e2e/test_slot_files_hostile.py",
+    "tests/e2e/test_speculation.py",
+    "tests/e2e/test_draft_model.py",
 )
 
 

@@ -44,6 +44,20 @@ def config_text(
     return "\n".join(lines) + "\n"
 
 
+def registry_cache(name: str) -> Path:
+    """A folder of what the tests fetch from package registries (llama.cpp's server tests
+    and their packages, the agent CLIs from npm), kept between runs and between checkouts,
+    as pip keeps its wheels and npm its packages: $CORRAL_TEST_CACHE, else
+    $XDG_CACHE_HOME/corral/tests, else ~/.cache/corral/tests. Each entry is named by what
+    it pins, so that a checkout pinning another version gets its own."""
+    root = os.environ.get("CORRAL_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "corral", "tests"
+    )
+    folder = Path(root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def write_gguf(path: Path, size: int | None = None) -> Path:
     """The smallest whole GGUF file: a header with one key and no tensors. Enough for the
     config check, which reads every model's header; the fake workers never open it. With

@@ -1,7 +1,7 @@
 """Issue 23's acceptance: the coding agents people point at a local model complete a
 one-line prompt against Corral with the demo model and exit 0. Claude Code speaks
 Anthropic's Messages API, Codex CLI OpenAI's Responses API; each is installed from npm
-(pinned to the release measured; CORRAL_AGENT_CLIS_DIR keeps the install between runs) and
+(pinned to the release measured, kept in the tests' cache or CORRAL_AGENT_CLIS_DIR) and
 run with the set-up the README gives, offline but for Corral.
 
 Claude Code sends its full default request: a system prompt of about 6 kB, 24 tools, a
@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import ROOT, Server, start_server, stop_server
+from tests.harness import registry_cache
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
 CODEX = "@openai/codex@0.171.0"
@@ -76,7 +77,9 @@ def clis(tmp_path_factory: pytest.TempPathFactory) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed (Debian's npm package; `make system-packages` installs it)")
-    where = Path(os.environ.get("CORRAL_AGENT_CLIS_DIR") or ROOT / "build" / "agent-clis")
+    # The tests' cache (tests/harness.py), a folder for these two pins.
+    pins = f"{CLAUDE_CODE}+{CODEX}".replace("@anthropic-ai/", "").replace("@openai/", "").replace("@", "-")
+    where = Path(os.environ.get("CORRAL_AGENT_CLIS_DIR") or registry_cache(f"agent-clis/{pins}"))
     where.mkdir(parents=True, exist_ok=True)
     bin_dir = where / "node_modules" / ".bin"
     if not (bin_dir / "claude").exists() or not (bin_dir / "codex").exists():

@@ -4,7 +4,7 @@ Each request draws random sampling parameters, random stop strings (unicode and 
 included), a random prompt length up to and past the slot limit, and sometimes a
 cancellation: a stream closed after a few chunks, or a non-streaming request whose client
 gives up. It also draws what issue 10 added: n choices, logprobs, logit_bias, a JSON
-schema or json_object, and tools with every tool_choice. `make test` runs CORRAL_FUZZ_REQUESTS (default 40); `make test-long`, like the acceptance run, 1000.
+schema or json_object, and tools with every tool_choice. `make test` runs CORRAL_FUZZ_REQUESTS (default 30); `make test-long`, like the acceptance run, 1000.
 
 Expected outcomes: 200, or 400 with a named parameter for prompts past the context.
 Anything else, a request past its deadline, or a worker that restarted, fails the test.
@@ -25,7 +25,7 @@ import pytest
 
 from tests.e2e.conftest import Server, start_server, stop_server
 
-N_REQUESTS = int(os.environ.get("CORRAL_FUZZ_REQUESTS", "40"))
+N_REQUESTS = int(os.environ.get("CORRAL_FUZZ_REQUESTS", "30"))
 N_CTX = 1024
 CONCURRENCY = 8
 DEADLINE = 180.0  # seconds for any single request; a hang shows up as a timeout

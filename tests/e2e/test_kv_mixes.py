@@ -16,7 +16,7 @@ come from several cache scopes (router/server/cache_scope.py: keys that share no
   caches, read from llama.cpp's state;
 - the canary greedy request gives the tokens it gave on the fresh engine.
 
-`make test` runs CORRAL_KV_MIXES mixes (default 4); `make test-long` 60, a longer run thousands.
+`make test` runs CORRAL_KV_MIXES mixes (default 3); `make test-long` 60, a longer run thousands.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from worker.protocol import WorkerSpec
 from worker.slots import common_prefix
 
 N_CTX = int(os.environ.get("CORRAL_KV_MIX_N_CTX", "1024"))
-MIXES = int(os.environ.get("CORRAL_KV_MIXES", "4"))
+MIXES = int(os.environ.get("CORRAL_KV_MIXES", "3"))
 # The canary: a chat turn's head, which every prompt of a mix may share, and a text whose
 # greedy continuation has a wide margin at every token. llama.cpp's CPU logits for the same
 # text differ by up to 0.3 between batch shapes and cell layouts (measured here: a prompt

@@ -5,7 +5,9 @@
     python -m tests.peer.run_upstream --compare llama.json corral.json
 
 The suite is the one in the llama-cpp-python sdist that pyproject pins (the llama.cpp that
-Corral's worker runs), fetched from PyPI with `pip download` into .peer/. It runs unchanged: only the binary it starts is replaced, through its own
+Corral's worker runs), fetched from PyPI with `pip download` into the tests' cache
+(tests/harness.py, `registry_cache`), where its virtual environment is built too; each run's
+files go to .peer/. It runs unchanged: only the binary it starts is replaced, through its own
 LLAMA_SERVER_BIN_PATH, by a launcher (tests/peer/launch_*.py) that serves every model the
 test names by Hugging Face repository from one local GGUF (--model, default the demo
 model), so that both servers answer with the same model. The suite's Python packages go
@@ -29,8 +31,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterator
 
+from tests.harness import registry_cache
+
 REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / ".peer"
+WORK = REPO / ".peer"  # each run's configs, logs and results
 DEMO_MODEL = REPO / "models" / "gemma-3-270m-Q4_K_M.gguf"
 
 # The files the issue counts (basic, tokenize, embedding, security, completion, template,
@@ -49,12 +53,16 @@ def llama_cpp_python_version() -> str:
     raise SystemExit("pyproject.toml pins no llama-cpp-python version")
 
 
+def suite_cache() -> Path:
+    """The pinned sdist's suite and its virtual environment, shared by checkouts."""
+    return registry_cache(f"llama-cpp-python-{llama_cpp_python_version()}")
+
+
 @contextlib.contextmanager
 def cache_locked() -> Iterator[None]:
-    """.peer/ to this process alone while it fetches or installs: parallel test workers
-    (pytest-xdist) run parts of the selection at once."""
-    CACHE.mkdir(exist_ok=True)
-    with open(CACHE / ".lock", "w") as lock:
+    """The suite's cache to this process alone while it fetches or installs: parallel
+    test workers (pytest-xdist), and other checkouts, run the selection at once."""
+    with open(suite_cache() / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -67,20 +75,19 @@ def suite_dir() -> Path:
 
 def _suite_dir() -> Path:
     version = llama_cpp_python_version()
-    root = CACHE / f"llama_cpp_python-{version}"
-    tests = root / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
-    if tests.is_dir():
+    cache = suite_cache()
+    tests = cache / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
+    if (tests / "utils.py").is_file():
         return tests
-    CACHE.mkdir(exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         f"llama-cpp-python=={version}", "-d", str(CACHE)],
+         f"llama-cpp-python=={version}", "-d", str(cache)],
         check=True,
     )
-    with tarfile.open(CACHE / f"llama_cpp_python-{version}.tar.gz") as tar:
+    with tarfile.open(cache / f"llama_cpp_python-{version}.tar.gz") as tar:
         # The tests read chat templates from llama.cpp's models/templates.
         members = [m for m in tar.getmembers() if "/tools/server/tests/" in m.name or "/models/templates/" in m.name]
-        tar.extractall(CACHE, members=members, filter="data")
+        tar.extractall(cache, members=members, filter="data")
     return tests
 
 
@@ -91,14 +98,15 @@ def suite_python(tests: Path) -> Path:
 
 
 def _suite_python(tests: Path) -> Path:
-    env = CACHE / "suite-venv"
+    env = suite_cache() / f"venv-py{sys.version_info.major}.{sys.version_info.minor}"
     python = env / "bin" / "python"
     stamp = env / "installed"
-    requirements = tests / "requirements.txt"
-    if not stamp.exists() or stamp.read_text() != requirements.read_text():
+    # Built on this interpreter, with these requirements: anything else builds it again.
+    wanted = f"{getattr(sys, '_base_executable', sys.executable)}\n{(tests / 'requirements.txt').read_text()}"
+    if not stamp.exists() or stamp.read_text() != wanted:
         venv.create(env, with_pip=True, clear=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
-        stamp.write_text(requirements.read_text())
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(tests / "requirements.txt")], check=True)
+        stamp.write_text(wanted)
     return python
 
 
@@ -145,7 +153,7 @@ def run_tests(
     `cores` when given, else this process's); each test's outcome, and the pytest log."""
     tests = suite_dir()
     python = suite_python(tests)
-    work = CACHE / f"work-{server}-{port or 8080}"
+    work = WORK / f"work-{server}-{port or 8080}"
     work.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
