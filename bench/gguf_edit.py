@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
+from supervisor.config.gguf_meta import ARRAY, SCALARS, STRING
+
 MAGIC = b"GGUF"
-# type id -> struct format of one scalar (ggml's gguf_type)
-SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-UINT32, STRING, ARRAY = 4, 8, 9
+UINT32 = 4
 
 Value = Union[int, float, bool, str, list["Value"]]
 

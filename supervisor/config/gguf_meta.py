@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 GGUF_MAGIC = b"GGUF"
-# value type id -> struct format of one scalar
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
+# value type id -> struct format of one scalar (bench/gguf_edit.py reads them too)
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+STRING, ARRAY = 8, 9
 _MAX_SMALL_ARRAY = 4096  # per-layer arrays are kept; vocabularies are skipped
 
 Value = int | float | bool | str | list[int | float | bool]
@@ -47,23 +47,23 @@ def _string(f: BinaryIO) -> str:
 
 
 def _value(f: BinaryIO, vtype: int) -> Value | None:
-    if vtype in _SCALARS:
-        (v,) = _read(f, _SCALARS[vtype])
+    if vtype in SCALARS:
+        (v,) = _read(f, SCALARS[vtype])
         assert isinstance(v, (int, float, bool))
         return v
-    if vtype == _STRING:
+    if vtype == STRING:
         return _string(f)
-    if vtype == _ARRAY:
+    if vtype == ARRAY:
         etype, count = _read(f, "IQ")
         assert isinstance(etype, int) and isinstance(count, int)
-        if etype in _SCALARS:
-            size = struct.calcsize("<" + _SCALARS[etype])
+        if etype in SCALARS:
+            size = struct.calcsize("<" + SCALARS[etype])
             if count > _MAX_SMALL_ARRAY:
                 f.seek(size * count, 1)
                 return None
-            return list(_read(f, _SCALARS[etype] * count))  # type: ignore[arg-type]
+            return list(_read(f, SCALARS[etype] * count))  # type: ignore[arg-type]
         for _ in range(count):  # arrays of strings (a vocabulary) or nested arrays: skip
-            if etype == _STRING:
+            if etype == STRING:
                 (n,) = _read(f, "Q")
                 assert isinstance(n, int)
                 f.seek(n, 1)  # past the end is caught by the caller's size check
