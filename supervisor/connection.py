@@ -24,6 +24,7 @@ from supervisor.replies import Reply, answer, expect, tell_gone
 from worker.protocol import (
     Cancel,
     ChatMessage,
+    Media,
     Detokenize,
     DetokenizeResult,
     Embed,
@@ -168,6 +169,7 @@ class WorkerConnection:
         infill: Infill | None = None,
         hold_events: bool = False,
         cache_scope: str = "",
+        media: list[Media] | None = None,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events. `hold_events`: the caller reads the answer whole and never ends a choice
@@ -183,7 +185,7 @@ class WorkerConnection:
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
                 request_id=request_id, add_generation_prompt=add_generation_prompt, infill=infill,
-                hold_events=hold_events, cache_scope=cache_scope,
+                hold_events=hold_events, cache_scope=cache_scope, media=media,
             )
         )
         return RequestStream(self, rid, recv, n)

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING, Callable
 
 import llama_cpp
 
@@ -44,10 +42,13 @@ from worker.batch import BatchBuffer
 from worker.constraint import Constraints, tokenizer_for
 from worker.embeddings import EmbedLine
 from worker.event_hold import EventHold
+from worker.inbox import Inbound, Persist, Wake
 from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
 from worker.kv_room import KvRoom
 from worker.logprobs import StepLogits, token_logprob
+from worker.media.encoder import Encoder
+from worker.media.steps import ImageSteps
 from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from llguidance import LLTokenizer
 
     from worker.draft_model import DraftModel
+    from worker.media.projector import Projector
 
 log = logging.getLogger("worker.engine")
 
@@ -74,20 +76,9 @@ Emit = Callable[[Frame], None]
 MAX_THREADS = 1024  # the config's bound; a frame asking for more is clamped, not obeyed
 
 
-@dataclass(frozen=True)
-class Persist:
-    """Write the hottest saved prompts to disk (a clean stop); `done` is set after."""
-
-    done: threading.Event = field(default_factory=threading.Event)
-
-
 # One request's share of a step: (request, tokens fed, batch index of its last one, wants
 # logits, draft tokens fed after them).
 Fed = tuple[Request, int, int, bool, list[int]]
-
-# What the engine's inbox carries: prepared work, and commands applied between steps.
-Inbound = Union[Request, EmbedJob, Cancel, SetThreads, SetCacheBudget, SlotFile, Persist]
-
 
 class Engine:
     def __init__(
@@ -100,6 +91,7 @@ class Engine:
         vocabulary: LLTokenizer | None = None,
         draft_max: int = 0,
         draft_model: DraftModel | None = None,
+        projector: Projector | None = None,
     ) -> None:
         self.m = m
         self.hold = EventHold(emit)  # holds a whole answer's events for its end
@@ -138,7 +130,13 @@ class Engine:
             m.n_vocab,
         )
         self.prep = Preparer(
-            m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher
+            m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher,
+            projector=projector,
+        )
+        # Images: encoded on a thread of their own, decoded into each request's sequence by
+        # the image step (worker/media/steps.py).
+        self.images = None if projector is None else ImageSteps(
+            m.ctx, Encoder(projector, lambda: self.inbox.put(Wake())), self.kv, self.room, self.requests
         )
         # An embedding model's jobs, a batch per loop (worker/embeddings.py).
         self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None
@@ -202,7 +200,9 @@ class Engine:
         while True:  # the process ends it: the link exits once a Shutdown has drained
             # Only this thread changes what `active` counts, so the last report's is current.
             busy = bool(self.requests.waiting) or self._reported[0] > 0 or (self.embeds is not None and not self.embeds.idle)
-            self._drain_inbox(block=not busy)
+            # Requests that all wait for their images' encoding: sleep until a Wake.
+            stalled = self.images is not None and self.images.stalled(self.slots)
+            self._drain_inbox(block=not busy or stalled)
             try:
                 if self.slot_files.pending:  # before a request may take the slot
                     self.slot_files.step()
@@ -270,6 +270,8 @@ class Engine:
                 log.exception("writing the saved prompts failed")
             finally:
                 item.done.set()
+        elif isinstance(item, Wake):
+            pass  # the loop looks again
         elif isinstance(item, SetCacheBudget):
             self.cache.set_ram_bytes(max(0, item.n_bytes))
         elif isinstance(item, SetThreads):
@@ -296,11 +298,13 @@ class Engine:
             tokens = req.tokens[start : start + chunk.n]
             # Only a request that feeds its one last sampled token drafts: not a preempted
             # one prefilling its prompt and output again.
-            draft = self.spec.draft(req, room) if chunk.n == 1 and chunk.complete and req.n_gen > 0 else []
+            # Complete: the chunk reaches the prompt's end (not only the next image's start).
+            complete = chunk.complete and start + chunk.n == len(req.tokens)
+            draft = self.spec.draft(req, room) if chunk.n == 1 and complete and req.n_gen > 0 else []
             room -= len(draft)
-            logits = "all" if draft else "last" if chunk.complete else "none"
+            logits = "all" if draft else "last" if complete else "none"
             first = self.batch.add(tokens + draft, start, slot.seq_id, logits)
-            plan.append((req, chunk.n, first + chunk.n - 1, chunk.complete, draft))
+            plan.append((req, chunk.n, first + chunk.n - 1, complete, draft))
         return plan
 
     def _step(self) -> None:
@@ -315,6 +319,8 @@ class Engine:
                     f.follows = None  # it prefills the prompt itself from this step on
             if f is not None and f.awaits is not None:
                 self.admission.copy_awaited(f)
+        if self.images is not None:
+            self.images.step(self.slots)
         budget = self.batch.capacity
         drafting = True
         self.spec.prepare(self.slots)

@@ -56,6 +56,8 @@ from worker.protocol import (
 if TYPE_CHECKING:
     from llguidance import LLTokenizer
 
+    from worker.media.projector import Projector
+
 log = logging.getLogger("worker")
 
 # What a clean stop may spend writing saved prompts to disk; the supervisor waits this much
@@ -109,7 +111,7 @@ class Link:
                     active=e.active if e else 0,
                     queued=e.queued if e else 0,
                     threads=e.threads if e else 0,
-                    prompt_tokens_decoded=e.prompt_tokens_decoded if e else 0,
+                    prompt_tokens_decoded=(e.prompt_tokens_decoded + (e.images.decoded_tokens if e.images else 0)) if e else 0,
                     kv_cells_used=e.kv_cells_used if e else 0,
                     kv_repairs=e.kv.repairs if e else 0,
                     kv_prefixes_refused=e.kv.prefixes_refused if e else 0,
@@ -177,6 +179,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
         try:
             model, vocabulary = await trio.to_thread.run_sync(load_with_vocabulary, spec, progress, abandon_on_cancel=True)
             draft = await trio.to_thread.run_sync(draft_model.for_spec, spec, model, abandon_on_cancel=True)
+            projector = await trio.to_thread.run_sync(load_projector, spec, model, abandon_on_cancel=True)
         except LoadError as exc:
             # The log gets the path; the Failed frame, which clients see, does not.
             log.error("load failed: %s", exc.detail)
@@ -192,6 +195,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
         engine = Engine(
             model, link.emit, embeddings=spec.embeddings, n_ctx_slot=spec.n_ctx_slot, cache=cache_options(spec, model),
             vocabulary=vocabulary, draft_max=0 if spec.spec_type == "none" else spec.draft_max, draft_model=draft,
+            projector=projector,
         )
         for frame in link.early:
             engine.submit(frame)
@@ -217,10 +221,23 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 reasoning=model.template.format.reasoning if model.template is not None else False,
                 reasoning_tags=model.template.format.reasoning_tags if model.template is not None else ("<think>", "</think>"),
                 fim_missing=model.fim.missing(),
+                vision=projector is not None and projector.vision,
+                audio=projector is not None and projector.audio,
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)
         await trio.to_thread.run_sync(engine.run, abandon_on_cancel=True)
+
+
+def load_projector(spec: WorkerSpec, model: LoadedModel) -> Projector | None:
+    """The model's projector (`mmproj`), if it has one; a LoadError when it cannot load."""
+    if spec.mmproj is None:
+        return None
+    import llama_cpp
+
+    from worker.media.projector import Projector as Loaded
+
+    return Loaded(spec.mmproj, model.model, model.threads, int(llama_cpp.llama_n_ubatch(model.ctx)))
 
 
 def cache_counts(e: Engine) -> dict[str, int]:
@@ -236,6 +253,9 @@ def cache_counts(e: Engine) -> dict[str, int]:
         "draft_tokens": e.spec.drafted,
         "draft_accepted": e.spec.accepted,
     }
+    if e.images is not None:
+        counts["images_encoded"] = e.images.encoder.encodes
+        counts["images_reused"] = e.images.encoder.reused
     counts.update(e.cache.counts())
     return counts
 

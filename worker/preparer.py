@@ -37,7 +37,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Callable, Protocol, Union
+from typing import TYPE_CHECKING, Callable, Protocol, Union
 
 import msgspec
 
@@ -48,6 +48,9 @@ from worker.protocol import Constraint, Detokenize, Embed, Error, Frame, Generat
 from worker.rejected import RequestRejected
 from worker.embed_inputs import check_per_token_size
 from worker.request import EmbedJob, Request
+
+if TYPE_CHECKING:
+    from worker.media.projector import Projector
 
 log = logging.getLogger("worker.prepare")
 
@@ -83,8 +86,10 @@ class Preparer:
         deliver: Callable[[Ready], None],
         emit: Callable[[Frame], None],
         constrain: Compile | None = None,
+        projector: Projector | None = None,
     ) -> None:
         self.m = m
+        self._projector = projector  # a model's mmproj: prompts with images (worker/media/)
         self._constrain = constrain
         self.n_ctx_slot = n_ctx_slot
         self.embeddings = embeddings
@@ -182,7 +187,7 @@ class Preparer:
             lark = as_lark(frame.params.constraint)
             if lark is not frame.params.constraint:
                 frame = msgspec.structs.replace(frame, params=msgspec.structs.replace(frame.params, constraint=lark))
-        return texts_for(frame, self.m, self.n_ctx_slot, self.m.n_batch), frame
+        return texts_for(frame, self.m, self.n_ctx_slot, self.m.n_batch, self._projector), frame
 
     def _compile(self, c: Constraint) -> Matcher:
         if self._constrain is None:

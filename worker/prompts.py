@@ -21,7 +21,7 @@ tested with a fake tokenizer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -40,16 +40,22 @@ from worker.protocol import (
 )
 from worker.embed_inputs import embed_texts
 from worker.infill import infill_texts
+from worker.media.prompt import media_texts
 from worker.rejected import RequestRejected
 from worker.request import Request
 from worker.stops import StopMatcher
 from worker.text_limits import Limit, TextModel, Texts, VocabModel, check_ids, checked
 
+if TYPE_CHECKING:
+    from worker.media.projector import Projector
+
 # Pooling types whose output is one vector per input, which is what /v1/embeddings returns.
 EMBEDDING_POOLINGS = ("mean", "cls", "last")
 
 
-def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int, n_batch: int = 2048) -> Texts:
+def generate_texts(
+    g: Generate, m: VocabModel, n_ctx_slot: int, n_batch: int = 2048, projector: Projector | None = None
+) -> Texts:
     """Stage 1 of a generation: the prompt rendered and its length bounded."""
     param = "messages" if g.messages is not None else "prompt"
     limit = Limit(
@@ -66,6 +72,8 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int, n_batch: int = 2
     if g.n < 1:
         raise RequestRejected("invalid_request", "n must be at least 1", "n")
     if g.prompt_parts is not None or g.prompt_tokens is not None:
+        if g.media:
+            raise RequestRejected("invalid_request", "a prompt of token ids cannot hold images", g.media[0].param)
         return _mixed_texts(g, m, n_ctx_slot, limit)
     if g.infill is not None:
         n_predict = g.params.max_tokens if g.params.max_tokens is not None else -1
@@ -96,10 +104,13 @@ def generate_texts(g: Generate, m: VocabModel, n_ctx_slot: int, n_batch: int = 2
                 text, 64 + (len(prefill.content) if prefill else 0), fmt.reasoning_tags
             )
 
-    def build(tokens: list[list[int]]) -> Request:
-        return _request(g, tokens[0], n_ctx_slot, param, text if g.echo else None, in_reasoning)
+    def request(tokens: list[int]) -> Request:
+        return _request(g, tokens, n_ctx_slot, param, text if g.echo else None, in_reasoning)
 
-    return Texts([checked(text, limit, m)], build)
+    media = list(g.media or []) + [md for msg in g.messages or [] for md in msg.media or []]
+    if media:
+        return media_texts(media, m, projector, text, limit, param, request)
+    return Texts([checked(text, limit, m)], lambda tokens: request(tokens[0]))
 
 
 def _bias_texts_tokenized(g: Generate, m: TextModel) -> Generate:
@@ -237,11 +248,12 @@ def pooling_problem(pooling: str, native: bool = False) -> str | None:
 
 
 def texts_for(
-    frame: Generate | Embed | Tokenize | Detokenize | Render, m: VocabModel, n_ctx_slot: int, n_batch: int
+    frame: Generate | Embed | Tokenize | Detokenize | Render, m: VocabModel, n_ctx_slot: int, n_batch: int,
+    projector: Projector | None = None,
 ) -> Texts:
     """Stage 1 for any request frame."""
     if isinstance(frame, Generate):
-        return generate_texts(frame, m, n_ctx_slot, n_batch)
+        return generate_texts(frame, m, n_ctx_slot, n_batch, projector)
     if isinstance(frame, Embed):
         return embed_texts(frame, m, n_batch)
     if isinstance(frame, Detokenize):

@@ -14,6 +14,7 @@ import msgspec
 
 from worker.logits import LogitBias, LogitsAdjustment
 from worker.logprobs import LogprobQueue
+from worker.media.spans import ImageSpan, text_ahead
 from worker.ngram_draft import Drafter
 from worker.protocol import SamplingParams, SlotState
 from worker.sampling import SamplerChain
@@ -70,6 +71,9 @@ class Request:
     drafter: Drafter | None = None
     model_draft: list[int] = field(default_factory=list)  # a draft model's, for this step
     scope: str = ""  # Generate.cache_scope: whose cached prefixes it may reuse
+    # The prompt's images, in order: spans of placeholder ids in `prompt` whose embeddings
+    # the engine decodes (worker/media/steps.py); text never goes into a batch past one.
+    images: tuple[ImageSpan, ...] = ()
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -92,6 +96,7 @@ class Request:
                     stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
                     in_reasoning=self.in_reasoning, request_id=self.request_id,
                     matcher=self.matcher.fork() if self.matcher is not None else None, scope=self.scope,
+                    images=self.images,
                 )
             )
         self.n = 1  # split once
@@ -129,9 +134,12 @@ def pending_tokens(slot: Slot[Request]) -> int:
     that will share another request's prompt, nor for a request waiting to copy a prefix
     another one is decoding)."""
     assert slot.request is not None
-    if slot.request.follows is not None or slot.request.awaits is not None:
+    req = slot.request
+    if req.follows is not None or req.awaits is not None:
         return 0
-    return len(slot.request.tokens) - len(slot.cache)
+    if req.images:  # up to the next image, which the image step decodes
+        return text_ahead(req.images, len(slot.cache), len(req.tokens))
+    return len(req.tokens) - len(slot.cache)
 
 
 def slot_states(slots: list[Slot[Request]], n_ctx: int) -> list[SlotState]:

@@ -38,6 +38,8 @@ class Speculation:
         self.accepted = 0  # of them, those the model's own samples agreed with
 
     def _drafter(self, req: Request) -> Drafter | None:
+        if req.images and self.model is not None:
+            return None  # a draft model has no projector: it cannot follow a prompt with images
         if req.drafter is None and not req.logit_adjustments() and req.logprobs is None:
             req.drafter = Drafter(self.draft_max)
         return req.drafter
@@ -76,7 +78,10 @@ class Speculation:
             return draft[: max(0, self._limit(req, room))]
         d = self._drafter(req)
         limit = self._limit(req, room)
-        return d.draft(req.tokens, limit) if d is not None and limit > 0 else []
+        draft = d.draft(req.tokens, limit) if d is not None and limit > 0 else []
+        if req.images:  # an n-gram that continues into an image's placeholders stops there
+            draft = draft[: next((i for i, t in enumerate(draft) if t < 0), len(draft))]
+        return draft
 
     def verify(
         self, req: Request, slot: Slot[Request], start: int, index: int, draft: list[int],

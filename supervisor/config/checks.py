@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from supervisor.capacity import parse_size
-from supervisor.config import gguf_meta
+from supervisor.config import gguf_meta, projector
 from supervisor.config.key_paths import quote
 from supervisor.config.schema import ConfigFile, ModelConfig, listen_hosts
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
@@ -155,6 +155,13 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
                 yield f"{at}.draft_model: {why}"
             if m.embeddings:
                 yield f"{at}.draft_model: an embedding model generates nothing to draft"
+        if m.mmproj is not None:
+            if m.embeddings:
+                yield f"{at}.mmproj: an embedding model takes no images"
+            elif m.path is not None and (
+                unfit := projector.problem(resolve_path(m.mmproj, base_dir), resolve_path(m.path, base_dir))
+            ):
+                yield f"{at}.mmproj: {unfit}"
         if not 0.0 <= m.draft_p_min <= 1.0:
             yield f"{at}.draft_p_min: must be 0..1, got {m.draft_p_min}"
         if m.n_ctx < 16:

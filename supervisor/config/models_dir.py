@@ -17,7 +17,11 @@ Decisions, and why:
   config, so that one file being copied in does not hold back every other change: hidden
   files (editors' and rsync's temporaries) silently, and a file whose header is not
   (yet) a GGUF's. A multimodal projector (`mmproj-*.gguf`, architecture "clip") is not a
-  model of its own either.
+  model of its own either: it is paired with the model it serves (`pair_projectors`), as
+  llama-server's router mode finds an `mmproj*.gguf` beside a model: the one model of the
+  folder, else the model whose name the projector's (less "mmproj") starts the same way as
+  no other model's does. A projector that fits no model, or two equally, is passed over
+  with a warning; a table's own `mmproj` wins.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Entry:
     name: str
     # Why this file cannot be served now (its header is not a GGUF's, ...), or None.
     unusable: str | None = None
+    projector: bool = False  # a multimodal projector (architecture "clip")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Found:
     skipped: list[str] = field(default_factory=list)  # "FILE: why", for a warning
     # Model name -> (its first file, why it was skipped), of those skipped.
     not_ready: dict[str, tuple[str, str]] = field(default_factory=dict)
+    projectors: dict[str, str] = field(default_factory=dict)  # model name -> its mmproj file
 
 
 def is_candidate(name: str) -> bool:
@@ -68,8 +74,12 @@ def scan(entries: Iterable[Entry]) -> Found:
     # or A.gguf beside A.GGUF).
     groups: dict[str, list[list[Entry]]] = {}
     splits: dict[str, list[tuple[int, int, Entry]]] = {}  # NAME -> (part, count, entry)
+    projectors: list[str] = []
     for e in sorted(entries, key=lambda e: e.name):
         if not is_candidate(e.name):
+            continue
+        if e.projector:
+            projectors.append(e.name)
             continue
         if m := _SPLIT.fullmatch(e.name):
             splits.setdefault(m["name"], []).append((int(m["part"]), int(m["count"]), e))
@@ -91,7 +101,41 @@ def scan(entries: Iterable[Entry]) -> Found:
             found.not_ready[name] = (first, "; ".join(f"{e.name}: {e.unusable}" for e in bad))
         else:
             found.models[name] = first
+    paired, unpaired = pair_projectors(projectors, list(found.models))
+    found.projectors.update(paired)
+    found.skipped.extend(f"{p}: a multimodal projector that fits no one model of the folder by name" for p in unpaired)
     return found
+
+
+def _stem(name: str) -> str:
+    stem = name[: -len(SUFFIX)].lower() if name.lower().endswith(SUFFIX) else name.lower()
+    return re.sub(r"mmproj", "", stem).strip("-_. ")
+
+
+def pair_projectors(projectors: list[str], models: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Which projector file serves which model (pure): the folder's one model takes its one
+    projector; otherwise each projector goes to the model whose name shares the longest
+    start with the projector's name less "mmproj" (at least 4 characters), when no other
+    model shares as much. Returns (model -> projector, projectors left unpaired)."""
+    if len(projectors) == 1 and len(models) == 1:
+        return {models[0]: projectors[0]}, []
+    paired: dict[str, str] = {}
+    left = []
+    for p in projectors:
+        key = _stem(p)
+        scores = sorted(((_shared(key, m.lower()), m) for m in models), reverse=True)
+        if scores and scores[0][0] >= 4 and (len(scores) == 1 or scores[1][0] < scores[0][0]) and scores[0][1] not in paired:
+            paired[scores[0][1]] = p
+        else:
+            left.append(p)
+    return paired, left
+
+
+def _shared(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _split_problem(parts: list[tuple[int, int, Entry]]) -> str | None:
@@ -118,7 +162,8 @@ def list_folder(folder: Path) -> list[Entry]:
         if not is_candidate(p.name):
             continue
         if p.is_file():
-            entries.append(Entry(p.name, _header_problem(p)))
+            why = _header_problem(p)
+            entries.append(Entry(p.name, None, True) if why == _PROJECTOR else Entry(p.name, why))
         elif p.is_symlink() and not p.exists():
             entries.append(Entry(p.name, f"a broken symbolic link (to {os.readlink(p)})"))
     return entries
@@ -135,8 +180,11 @@ def _header_problem(path: Path) -> str | None:
     except (gguf_meta.NotGGUF, OSError) as exc:  # changed since the line above
         return f"cannot read: {exc}"
     if meta.get("general.architecture") == "clip":
-        return "a multimodal projector (mmproj), not a model"
+        return _PROJECTOR
     return None
+
+
+_PROJECTOR = "a multimodal projector (mmproj), not a model"
 
 
 def found_in(folder: Path) -> Found:
@@ -203,12 +251,15 @@ def add_tables(raw: dict[str, object], base_dir: Path) -> list[str]:
     for name, file in found.models.items():
         path = str(folder / file)
         table = tables.get(name)
+        projector = found.projectors.get(name)
         if isinstance(table, dict):
             table.setdefault("path", path)
+            if projector is not None:
+                table.setdefault("mmproj", str(folder / projector))
         elif name in aliases:
             log.info("models_dir %s: %s is not served as %r, an alias of models.%s", folder, file, name, aliases[name])
         elif table is None:
-            tables[name] = {"path": path}
+            tables[name] = {"path": path} if projector is None else {"path": path, "mmproj": str(folder / projector)}
     if not tables and not problems:
         problems.append(f"server.models_dir: no *.gguf model in {folder}")
     return problems

@@ -98,6 +98,7 @@ def parse(
                     chat_template=_template(m.chat_template, base_dir),
                     prompt_cache_dir=None if m.prompt_cache_dir is None else str(resolve_path(m.prompt_cache_dir, base_dir)),
                     draft_model=None if m.draft_model is None else str(resolve_path(m.draft_model, base_dir)),
+                    mmproj=None if m.mmproj is None else str(resolve_path(m.mmproj, base_dir)),
                 )
             ),
         )

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from tests.e2e.kv_state import cache_positions
 from worker import draft_model
 from worker.engine import Engine
+from worker.link import load_projector
 from worker.model import LoadedModel, load
 from worker.prompt_cache import CacheOptions
-from worker.protocol import Cancel, Error, Frame, Generate, SamplingParams, Step, TokenLogprob, WorkerSpec
+from worker.protocol import Cancel, Error, Frame, Generate, Media, SamplingParams, Step, TokenLogprob, WorkerSpec
 
 
 @dataclass
@@ -41,7 +42,10 @@ class EngineDriver:
         if draft_max is None:
             draft_max = 0 if spec.spec_type == "none" else spec.draft_max
         self.draft = draft_model.for_spec(spec, self.model)  # with spec.draft_model
-        self.engine = Engine(self.model, self._emit, cache=cache, draft_max=draft_max, draft_model=self.draft)
+        self.projector = load_projector(spec, self.model)  # with spec.mmproj
+        self.engine = Engine(
+            self.model, self._emit, cache=cache, draft_max=draft_max, draft_model=self.draft, projector=self.projector
+        )
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._outcomes: dict[int, Outcome] = {}
@@ -82,7 +86,11 @@ class EngineDriver:
         hold: bool = False,
         stop: list[str] | None = None,
         scope: str = "",
+        prompt: str | None = None,
+        media: list[bytes] | None = None,
     ) -> tuple[int, Outcome]:
+        """A request of `tokens`, or of the text `prompt` with an image (`media`) for each of
+        its media markers."""
         rid = next(self._ids)
         outcome = Outcome(n=n)
         with self._lock:
@@ -91,8 +99,12 @@ class EngineDriver:
             max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs,
             stop=stop or [],
         )
+        images = [Media(data=b, param=f"image[{i}]") for i, b in enumerate(media)] if media else None
         self.engine.submit(
-            Generate(id=rid, params=params, prompt_tokens=list(tokens), n=n, hold_events=hold, cache_scope=scope)
+            Generate(
+                id=rid, params=params, prompt_tokens=None if prompt is not None else list(tokens),
+                prompt=prompt, media=images, n=n, hold_events=hold, cache_scope=scope,
+            )
         )
         return rid, outcome
 

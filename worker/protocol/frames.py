@@ -8,7 +8,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 from worker.protocol.events import TokenEvent
-from worker.protocol.parameters import ChatMessage, Infill, SamplingParams, ToolFormat
+from worker.protocol.parameters import ChatMessage, Infill, Media, SamplingParams, ToolFormat
 
 
 class Frame(msgspec.Struct, tag=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -57,6 +57,9 @@ class Generate(Frame):
     # request salt. Requests of different scopes share no cells, so that no request learns
     # (from cached_tokens, or from the time its prompt took) what another key sent.
     cache_scope: str = ""
+    # Images, in the order their MEDIA_MARKER stands in the rendered prompt (a chat's
+    # messages, or `prompt`); a model without a projector refuses them.
+    media: list[Media] | None = None
 
 
 class Embed(Frame):
@@ -206,6 +209,9 @@ class Ready(Frame):
     # Why llama-server's /infill cannot run on this model: its fill-in-the-middle tokens
     # that are missing, in llama-server's words ("" when it has them).
     fim_missing: str = ""
+    # What its projector (mmproj) lets prompts hold besides text.
+    vision: bool = False
+    audio: bool = False
 
 
 def fewest_tokens(n_bytes: int, max_token_bytes: int | None) -> int:

@@ -102,6 +102,20 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     arguments: str
 
 
+# Where an image stands in a message's content or a prompt: libmtmd's default media marker
+# (mtmd_default_marker), which llama-server's /completion multimodal_data also uses.
+MEDIA_MARKER = "<__media__>"
+
+
+class Media(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """An image's bytes as the client sent them (base64 decoded), and the parameter that
+    carried it, which an error names. The worker decodes them (worker/media/pictures.py)."""
+
+    data: bytes
+    param: str
+    kind: Literal["image", "audio"] = "image"
+
+
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     role: str
     content: str = ""
@@ -111,6 +125,8 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None  # a tool message: the call it answers
     reasoning_content: str | None = None  # an assistant message's earlier reasoning
+    # Its images, one for each MEDIA_MARKER in `content`, in order (a vision model only).
+    media: list[Media] | None = None
 
 
 Pooling = Literal["mean", "cls", "last", "rank", "none"]
@@ -167,6 +183,10 @@ class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # sees it, is under draft_p_min (llama-server's --draft-p-min).
     draft_model: str | None = None
     draft_p_min: float = 0.0
+    # The model's projector (llama-server's --mmproj): a vision (or audio) encoder GGUF made
+    # for this text model, which lets its prompts hold images (worker/media/). The config's
+    # path is relative to the config file; the supervisor makes it absolute.
+    mmproj: str | None = None
     # The most one request may hold, prompt and output together. None: all n_ctx (one KV
     # pool for all slots, llama-server's --kv-unified). llama-server without it gives each
     # slot n_ctx / parallel; this says the same here, while the slots still share cells.

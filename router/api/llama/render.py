@@ -172,7 +172,7 @@ def props_json(file: str, alias: str, ready: Ready, slots: int, defaults: Sampli
         "chat_template_caps": {},
         "bos_token": ready.bos_token,
         "eos_token": ready.eos_token,
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": ready.vision, "audio": ready.audio},
         "build_info": ready.build_info or "corral",
         "is_sleeping": False,
     }

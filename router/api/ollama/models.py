@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import gguf_meta
+from supervisor.config import gguf_meta, projector
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
@@ -150,7 +150,8 @@ def capabilities(h: ModelHandle, template: str) -> list[str]:
         tools, thinking = ready.tool_format is not None, ready.reasoning
     else:
         tools, thinking = "tools" in template, "<think>" in template
-    return out + (["tools"] if tools else []) + (["thinking"] if thinking else [])
+    vision = ready.vision if ready is not None else "vision" in projector.modalities(h.spec.mmproj)
+    return out + (["tools"] if tools else []) + (["thinking"] if thinking else []) + (["vision"] if vision else [])
 
 
 def _template(h: ModelHandle, meta: dict[str, gguf_meta.Value]) -> str:

@@ -11,11 +11,11 @@ from typing import Any
 
 import msgspec
 
-from router.generation import sampling, tool_schemas
+from router.generation import media, sampling, tool_schemas
 from router.generation.prompts import Prompt, prompt_list
 from router.generation.structured import ANY_OBJECT
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import LOGIT_BAN, TEMPLATE_OWN_VARIABLES, ChatMessage, SamplingParams
+from worker.protocol import LOGIT_BAN, MEDIA_MARKER, TEMPLATE_OWN_VARIABLES, ChatMessage, Media, SamplingParams
 from router.api.openai.schemas import (
     LOGIT_BIAS_RANGE, MAX_N, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, EmbeddingRequest,
     ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, SamplingFields,
@@ -157,11 +157,43 @@ def completion_logprobs(r: CompletionRequest) -> int | None:
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
+def content_parts(at: str, content: list[Any]) -> tuple[str, list[Media]]:
+    """A message's content parts: the texts joined, with a media marker where each image
+    stands, and the images (router/generation/media.py)."""
+    texts: list[str] = []
+    images: list[Media] = []
+    for j, part in enumerate(content):
+        where = f"{at}.content[{j}]"
+        if not isinstance(part, dict):
+            raise InvalidRequest(f"Invalid type for '{where}': expected a content part object.", where)
+        kind = part.get("type")
+        if kind == "text":
+            t = part.get("text")
+            if not isinstance(t, str):
+                raise InvalidRequest(f"'{where}.text' must be a string.", f"{where}.text")
+            texts.append(t)
+        elif kind == "image_url":
+            value = part.get("image_url")
+            url = value.get("url") if isinstance(value, dict) else value
+            if url is None:
+                raise InvalidRequest(f"Missing required parameter: '{where}.image_url.url'.", f"{where}.image_url.url")
+            images.append(media.from_url(url, f"{where}.image_url.url" if isinstance(value, dict) else f"{where}.image_url"))
+            texts.append(MEDIA_MARKER)
+        elif kind in ("input_audio", "file", "refusal"):
+            raise Unsupported(f"Content parts of type '{kind}' are not supported ({where}).", where)
+        else:
+            raise InvalidRequest(
+                f"Invalid value for '{where}.type': expected 'text' or 'image_url'.", f"{where}.type"
+            )
+    return "".join(texts), images
+
+
 def chat_messages(r: ChatRequest) -> list[ChatMessage]:
     """Normalise OpenAI messages (string or text-part content) for the chat template."""
     if not r.messages:
         raise InvalidRequest("'messages' must contain at least one message.", "messages")
     out: list[ChatMessage] = []
+    seen: list[Media] = []  # the request's images so far
     for i, m in enumerate(r.messages):
         at = f"messages[{i}]"
         role = m.get("role")
@@ -179,25 +211,15 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
         if role == "tool" and tool_call_id is None:
             raise InvalidRequest(f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id")
         content = m.get("content")
+        before = len(seen)
         if content is None:
             text = ""
         elif isinstance(content, str):
             text = content
         elif isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    raise Unsupported(
-                        f"Only text content parts are supported ({at}.content[{j}]).",
-                        f"{at}.content[{j}]",
-                    )
-                t = part.get("text")
-                if not isinstance(t, str):
-                    raise InvalidRequest(
-                        f"'{at}.content[{j}].text' must be a string.", f"{at}.content[{j}].text"
-                    )
-                parts.append(t)
-            text = "".join(parts)
+            text, images = content_parts(at, content)
+            seen.extend(images)
+            media.checked(seen, f"{at}.content")
         else:
             raise InvalidRequest(
                 f"Invalid type for '{at}.content': expected a string or an array of parts.",
@@ -212,6 +234,7 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
                 tool_calls=tool_calls,
                 tool_call_id=tool_call_id,
                 reasoning_content=tool_schemas.optional_string(at, m, "reasoning_content"),
+                media=seen[before:] or None,
             )
         )
     # A final assistant message is continued (prefill); two at the end leave no turn to

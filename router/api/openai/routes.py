@@ -29,6 +29,7 @@ from router.generation.job import GenerationJob
 from router.server import access_log, auth, bodies
 from router.server.json_body import decode
 from router.upstream.pool import replica_view
+from supervisor.config import projector
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
@@ -81,6 +82,8 @@ def register(app: Blueprint, server: Server) -> None:
             "tags": list(h.spec.tags),
             "state": h.state.value,
             "status": llama_status(h.state, h.sleeping),
+            # What its prompts may hold besides text, as GET /props says (its projector).
+            "modalities": {m: m in projector.modalities(h.spec.mmproj) for m in ("vision", "audio")},
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first

@@ -11,19 +11,27 @@ import pytest
 
 from supervisor.config import search as config_search
 from supervisor.config import ConfigError, parse, without_file
-from supervisor.config.models_dir import Entry, fingerprint, scan
+from supervisor.config.models_dir import Entry, fingerprint, pair_projectors, scan
 from supervisor.config.upstreams import MISSING_PATH
 
 
-def gguf_bytes(architecture: str | None = "llama") -> bytes:
-    """The smallest file whose header reads as a GGUF's (no tensors)."""
+def gguf_bytes(architecture: str | None = "llama", flags: tuple[str, ...] = ()) -> bytes:
+    """The smallest file whose header reads as a GGUF's (no tensors), with each of `flags`
+    a bool key set true (a projector's clip.has_vision_encoder)."""
     pairs = b""
     n = 0
     if architecture is not None:
         key, value = b"general.architecture", architecture.encode()
         pairs = struct.pack("<Q", len(key)) + key + struct.pack("<I", 8) + struct.pack("<Q", len(value)) + value
         n = 1
+    for flag in flags:
+        key = flag.encode()
+        pairs += struct.pack("<Q", len(key)) + key + struct.pack("<I", 7) + b"\x01"
+        n += 1
     return b"GGUF" + struct.pack("<IQQ", 3, 0, n) + pairs
+
+
+PROJECTOR = gguf_bytes("clip", ("clip.has_vision_encoder",))
 
 
 def put(folder: Path, *names: str, data: bytes | None = None) -> None:
@@ -175,19 +183,50 @@ def test_a_broken_split_set_fails_the_config_naming_the_file(tmp_path: Path) -> 
     assert ps == ["server.models_dir: big-00001-of-00002.gguf: split set lacks part(s) 00002 of 00002"]
 
 
-def test_a_half_written_file_or_a_projector_is_passed_over_with_a_warning(
+def test_a_half_written_file_or_an_unpaired_projector_is_passed_over_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    put(tmp_path, "a.gguf")
+    put(tmp_path, "a.gguf", "b.gguf")
     put(tmp_path, "copying.gguf", data=b"GGU")  # a copy that has barely begun
     put(tmp_path, "empty.gguf", data=b"")
-    put(tmp_path, "mmproj-a.gguf", data=gguf_bytes("clip"))
+    put(tmp_path, "mmproj-zzz.gguf", data=PROJECTOR)  # fits neither a nor b by name
     with caplog.at_level(logging.WARNING, "corral.models_dir"):
         cfg = parse('[server]\nmodels_dir = "."\n', tmp_path)
-    assert list(cfg.models) == ["a"]
+    assert sorted(cfg.models) == ["a", "b"]
+    assert cfg.models["a"].mmproj is None and cfg.models["b"].mmproj is None
     warned = caplog.text
     assert "copying.gguf: not a GGUF model file" in warned and "empty.gguf: not a GGUF model file" in warned
-    assert "mmproj-a.gguf: a multimodal projector" in warned
+    assert "mmproj-zzz.gguf: a multimodal projector that fits no one model" in warned
+
+
+def test_the_one_projector_beside_the_one_model_is_its_mmproj(tmp_path: Path) -> None:
+    # llama-server's router mode: a model's mmproj*.gguf lies beside it.
+    put(tmp_path, "gemma-3-4b-it-Q4_K_M.gguf")
+    put(tmp_path, "mmproj-model-f16.gguf", data=PROJECTOR)
+    cfg = parse('[server]\nmodels_dir = "."\n', tmp_path)
+    assert list(cfg.models) == ["gemma-3-4b-it-Q4_K_M"]
+    assert cfg.models["gemma-3-4b-it-Q4_K_M"].mmproj == str(tmp_path / "mmproj-model-f16.gguf")
+
+
+def test_projectors_pair_with_models_by_name_and_a_table_of_its_own_wins(tmp_path: Path) -> None:
+    put(tmp_path, "gemma-3-4b-it-Q4_K_M.gguf", "qwen2.5-7b-Q4_K_M.gguf", "other.gguf")
+    put(tmp_path, "mmproj-gemma-3-4b-it-f16.gguf", "qwen2.5-7b-mmproj-f16.gguf", data=PROJECTOR)
+    put(tmp_path / "elsewhere", "mine.gguf", data=PROJECTOR)
+    cfg = parse(
+        '[server]\nmodels_dir = "."\n[models.\"qwen2.5-7b-Q4_K_M\"]\nmmproj = "elsewhere/mine.gguf"\n', tmp_path
+    )
+    assert cfg.models["gemma-3-4b-it-Q4_K_M"].mmproj == str(tmp_path / "mmproj-gemma-3-4b-it-f16.gguf")
+    assert cfg.models["qwen2.5-7b-Q4_K_M"].mmproj == str(tmp_path / "elsewhere" / "mine.gguf")
+    assert cfg.models["other"].mmproj is None
+
+
+def test_pairing_is_pure_and_refuses_a_tie() -> None:
+    assert pair_projectors(["mmproj-x.gguf"], ["only"]) == ({"only": "mmproj-x.gguf"}, [])
+    # Two models share the projector's name as far: neither gets it.
+    assert pair_projectors(["mmproj-llava-7b.gguf"], ["llava-7b-q4", "llava-7b-q8"]) == ({}, ["mmproj-llava-7b.gguf"])
+    assert pair_projectors(["mmproj-llava-7b.gguf", "mmproj-gemma.gguf"], ["llava-7b-q4", "gemma-3", "x"]) == (
+        {"llava-7b-q4": "mmproj-llava-7b.gguf", "gemma-3": "mmproj-gemma.gguf"}, []
+    )
 
 
 def test_links_are_followed_and_a_broken_one_is_passed_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

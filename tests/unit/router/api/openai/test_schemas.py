@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ from router.server.json_body import decode
 from router.api.openai import schemas as s
 from router.api.openai import translate
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import MAX_STOP_STRINGS, ChatMessage, SamplingParams
+from worker.protocol import MAX_STOP_STRINGS, MEDIA_MARKER, ChatMessage, Media, SamplingParams
 
 
 def body(**fields: Any) -> bytes:
@@ -411,7 +412,8 @@ def test_developer_maps_to_system() -> None:
     assert rf.chat_messages(r)[0] == ChatMessage(role="system", content="rules")
 
 
-def test_image_part_rejected_naming_position() -> None:
+def test_image_part_becomes_a_marker_and_its_bytes() -> None:
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
     r = chat(
         messages=[
             {"role": "system", "content": "s"},
@@ -419,20 +421,53 @@ def test_image_part_rejected_naming_position() -> None:
                 "role": "user",
                 "content": [
                     {"type": "text", "text": "what is this?"},
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}},
+                    {"type": "text", "text": " and this?"},
+                    {"type": "image_url", "image_url": base64.b64encode(png + b"2").decode()},
                 ],
             },
         ]
     )
+    out = rf.chat_messages(r)
+    assert out[0].media is None
+    assert out[1].content == f"what is this?{MEDIA_MARKER} and this?{MEDIA_MARKER}"
+    assert out[1].media == [
+        Media(data=png, param="messages[1].content[1].image_url.url"),
+        Media(data=png + b"2", param="messages[1].content[3].image_url"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "says"),
+    [
+        ("https://example.com/a.png", Unsupported, "not fetched"),
+        ("http://169.254.169.254/latest", Unsupported, "not fetched"),
+        ("file:///etc/passwd", InvalidRequest, "data URI"),
+        ("data:image/png,rawbytes", InvalidRequest, "base64 data URI"),
+        ("data:text/html;base64,PGgxPg==", InvalidRequest, "unsupported image type"),
+        ("data:image/png;base64,!!notbase64!!", InvalidRequest, "not valid base64"),
+        ("data:image/png;base64,", InvalidRequest, "empty"),
+        (12, InvalidRequest, "expected a string"),
+    ],
+)
+def test_image_urls_that_are_refused_name_the_part(url: object, error: type[Exception], says: str) -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
+    with pytest.raises(error) as info:
+        rf.chat_messages(r)
+    assert info.value.param == "messages[0].content[0].image_url.url"  # type: ignore[attr-defined]
+    assert says in info.value.message  # type: ignore[attr-defined]
+
+
+def test_audio_part_refused_naming_position() -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}])
     with pytest.raises(Unsupported) as info:
         rf.chat_messages(r)
-    assert info.value.param == "messages[1].content[1]"
-    assert "messages[1].content[1]" in info.value.message
+    assert info.value.param == "messages[0].content[0]"
 
 
 def test_non_dict_part_rejected() -> None:
     r = chat(messages=[{"role": "user", "content": ["just a string"]}])
-    with pytest.raises(Unsupported) as info:
+    with pytest.raises(InvalidRequest) as info:
         rf.chat_messages(r)
     assert info.value.param == "messages[0].content[0]"
 

@@ -1,0 +1,120 @@
+"""Images as every dialect sends them, made one internal shape: a `Media` (the bytes, and
+the parameter that carried them) and a MEDIA_MARKER where it stands in the text.
+
+The router only takes the bytes out of their envelope (a `data:` URI, raw base64) and
+bounds them; it never decodes an image. The worker does (worker/media/pictures.py), on a
+preparing thread, so that a crafted file costs a 400 and no time on the event loop.
+
+Remote URLs are not fetched: a server that fetches URLs its clients name is a tool for
+reaching what only it can reach (SSRF). A client sends the image's bytes instead, as
+llama-server requires of /completion and Ollama of every image.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Iterator, Sequence, Union
+
+from supervisor.errors import InvalidRequest, Unsupported
+from worker.protocol import MEDIA_MARKER, Media
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # one image, decoded (OpenAI's limit)
+MAX_IMAGES = 32  # in one request
+# Base64 of MAX_IMAGE_BYTES, with room for line breaks: a longer string is refused unread.
+_MAX_BASE64 = MAX_IMAGE_BYTES * 4 // 3 + 4096
+_DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.ASCII)
+# The image types the worker decodes; others are refused here, by their declared type.
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif", "image/bmp")
+
+
+def from_base64(data: object, param: str) -> Media:
+    """An image sent as base64 (Anthropic's `source.data`, Ollama's `images[i]`)."""
+    if not isinstance(data, str):
+        raise InvalidRequest(f"Invalid type for '{param}': expected a base64 string.", param)
+    if len(data) > _MAX_BASE64:
+        raise InvalidRequest(f"Invalid value for '{param}': the image is over {MAX_IMAGE_BYTES} bytes.", param)
+    try:
+        raw = base64.b64decode("".join(data.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"Invalid value for '{param}': not valid base64 image data.", param) from None
+    if not raw:
+        raise InvalidRequest(f"Invalid value for '{param}': the image is empty.", param)
+    if len(raw) > MAX_IMAGE_BYTES:
+        raise InvalidRequest(f"Invalid value for '{param}': the image is over {MAX_IMAGE_BYTES} bytes.", param)
+    return Media(data=raw, param=param)
+
+
+def from_url(url: object, param: str) -> Media:
+    """An image sent as OpenAI's `image_url.url`: a `data:` URI, or bare base64 (which
+    llama-server and several clients accept too). An http(s) URL is refused."""
+    if not isinstance(url, str):
+        raise InvalidRequest(f"Invalid type for '{param}': expected a string.", param)
+    head = url[:16].lower()
+    if head.startswith(("http://", "https://")):
+        raise Unsupported(
+            f"Image URLs are not fetched ('{param}'): send the image itself as a data URI "
+            "(data:image/png;base64,...).",
+            param,
+        )
+    if head.startswith("data:"):
+        m = _DATA_URI.match(url[:256])
+        if m is None or not m["b64"]:
+            raise InvalidRequest(
+                f"Invalid value for '{param}': expected a base64 data URI (data:image/png;base64,...).", param
+            )
+        mime = (m["mime"] or "").lower()
+        if mime and mime not in IMAGE_TYPES:
+            raise InvalidRequest(
+                f"Invalid value for '{param}': unsupported image type {mime!r} (expected one of "
+                f"{', '.join(t for t in IMAGE_TYPES if t != 'image/jpg')}).",
+                param,
+            )
+        return from_base64(url[m.end():], param)
+    if "://" in head:
+        raise InvalidRequest(f"Invalid value for '{param}': expected a data URI with the image's bytes.", param)
+    return from_base64(url, param)
+
+
+def checked(media: Sequence[Media], param: str) -> None:
+    """A request's images, counted."""
+    if len(media) > MAX_IMAGES:
+        raise InvalidRequest(f"Too many images: {len(media)}; at most {MAX_IMAGES} in one request.", param)
+
+
+Piece = Union[str, Media]
+
+
+def pieces(content: str, media: Sequence[Media] | None) -> Iterator[Piece]:
+    """A message's content split at its markers: text, image, text, ... (empty texts left
+    out). For a dialect that sends images as parts of their own (an upstream's request)."""
+    if not media:
+        if content:
+            yield content
+        return
+    texts = content.split(MEDIA_MARKER)
+    for i, text in enumerate(texts):
+        if text:
+            yield text
+        if i < len(media) and i < len(texts) - 1:
+            yield media[i]
+
+
+def mime_of(data: bytes) -> str:
+    """An image's type from its first bytes, for a data URI sent on to an upstream."""
+    if data.startswith(b"\x89PNG"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data.startswith(b"BM"):
+        return "image/bmp"
+    return "application/octet-stream"
+
+
+def data_uri(m: Media) -> str:
+    return f"data:{mime_of(m.data)};base64,{base64.b64encode(m.data).decode()}"

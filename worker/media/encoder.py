@@ -1,0 +1,86 @@
+"""The encoder thread: images encoded beside the engine loop, never inside a step.
+
+Encoding is the slow part of an image (the vision tower: seconds on a CPU for SigLIP-400M),
+and llama-server runs it in its main loop, so every other slot waits. Here the engine asks
+for an image's embeddings only when a request's decoding reaches it and no cache holds it
+already (a second turn with the same image encodes nothing); the request then waits, the
+others go on stepping, and the engine is woken when the embeddings are ready.
+
+Encoded images are kept in an LRU of `keep_bytes`, keyed by digest (pixels and projector):
+a preempted request, an n > 1 sibling or another request sending the same image reuses them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from worker.media.projector import Projector
+from worker.media.spans import ImageSpan
+
+log = logging.getLogger("worker.media")
+
+KEEP_BYTES = 64 * 1024 * 1024
+
+
+class Encoder:
+    def __init__(self, projector: Projector, wake: Callable[[], None], keep_bytes: int = KEEP_BYTES) -> None:
+        self.projector = projector
+        self._wake = wake  # puts a no-op into the engine's inbox: the engine looks again
+        self._todo: queue.SimpleQueue[ImageSpan | None] = queue.SimpleQueue()
+        self._kept: OrderedDict[bytes, Any] = OrderedDict()
+        self._kept_bytes = 0
+        self._keep_bytes = keep_bytes
+        self._lock = threading.Lock()
+        self.reused = 0  # images whose embeddings came from the LRU
+        self._thread = threading.Thread(target=self._loop, name="encode", daemon=True)
+        self._thread.start()
+
+    @property
+    def encodes(self) -> int:
+        return self.projector.encodes
+
+    def want(self, span: ImageSpan) -> None:
+        """Have `span`'s embeddings made (engine thread); never blocks."""
+        if span.embd is not None or span.queued or span.failed:
+            return
+        with self._lock:
+            kept = self._kept.get(span.digest)
+            if kept is not None:
+                self._kept.move_to_end(span.digest)
+        if kept is not None:
+            span.embd = kept
+            self.reused += 1
+            return
+        span.queued = True
+        self._todo.put(span)
+
+    def stop(self) -> None:
+        self._todo.put(None)
+
+    def _loop(self) -> None:
+        while (span := self._todo.get()) is not None:
+            if span.dropped:
+                continue
+            try:
+                embd = self.projector.encode(span)
+            except Exception as exc:  # costs this request, never the worker
+                log.exception("encoding an image failed")
+                span.failed = f"the image could not be encoded: {exc}"
+            else:
+                self._keep(span.digest, embd)
+                span.embd = embd
+            self._wake()
+
+    def _keep(self, digest: bytes, embd: Any) -> None:
+        with self._lock:
+            if digest in self._kept:
+                return
+            self._kept[digest] = embd
+            self._kept_bytes += embd.nbytes
+            while self._kept_bytes > self._keep_bytes and self._kept:
+                _, old = self._kept.popitem(last=False)
+                self._kept_bytes -= old.nbytes

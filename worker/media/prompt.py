@@ -1,0 +1,55 @@
+"""Stage 2 of a prompt with images (worker/prompts.py has the stages): the images' bytes
+decoded into pixels (worker/media/pictures.py) and the rendered text tokenized around them
+by the projector, on the preparing thread, so that neither touches the step loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from worker.media.pictures import decode
+from worker.protocol import MEDIA_MARKER, Media
+from worker.rejected import RequestRejected
+from worker.request import Request
+from worker.text_limits import Limit, Texts, TextModel, checked
+
+if TYPE_CHECKING:
+    from worker.media.projector import Projector
+
+
+def media_texts(
+    media: Sequence[Media], m: TextModel, projector: Projector | None, text: str, limit: Limit, param: str,
+    request: Callable[[list[int]], Request],
+) -> Texts:
+    """Stage 1 of a prompt with images (the text's byte bound, the markers counted), and
+    stage 2 to come."""
+    if projector is None or not projector.vision:
+        raise RequestRejected(
+            "unsupported",
+            "this model does not take images (its config names no projector: set mmproj)",
+            media[0].param if media else param,
+        )
+    for md in media:
+        if md.kind != "image":
+            raise RequestRejected("unsupported", f"this model's projector does not take {md.kind}", md.param)
+    checked(text, limit, m)
+    n_markers = text.count(MEDIA_MARKER)
+    if n_markers != len(media):
+        raise RequestRejected(
+            "invalid_request",
+            f"the prompt holds {n_markers} media markers ({MEDIA_MARKER}) for {len(media)} images; "
+            "the marker is reserved for images, one each",
+            param,
+        )
+
+    def build(_: list[list[int]]) -> Request:
+        pictures = [decode(md.data, md.param) for md in media]
+        tokens, spans = projector.tokenize(text, pictures, [md.param for md in media])
+        if len(tokens) > limit.most:
+            raise limit.refuse(len(tokens))
+        if spans and spans[-1].end == len(tokens):
+            raise RequestRejected("invalid_request", "the prompt must not end with an image: add text after it", spans[-1].param)
+        req = request(tokens)
+        req.images = tuple(spans)
+        return req
+
+    return Texts([], build)

@@ -1,0 +1,81 @@
+"""How an image stands in a request's tokens: a span of placeholder ids.
+
+Every cache rule in the worker (slot choice, prefix reuse, parked entries, the host-memory
+prompt store, slot files, n-gram drafts) compares token lists. An image's positions are
+given ids that are a function of its pixels (and of the projector that encodes them), so
+each of those rules treats an image as the tokens of that exact image and nothing else:
+
+- placeholders are negative, and every text token is >= 0, so no text ever matches an
+  image, and no placeholder can reach llama.cpp as a token (the engine decodes a span's
+  embeddings; drafts stop at the first negative id);
+- each position's id is drawn from the image's digest and its index (SHAKE-256), 31 bits
+  each: two different images share a prefix of their spans only by a collision of 31 bits
+  at every position, and they differ at the first one;
+- the digest covers the projector's identity, so a prompt saved by a worker with another
+  projector (the prompt store on disk) is never taken for this one's.
+
+Pure: no ctypes. The projector (worker/media/projector.py) makes the spans; the engine's
+image step (worker/media/steps.py) decodes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+def placeholders(digest: bytes, n: int) -> list[int]:
+    """The `n` ids that stand for the image of `digest`, each in -2**31 .. -1."""
+    raw = hashlib.shake_256(digest).digest(4 * n)
+    return [-1 - (int.from_bytes(raw[4 * i : 4 * i + 4], "little") & 0x7FFFFFFF) for i in range(n)]
+
+
+def is_placeholder(token: int) -> bool:
+    return token < 0
+
+
+@dataclass(eq=False)
+class ImageSpan:
+    """One image of a request: its positions start .. start + n - 1 in the request's tokens.
+
+    `chunk` is the projector's handle (an owned libmtmd chunk); `embd` its embeddings once
+    encoded (set by the encoder thread, read by the engine's); `failed` why it could not be.
+    """
+
+    start: int
+    tokens: list[int]
+    digest: bytes
+    chunk: Any = None
+    embd: Any = None  # numpy float32, n x n_embd, once encoded
+    failed: str | None = None
+    queued: bool = False  # handed to the encoder (worker/media/encoder.py)
+    dropped: bool = False  # its request ended: the encoder skips it
+    param: str = ""
+    n_pos: int = field(default=0)
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def text_ahead(spans: Sequence[ImageSpan], n_cached: int, n_tokens: int) -> int:
+    """How many tokens after the first `n_cached` may go into a batch as text: up to the next
+    image (0 when the next position is an image's, or inside one)."""
+    for s in spans:
+        if s.end > n_cached:
+            return max(0, s.start - n_cached)
+    return n_tokens - n_cached
+
+
+def image_at(spans: Sequence[ImageSpan], n_cached: int) -> ImageSpan | None:
+    """The image whose positions the next decode of a sequence holding `n_cached` tokens
+    reaches, if any: one that starts there, or one the cache ends inside of."""
+    for s in spans:
+        if s.start <= n_cached < s.end:
+            return s
+    return None

@@ -1,0 +1,81 @@
+"""The engine's image step: each running request whose decoding has reached an image gets
+that image's embeddings decoded into its own sequence, before the step's batch.
+
+- An image whose embeddings are not made yet is asked of the encoder thread
+  (worker/media/encoder.py); its request puts nothing into batches until they are, and the
+  other requests go on stepping. When every running request waits for an encoder, the
+  engine sleeps until one is done (`stalled`).
+- An image is decoded by a llama_decode of its own: gemma-3's images attend both ways
+  (non-causal), which a batch shared with other requests' text cannot do.
+- A sequence whose books end inside an image (which no rule should leave, but a cache
+  rule that cut a prefix there would) is cut back to the image's start: half an image is
+  never kept.
+- No KV room for an image: the pool's remedies, asked as for a one-token batch (a smaller
+  batch cannot help an image, which is decoded whole): purge, preempt, else the request
+  ends with `length`, as a text prompt that fills the pool does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import llama_cpp
+
+from worker.kv_cache import KvCache
+from worker.kv_room import KvRoom
+from worker.media.encoder import Encoder
+from worker.media.spans import image_at
+from worker.outcomes import Requests
+from worker.request import Request
+from worker.slots import Slot
+
+log = logging.getLogger("worker.media")
+
+
+class ImageSteps:
+    def __init__(
+        self, ctx: llama_cpp.llama_context_p, encoder: Encoder, kv: KvCache, room: KvRoom, requests: Requests
+    ) -> None:
+        self.ctx, self.encoder, self.kv, self.room, self.requests = ctx, encoder, kv, room, requests
+        self.decoded_tokens = 0  # image positions decoded (they count as prompt tokens decoded)
+
+    def step(self, slots: Sequence[Slot[Request]]) -> None:
+        for slot in slots:
+            req = slot.request
+            if req is None or not req.images or req.follows is not None or req.awaits is not None:
+                continue
+            while (span := image_at(req.images, len(slot.cache))) is not None:
+                if len(slot.cache) > span.start:
+                    self.kv.keep(slot, span.start)
+                    if len(slot.cache) != span.start:  # the window rule dropped it all
+                        self.kv.drop(slot)
+                    continue
+                if span.failed:
+                    self.requests.error(req, "internal", span.failed)
+                    break
+                if span.embd is None:
+                    self.encoder.want(span)
+                    if span.embd is None:
+                        break
+                rc = self.encoder.projector.decode(self.ctx, span, slot.seq_id)
+                if rc == 0:
+                    self.kv.decoded(slot, span.tokens)
+                    self.decoded_tokens += span.n
+                    continue
+                if rc == 1 and self.room.make_room(1) is not None:
+                    break  # room was made (or this request preempted): the next step tries again
+                self.room.fail_plan([req], rc)
+                break
+
+    def stalled(self, slots: Sequence[Slot[Request]]) -> bool:
+        """Every running request waits for an image to be encoded: nothing to step."""
+        running = [s.request for s in slots if s.request is not None]
+        return bool(running) and all(_waits(r, len(r.slot.cache) if r.slot is not None else 0) for r in running)
+
+
+def _waits(req: Request, n_cached: int) -> bool:
+    if not req.images:
+        return False
+    span = image_at(req.images, n_cached)
+    return span is not None and span.embd is None and not span.failed
