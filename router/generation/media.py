@@ -77,10 +77,10 @@ def from_url(url: object, param: str) -> Media:
     return from_base64(url, param)
 
 
-def checked(media: Sequence[Media], param: str) -> None:
-    """A request's images, counted."""
-    if len(media) > MAX_IMAGES:
-        raise InvalidRequest(f"Too many images: {len(media)}; at most {MAX_IMAGES} in one request.", param)
+def counted(n: int, param: str) -> None:
+    """A request's images so far, `n`, bounded; `param`: where the last came."""
+    if n > MAX_IMAGES:
+        raise InvalidRequest(f"Too many images: {n}; at most {MAX_IMAGES} in one request.", param)
 
 
 Piece = Union[str, Media]

@@ -70,7 +70,11 @@ def _one(x: object, param: str) -> Prompt:
     if isinstance(x, dict):
         if "prompt_string" in x:
             if "multimodal_data" in x:
-                raise InvalidRequest(f"Invalid value for '{param}': this model takes no multimodal data.", param)
+                raise InvalidRequest(
+                    f"Invalid value for '{param}': multimodal_data is taken in a request's one prompt object, "
+                    "not in a list of prompts or an embedding.",
+                    param,
+                )
             inner = x["prompt_string"]
             if isinstance(inner, (str, list)):
                 return _one(inner, f"{param}.prompt_string")

@@ -179,6 +179,11 @@ _SPECULATIVE: tuple[tuple[str, str], ...] = (
     ("draft_tokens", "Draft tokens fed to the model for verification (n-gram lookup)."),
     ("draft_accepted", "Draft tokens the model's own samples agreed with (each one a token sooner)."),
 )
+# A vision model's images, from the same Pong: `corral_model_images_<key>` (worker/media/).
+_IMAGES: tuple[tuple[str, str], ...] = (
+    ("encoded", "Images run through the projector's encoder (the slow part of an image)."),
+    ("reused", "Images whose encoding was kept from an earlier request (none run again)."),
+)
 
 
 def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
@@ -204,6 +209,12 @@ def _worker_counters(stats: list[ModelStats]) -> Iterable[Metric]:
             if key in m.prompt_cache:
                 spec.add_metric([m.name], float(m.prompt_cache[key]))
         yield spec
+    for key, doc in _IMAGES:
+        images = CounterMetricFamily(f"corral_model_images_{key}", doc, labels=["model"])
+        for m in stats:
+            if f"images_{key}" in m.prompt_cache:
+                images.add_metric([m.name], float(m.prompt_cache[f"images_{key}"]))
+        yield images
 
 
 def register(app: QuartTrio, supervisor: Supervisor, more: Iterable[Collector] = ()) -> None:

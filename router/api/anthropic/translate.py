@@ -8,7 +8,8 @@
 - A message's blocks become chat messages: text is the content (a user's blocks joined by
   a blank line); `thinking` is an assistant's reasoning_content; `tool_use` blocks are its
   tool_calls; each `tool_result` is a `tool` message answering its call, before the user's
-  own text, as Anthropic orders them. Images and documents need a vision model, which
+  own text, as Anthropic orders them. Images (base64 sources) go with the user turn's text as
+  media markers (router/generation/media.py); documents need a file store, which
   Corral does not run: a 400 naming the block.
 - `tools` (name, description, input_schema) are function tools; `tool_choice` auto / any /
   tool / none is auto / required / that function / none, and `disable_parallel_tool_use`
@@ -28,11 +29,12 @@ from typing import Any
 import msgspec
 
 from router.api.anthropic import schemas as s
+from router.generation import media
 from router.generation import sampling, structured, tool_schemas
 from router.generation.job import GenerationJob
 from router.generation.tool_schemas import ToolRequest
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Media, SamplingParams, ToolCall
 
 # Claude Code's first system block is a billing header whose `cch=` stamp changes with
 # every request, so no prompt would share a cached prefix past it. llama-server blanks it
@@ -93,16 +95,37 @@ def _system_turn(out: list[ChatMessage], text: str) -> None:
             out[-1] = ChatMessage(role="system", content=out[-1].content + "\n\n" + text)
         else:
             out.append(ChatMessage(role="system", content=text))
-    elif out[-1].role == "user":
-        out[-1] = ChatMessage(role="user", content=out[-1].content + "\n\n" + text)
+    elif out[-1].role == "user":  # its images stay with it
+        out[-1] = msgspec.structs.replace(out[-1], content=out[-1].content + "\n\n" + text)
     else:
         out.append(ChatMessage(role="user", content=text))
 
 
-def _refuse_media(block: s.Block, at: str) -> None:
-    if isinstance(block, (s.ImageBlock, s.DocumentBlock)):
-        kind = "images" if isinstance(block, s.ImageBlock) else "documents"
-        raise Unsupported(f"'{at}': {kind} are not supported (Corral runs text models).", at)
+def _refuse_media(block: s.Block, at: str, where: str = "here") -> None:
+    if isinstance(block, s.DocumentBlock):
+        raise Unsupported(f"'{at}': documents are not supported.", at)
+    if isinstance(block, s.ImageBlock):
+        raise Unsupported(f"'{at}': images are taken in a user message's content only, not {where}.", at)
+
+
+def image(block: s.ImageBlock, at: str) -> Media:
+    """An image block's bytes: a `base64` source (Anthropic's `url` and `file` sources
+    would need a fetch or a file store, which Corral does not do)."""
+    src = block.source
+    if not isinstance(src, dict):
+        raise InvalidRequest(f"Missing required parameter: '{at}.source'.", f"{at}.source")
+    kind = src.get("type")
+    if kind == "url":
+        raise Unsupported(f"'{at}.source': image URLs are not fetched; send a base64 source.", f"{at}.source.type")
+    if kind != "base64":
+        raise InvalidRequest(f"Invalid value for '{at}.source.type': expected 'base64'.", f"{at}.source.type")
+    mime = src.get("media_type")
+    if mime not in media.IMAGE_TYPES:
+        raise InvalidRequest(
+            f"Invalid value for '{at}.source.media_type': expected one of image/jpeg, image/png, image/gif, image/webp.",
+            f"{at}.source.media_type",
+        )
+    return media.from_base64(src.get("data"), f"{at}.source.data")
 
 
 def _user(blocks: list[s.Block], at: str) -> list[ChatMessage]:
@@ -111,8 +134,14 @@ def _user(blocks: list[s.Block], at: str) -> list[ChatMessage]:
         raise InvalidRequest(f"'{at}.content' must not be empty.", f"{at}.content")
     results: list[ChatMessage] = []
     texts: list[str] = []
+    images: list[Media] = []
     for j, b in enumerate(blocks):
         bat = f"{at}.content[{j}]"
+        if isinstance(b, s.ImageBlock):
+            images.append(image(b, bat))
+            media.counted(len(images), bat)
+            texts.append(MEDIA_MARKER)
+            continue
         _refuse_media(b, bat)
         if isinstance(b, s.TextBlock):
             texts.append(b.text)
@@ -121,7 +150,7 @@ def _user(blocks: list[s.Block], at: str) -> list[ChatMessage]:
         elif not isinstance(b, (s.ThinkingBlock, s.RedactedThinkingBlock)):  # ToolUseBlock
             raise InvalidRequest(f"'{bat}': a tool_use block belongs in an assistant message.", f"{bat}.type")
     if texts:
-        results.append(ChatMessage(role="user", content="\n\n".join(texts)))
+        results.append(ChatMessage(role="user", content="\n\n".join(texts), media=images or None))
     return results
 
 
@@ -130,7 +159,7 @@ def _result_text(b: s.ToolResultBlock, at: str) -> str:
         text = b.content or ""
     else:
         for k, part in enumerate(b.content):
-            _refuse_media(part, f"{at}.content[{k}]")
+            _refuse_media(part, f"{at}.content[{k}]", "in a tool result")
         text = "\n\n".join(p.text for p in b.content if isinstance(p, s.TextBlock))
     # The template has no field for a failed call: the model reads it in the text.
     return f"Error: {text}" if b.is_error and not text.lower().startswith("error") else text
@@ -142,7 +171,7 @@ def _assistant(blocks: list[s.Block], at: str) -> ChatMessage:
     calls: list[ToolCall] = []
     for j, b in enumerate(blocks):
         bat = f"{at}.content[{j}]"
-        _refuse_media(b, bat)
+        _refuse_media(b, bat, "in an assistant message")
         if isinstance(b, s.TextBlock):
             texts.append(b.text)
         elif isinstance(b, s.ThinkingBlock):

@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 
 from router.api.ollama.schemas import OllamaChatRequest, OllamaGenerateRequest, KeepAliveValue, OllamaOptions
-from router.generation import sampling, structured, tool_schemas
+from router.generation import media, sampling, structured, tool_schemas
 from router.generation.job import GenerationJob, KeepAlive
 from router.generation.structured import ANY_OBJECT
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Media, SamplingParams, ToolCall
 
 _ROLES = ("system", "user", "assistant", "tool")
 # Go's time.ParseDuration: a sequence of decimal numbers, each with a unit.
@@ -155,8 +155,9 @@ def _think(think: bool | str | None) -> dict[str, Any] | None:
 
 def messages(raw: list[dict[str, Any]]) -> list[ChatMessage]:
     """Ollama's messages: role, content, thinking, tool_calls (arguments as an object),
-    tool_name on a tool's answer. Images need a vision model, which Corral does not run."""
+    tool_name on a tool's answer, images (base64, placed as `with_images` says)."""
     out: list[ChatMessage] = []
+    seen = 0
     for i, m in enumerate(raw):
         at = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -164,14 +165,14 @@ def messages(raw: list[dict[str, Any]]) -> list[ChatMessage]:
         role = m.get("role")
         if not isinstance(role, str) or role.lower() not in _ROLES:
             raise InvalidRequest(f"Invalid value for '{at}.role': expected one of {list(_ROLES)}.", f"{at}.role")
-        if m.get("images"):
-            raise Unsupported(
-                f"'{at}.images': images are not supported (Corral runs text models).", f"{at}.images"
-            )
+        content, images = with_images(_string(m, "content", at) or "", m.get("images"), f"{at}.images")
+        seen += len(images)
+        media.counted(seen, f"{at}.images")
         out.append(
             ChatMessage(
                 role=role.lower(),
-                content=_string(m, "content", at) or "",
+                content=content,
+                media=images or None,
                 name=_string(m, "tool_name", at),
                 tool_calls=_calls(m.get("tool_calls"), at, i),
                 tool_call_id=_string(m, "tool_call_id", at),
@@ -179,6 +180,21 @@ def messages(raw: list[dict[str, Any]]) -> list[ChatMessage]:
             )
         )
     return out
+
+
+def with_images(content: str, images: Any, param: str) -> tuple[str, list[Media]]:
+    """A text and its `images` (base64 strings), each where an "[img]" of the text stands,
+    else before the text, as Ollama places them (server/prompt.go, chatPrompt)."""
+    if not images:
+        return content, []
+    if not isinstance(images, list):
+        raise InvalidRequest(f"Invalid type for '{param}': expected an array of base64 strings.", param)
+    out = [media.from_base64(img, f"{param}[{k}]") for k, img in enumerate(images)]
+    # The first images take the "[img]"s in order; those left over go before the text, so
+    # in the text's order (the markers') they come first.
+    placed = min(content.count("[img]"), len(out))
+    content = content.replace("[img]", MEDIA_MARKER, placed)
+    return MEDIA_MARKER * (len(out) - placed) + content, out[placed:] + out[:placed]
 
 
 def _string(m: dict[str, Any], key: str, at: str) -> str | None:
@@ -235,16 +251,18 @@ def generate_job(r: OllamaGenerateRequest, model: str, defaults: SamplingParams)
     ):
         if value:
             raise Unsupported(f"'{name}' is not supported: {why}.", name)
-    if r.images:
-        raise Unsupported("'images' are not supported (Corral runs text models).", "images")
+    prompt, images = with_images(r.prompt or "", r.images, "images")
+    media.counted(len(images), "images")
     params = _constraint(sampling_params(r.options, defaults), r.format)
     stream, kept = r.stream is not False, keep_alive(r.keep_alive)
     if r.raw:
         if r.system:
             raise InvalidRequest("raw mode does not support template, system, or context", "system")
-        return GenerationJob(model=model, params=params, prompt=r.prompt or "", stream=stream, keep_alive=kept)
+        return GenerationJob(
+            model=model, params=params, prompt=prompt, stream=stream, keep_alive=kept, media=tuple(images)
+        )
     turns = ([ChatMessage(role="system", content=r.system)] if r.system else []) + [
-        ChatMessage(role="user", content=r.prompt or "")
+        ChatMessage(role="user", content=prompt, media=images or None)
     ]
     return GenerationJob(
         model=model, params=params, messages=tuple(turns), template_kwargs=_think(r.think), effort=_effort(r.think),

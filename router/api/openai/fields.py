@@ -219,7 +219,7 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
         elif isinstance(content, list):
             text, images = content_parts(at, content)
             seen.extend(images)
-            media.checked(seen, f"{at}.content")
+            media.counted(len(seen), f"{at}.content")
         else:
             raise InvalidRequest(
                 f"Invalid type for '{at}.content': expected a string or an array of parts.",

@@ -4,8 +4,9 @@ function tools: what the internal request holds (router/generation/job.py).
 Items, in order:
 - a message (`type` "message" or left out): `role` user, system, developer or assistant;
   `content` a string or parts (`input_text`, and `output_text` / `refusal` in an
-  assistant's, as a client sends its earlier output back). Images and files need a vision
-  model, which Corral does not run: a 400 naming the part;
+  assistant's, as a client sends its earlier output back); `input_image` in a user's (its
+  `image_url` a data URI: router/generation/media.py), which a vision model sees where it
+  stands. Files need a file store, which Corral does not run: a 400 naming the part;
 - `function_call` (call_id, name, arguments) and `reasoning` (its text, or its summary's)
   join the assistant turn they belong to, as its tool_calls and reasoning_content;
 - `function_call_output` (call_id, output) is a `tool` message answering that call.
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.generation import tool_schemas
+from router.generation import media, tool_schemas
 from router.generation.tool_schemas import ToolRequest
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Media, ToolCall
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
@@ -38,6 +39,12 @@ def _string(item: dict[str, Any], key: str, at: str, required: bool = True) -> s
 
 def _text(content: Any, at: str) -> str:
     """A string, or text parts joined; an image or a file is refused."""
+    return _content(content, at, images=None)
+
+
+def _content(content: Any, at: str, images: list[Media] | None) -> str:
+    """A string, or its parts' texts joined, with a media marker for each `input_image`,
+    whose bytes go to `images` (None: no image may stand here)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -46,8 +53,15 @@ def _text(content: Any, at: str) -> str:
     for j, part in enumerate(content):
         pat = f"{at}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images is not None:
+            if part.get("file_id") is not None and part.get("image_url") is None:
+                raise Unsupported(f"'{pat}.file_id': Corral keeps no files; send image_url as a data URI.", f"{pat}.file_id")
+            images.append(media.from_url(part.get("image_url"), f"{pat}.image_url"))
+            texts.append(MEDIA_MARKER)
+            continue
         if kind in ("input_image", "input_file", "input_audio"):
-            raise Unsupported(f"'{pat}.type': {kind} parts are not supported (Corral runs text models).", f"{pat}.type")
+            where = "here" if kind == "input_image" else "by Corral"
+            raise Unsupported(f"'{pat}.type': {kind} parts are not supported {where}.", f"{pat}.type")
         if kind == "refusal":
             texts.append(_string(part, "refusal", pat))
         elif kind in _TEXT_PARTS:
@@ -94,6 +108,7 @@ def chat_messages(input: str | list[Any] | None) -> list[ChatMessage]:
     if isinstance(input, str):
         return [ChatMessage(role="user", content=input)]
     turns = _Turns()
+    seen = 0  # images so far
     for i, item in enumerate(input):
         at = f"input[{i}]"
         if not isinstance(item, dict):
@@ -103,11 +118,14 @@ def chat_messages(input: str | list[Any] | None) -> list[ChatMessage]:
             role = item.get("role")
             if role not in _ROLES:
                 raise InvalidRequest(f"Invalid value for '{at}.role': expected one of {list(_ROLES)}.", f"{at}.role")
-            text = _text(item.get("content"), f"{at}.content")
+            images: list[Media] = []
+            text = _content(item.get("content"), f"{at}.content", images if role == "user" else None)
+            seen += len(images)
+            media.counted(seen, f"{at}.content")
             if role == "assistant":
                 turns.content.append(text)
             else:  # "developer" is the system role's newer name; templates know "system"
-                turns.add(ChatMessage(role="system" if role == "developer" else role, content=text))
+                turns.add(ChatMessage(role="system" if role == "developer" else role, content=text, media=images or None))
         elif kind == "function_call":
             call_id, name = _string(item, "call_id", at), _string(item, "name", at)
             turns.calls.append(ToolCall(id=call_id, name=name, arguments=_string(item, "arguments", at)))

@@ -26,9 +26,11 @@ Pure: no I/O, tested without an upstream.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
+from router.generation import media
 from router.generation.job import GenerationJob
 from router.generation.remote.outbound import answered_ids, sent_set
 from router.generation.structured import json_mode
@@ -193,6 +195,14 @@ def _blocks(i: int, m: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
         for j, c in enumerate(m.tool_calls or ()):
             blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _input(i, j, c.arguments)})
         return "assistant", blocks
+    if m.media:  # text and image blocks, in the order the client sent them
+        return "user", [
+            {"type": "text", "text": p} if isinstance(p, str) else {
+                "type": "image", "source": {"type": "base64", "media_type": media.mime_of(p.data),
+                                            "data": base64.b64encode(p.data).decode()},
+            }
+            for p in media.pieces(m.content, m.media)
+        ]
     # An empty text block is refused there; an empty user message says nothing.
     return "user", [{"type": "text", "text": m.content}] if m.content else []
 

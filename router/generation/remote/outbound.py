@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from router.generation import media
 from router.generation.job import GenerationJob
 from router.generation.structured import json_mode
 from supervisor.errors import Unsupported
@@ -95,6 +96,8 @@ def completion_body(job: GenerationJob, model: str) -> dict[str, Any]:
     """The text completion request for a job with one text prompt."""
     if job.prompt is None or job.prompt_list is not None or job.prompt_parts is not None or job.infill is not None:
         raise Unsupported("Only a text prompt can be sent to this model's upstream.", "prompt")
+    if job.media:  # a completion has no place for images in OpenAI's API
+        raise Unsupported("A prompt with images cannot be sent to this model's upstream; send a chat.", job.media[0].param)
     body: dict[str, Any] = {"model": model, "prompt": job.prompt}
     body.update(_sampling(job))
     if job.echo:
@@ -164,6 +167,11 @@ def answered_ids(turns: tuple[ChatMessage, ...]) -> list[ChatMessage]:
 
 def _message(m: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.media:  # text and image_url parts, in the order the client sent them
+        out["content"] = [
+            {"type": "text", "text": p} if isinstance(p, str) else {"type": "image_url", "image_url": {"url": media.data_uri(p)}}
+            for p in media.pieces(m.content, m.media)
+        ]
     if m.name is not None:
         out["name"] = m.name
     if m.tool_calls:

@@ -127,7 +127,17 @@ def test_claude_codes_billing_stamp_is_blanked_so_the_prefix_cache_holds() -> No
         ({"stop_sequences": [""]}, "stop_sequences"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": ""}}]}]}, "messages[0].content[0]"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": ""}}]}]},
+         "messages[0].content[0].source.media_type"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
+         "messages[0].content[0].source.data"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]},
+         "messages[0].content[0].source.type"),
+        ({"messages": [{"role": "assistant", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}]}]},
+         "messages[0].content[0]"),
+        ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]}, "messages[0].content[0].type"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),

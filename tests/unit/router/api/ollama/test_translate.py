@@ -16,7 +16,7 @@ from router.generation.job import KeepAlive
 from router.generation.structured import ANY_OBJECT
 from router.server.json_body import decode
 from supervisor.errors import CorralError, InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Media, SamplingParams, ToolCall
 
 
 def chat(**body: Any) -> OllamaChatRequest:
@@ -121,7 +121,8 @@ def test_messages_take_thinking_tool_calls_as_objects_and_tool_names() -> None:
     [
         ({"role": "robot", "content": "x"}, "messages[0].role", InvalidRequest),
         ({"role": "user", "content": 7}, "messages[0].content", InvalidRequest),
-        ({"role": "user", "content": "x", "images": ["aGk="]}, "messages[0].images", Unsupported),
+        ({"role": "user", "content": "x", "images": ["not base64!"]}, "messages[0].images[0]", InvalidRequest),
+        ({"role": "user", "content": "x", "images": "aGk="}, "messages[0].images", InvalidRequest),
         ({"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}, "messages[0].tool_calls[0].function.name",
          InvalidRequest),
         ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]},
@@ -158,6 +159,13 @@ def test_think_false_turns_thinking_off_and_keep_alive_rides_on_the_job() -> Non
     assert exc.value.param == "think"
 
 
+def test_images_stand_where_img_says_else_before_the_text_as_ollama_places_them() -> None:
+    [m] = messages([{"role": "user", "content": "compare [img] with this", "images": ["aGk=", "aG8="]}])
+    assert m.content == f"{MEDIA_MARKER}compare {MEDIA_MARKER} with this"
+    # In the text's order: the image left over (the second) stands first.
+    assert m.media == [Media(data=b"ho", param="messages[0].images[1]"), Media(data=b"hi", param="messages[0].images[0]")]
+
+
 def test_generate_renders_system_and_prompt_as_a_chat_unless_raw() -> None:
     def gen(**body: Any) -> OllamaGenerateRequest:
         r: OllamaGenerateRequest = msgspec.json.decode(json.dumps({"model": "m", **body}), type=OllamaGenerateRequest)
@@ -169,7 +177,7 @@ def test_generate_renders_system_and_prompt_as_a_chat_unless_raw() -> None:
     raw = generate_job(gen(prompt="<s>hi", raw=True), "m", SamplingParams())
     assert raw.messages is None and raw.prompt == "<s>hi"
     for body, param in (({"suffix": "end"}, "suffix"), ({"template": "{{ .Prompt }}"}, "template"),
-                        ({"context": [1, 2]}, "context"), ({"images": ["aGk="]}, "images"),
+                        ({"context": [1, 2]}, "context"), ({"images": ["!"]}, "images[0]"),
                         ({"raw": True, "system": "s"}, "system")):
         with pytest.raises(CorralError) as exc:
             generate_job(gen(prompt="x", **body), "m", SamplingParams())

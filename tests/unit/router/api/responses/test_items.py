@@ -16,7 +16,7 @@ from router.api.responses.translate import echo, refuse_unserved, responses_job
 from router.generation.tool_schemas import ToolRequest
 from router.server.json_body import decode
 from supervisor.errors import CorralError, InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, SamplingParams, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Media, SamplingParams, ToolCall
 
 NO_TOOLS = ToolRequest()
 FN = {"type": "function", "name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": True}
@@ -107,7 +107,13 @@ def _refused(fn: Any) -> CorralError:
     [
         ([], "input"),
         ([{"role": "robot", "content": "x"}], "input[0].role"),
-        ([{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}], "input[0].content[0].type"),
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}], "input[0].content[0].image_url"),
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "https://x.example/a.png"}]}],
+         "input[0].content[0].image_url"),
+        ([{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}], "input[0].content[0].file_id"),
+        ([{"role": "assistant", "content": [{"type": "input_image", "image_url": "data:image/png;base64,aGk="}]}],
+         "input[0].content[0].type"),
+        ([{"role": "user", "content": [{"type": "input_file", "file_data": "x"}]}], "input[0].content[0].type"),
         ([{"role": "user", "content": [{"type": "nope"}]}], "input[0].content[0].type"),
         ([{"role": "user", "content": 5}], "input[0].content"),
         ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].call_id"),
@@ -180,3 +186,13 @@ def test_sampling_ranges_name_the_responses_parameter() -> None:
     assert _refused(lambda: responses_job(r, "m", SamplingParams(), (), NO_TOOLS)).param == "temperature"
     r = request(input="x", text={"format": {"type": "json_schema", "name": "x"}})
     assert _refused(lambda: responses_job(r, "m", SamplingParams(), (), NO_TOOLS)).param == "text.format.schema"
+
+
+def test_an_input_image_is_a_marker_in_its_users_text_and_its_bytes() -> None:
+    out = chat_messages([{"role": "user", "content": [
+        {"type": "input_text", "text": "what is "},
+        {"type": "input_image", "image_url": "data:image/png;base64,aGk=", "detail": "auto"},
+        {"type": "input_text", "text": "?"},
+    ]}])
+    assert out == [ChatMessage(role="user", content=f"what is {MEDIA_MARKER}?", media=[
+        Media(data=b"hi", param="input[0].content[1].image_url")])]
