@@ -46,9 +46,9 @@ check: setup
 
 # The long runs of the fuzz and mix tests that `make test` runs short (docs/development.md
 # has their last figures): each count is an environment variable of its test.
-LONG_RUNS := CORRAL_API_FUZZ_REQUESTS=2000 CORRAL_API_FUZZ_COVERAGE=1 CORRAL_FUZZ_REQUESTS=1000 CORRAL_KV_MIXES=60 CORRAL_SLOT_FUZZ=1000 \
+LONG_RUNS := CORRAL_API_FUZZ_REQUESTS=2000 CORRAL_API_FUZZ_COVERAGE=1 CORRAL_FUZZ_REQUESTS=1000 CORRAL_KV_MIXES=60 CORRAL_IMAGE_MIXES=60 CORRAL_SLOT_FUZZ=1000 \
 	CORRAL_PEER_SELECTION=all
-LONG_TESTS := tests/e2e/test_openapi_fuzz.py tests/e2e/test_fuzz.py tests/e2e/test_kv_mixes.py \
+LONG_TESTS := tests/e2e/test_openapi_fuzz.py tests/e2e/test_fuzz.py tests/e2e/test_kv_mixes.py tests/e2e/test_images_engine.py \
 	tests/e2e/test_slot_files_hostile.py tests/peer/test_upstream_selection.py
 test-long: setup model
 	$(LONG_RUNS) $(BIN)/python -m pytest $(XDIST) $(LONG_TESTS) $(PYTEST_ARGS)

@@ -1,0 +1,209 @@
+"""Images in the worker's engine, in this process (tests/e2e/engine_driver.py), where the
+slots' books and the KV cells can be looked at between requests (issue 42, "In the worker").
+
+- An image's embeddings go into its own request's sequence only: two image requests run
+  together answer exactly as each does alone, logprobs and all.
+- The same image on a fresh engine gives bit-identical logprobs; another image does not.
+- Under pressure (a KV cache a few prompts wide, preemption, cancellations, n > 1), every
+  sequence's books and cells agree, image cells included, and no sequence ever holds part
+  of an image: each run of placeholder ids in a slot's or an entry's books is one whole
+  image's (worker/media/spans.py).
+- A request waiting for its image to be encoded holds no one else up.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from bench import projector
+from tests.e2e.conftest import DEMO_MODEL
+from tests.e2e.engine_driver import EngineDriver, Outcome
+from worker.media.pictures import decode
+from worker.media.spans import placeholders
+from worker.protocol import WorkerSpec
+
+MIXES = int(os.environ.get("CORRAL_IMAGE_MIXES", "4"))
+PROMPT = "<start_of_turn>user\nWhat is in this picture?<__media__><end_of_turn>\n<start_of_turn>model\n"
+# With text after the image long enough that a step's batch of it alone and beside another
+# request's take the same matrix kernels: llama.cpp's CPU sums differ in their last bits
+# between a batch of 6 rows and one of 12 (a text prompt's too), and the random projector's
+# large embeddings make such bits move a logprob. With this prompt, two image requests at
+# once match their solo runs bit for bit, which is what sequence isolation is measured by.
+LONG = (
+    "<start_of_turn>user\nWhat is in this picture?<__media__> Please describe every detail of it, the colours, "
+    "the shapes, and what it may mean to you.<end_of_turn>\n<start_of_turn>model\n"
+)
+TEXT = "<start_of_turn>user\nTell me a story about a red fox and a river.<end_of_turn>\n<start_of_turn>model\n"
+
+
+def picture(seed: int) -> bytes:
+    arr = np.random.default_rng(seed).integers(0, 255, (48 + seed % 3 * 16, 64, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def mmproj(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("mmproj") / "mmproj-test.gguf"
+    projector.write(path)
+    return str(path)
+
+
+def driver(mmproj: str, **options: object) -> EngineDriver:
+    if not DEMO_MODEL.is_file():
+        pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
+    return EngineDriver(WorkerSpec(name="v", path=str(DEMO_MODEL), mmproj=mmproj, **options))  # type: ignore[arg-type]
+
+
+def done(o: Outcome) -> Outcome:
+    assert o.done.wait(120), "the request did not finish"
+    assert o.error is None, o.error
+    return o
+
+
+def logprobs(o: Outcome) -> list[tuple[int, float]]:
+    return [(lp.token, lp.logprob) for lp in o.logprobs[0]]
+
+
+@pytest.fixture(scope="module")
+def engine(mmproj: str) -> Iterator[EngineDriver]:
+    yield driver(mmproj, slots=4, n_ctx=2048, spec_type="none")
+
+
+def test_two_images_at_once_answer_as_each_does_alone(mmproj: str) -> None:
+    alone = []
+    for seed in (1, 2):
+        d = driver(mmproj, slots=2, n_ctx=1024, spec_type="none")
+        alone.append(logprobs(done(d.generate([], 6, prompt=LONG, media=[picture(seed)], logprobs=2)[1])))
+    d = driver(mmproj, slots=2, n_ctx=1024, spec_type="none")
+    both = [d.generate([], 6, prompt=LONG, media=[picture(seed)], logprobs=2)[1] for seed in (1, 2)]
+    assert [logprobs(done(o)) for o in both] == alone
+    assert alone[0] != alone[1]
+
+
+def test_the_same_image_on_a_fresh_engine_gives_the_same_logprobs(engine: EngineDriver, mmproj: str) -> None:
+    first = logprobs(done(engine.generate([], 4, prompt=LONG, media=[picture(5)], logprobs=2)[1]))
+    fresh = driver(mmproj, slots=1, n_ctx=1024, spec_type="none")
+    assert logprobs(done(fresh.generate([], 4, prompt=LONG, media=[picture(5)], logprobs=2)[1])) == first
+    other = logprobs(done(fresh.generate([], 4, prompt=LONG, media=[picture(6)], logprobs=2)[1]))
+    assert other[0] != first[0]
+
+
+def test_usage_counts_image_tokens_and_a_repeat_reuses_them_without_encoding(engine: EngineDriver) -> None:
+    image = picture(11)
+    first = done(engine.generate([], 2, prompt=PROMPT, media=[image])[1])
+    assert first.cached[0] == 0 or first.cached[0] < 12  # at most the text before the image
+    encodes = engine.engine.images.encoder.encodes if engine.engine.images else -1
+    again = done(engine.generate([], 2, prompt=PROMPT, media=[image])[1])
+    prompt_tokens = len(engine.model.tokenize(PROMPT.replace("<__media__>", ""))) + projector.SIZES["tiny"].tokens
+    assert again.cached[0] >= prompt_tokens - 1  # everything but the last token, image and all
+    assert engine.engine.images is not None and engine.engine.images.encoder.encodes == encodes
+
+
+def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDriver) -> None:
+    """While an image is encoded on its own thread, a text stream's steps go on: its
+    tokens keep arriving (the encoder is held back here, so that the wait is long)."""
+    images = engine.engine.images
+    assert images is not None
+    real = images.encoder.projector.encode
+    release = time.monotonic() + 3.0
+
+    def slow(span):  # type: ignore[no-untyped-def]
+        while time.monotonic() < release:
+            time.sleep(0.01)
+        return real(span)
+
+    images.encoder.projector.encode = slow  # type: ignore[method-assign]
+    try:
+        rid, text = engine.generate(engine.model.tokenize(TEXT), 40)
+        time.sleep(0.3)
+        _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(21)])
+        done(text)
+        assert not image.done.is_set(), "the image request finished before its image was encoded"
+        assert time.monotonic() < release, "the text stream waited for the image"
+        done(image)
+    finally:
+        images.encoder.projector.encode = real  # type: ignore[method-assign]
+
+
+def whole_images(cache: list[int], spans: dict[int, list[int]]) -> list[str]:
+    """Every run of placeholder ids in `cache` that is not exactly one image's ids."""
+    problems = []
+    i = 0
+    while i < len(cache):
+        if cache[i] >= 0:
+            i += 1
+            continue
+        j = i
+        while j < len(cache) and cache[j] < 0:
+            j += 1
+        run = cache[i:j]
+        # Adjacent images are possible in general; here every image has text around it.
+        if run != spans.get(run[0]):
+            problems.append(f"positions {i}..{j - 1}: {len(run)} placeholder ids that are not one whole image")
+        i = j
+    return problems
+
+
+asks = st.lists(
+    st.tuples(
+        st.sampled_from(["image", "image", "text"]),
+        st.integers(0, 5),  # which image
+        st.integers(8, 120),  # max_tokens
+        st.sampled_from([None, None, 0.05, 0.4]),  # cancel after
+        st.sampled_from([1, 1, 2]),  # n
+    ),
+    min_size=3,
+    max_size=7,
+)
+
+
+SEEN: dict[int, list[int]] = {}  # first placeholder id -> an image's ids, of every mix
+
+
+@pytest.fixture(scope="module")
+def pressed(mmproj: str) -> Iterator[EngineDriver]:
+    # A cache of 256 cells: three image prompts with their answers fill it, so that
+    # parked entries go, slots are purged and requests preempted.
+    yield driver(mmproj, slots=3, n_ctx=256, n_batch=64)
+
+
+@settings(max_examples=MIXES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(mix=asks)
+def test_image_mixes_keep_books_and_cells_in_step_and_images_whole(
+    pressed: EngineDriver, mix: list[tuple[str, int, int, float | None, int]]
+) -> None:
+    d = pressed
+    assert d.projector is not None
+    spans = SEEN  # the cache keeps images of earlier mixes too
+    outcomes = []
+    for kind, which, max_tokens, cancel, n in mix:
+        if kind == "image":
+            image = picture(100 + which)
+            rid, o = d.generate([], max_tokens, prompt=PROMPT, media=[image], n=n, temperature=0.7, seed=which)
+            # The image's ids, as the worker makes them: from its pixels and the projector.
+            ids = placeholders(d.projector.digest(decode(image, "x")), projector.SIZES["tiny"].tokens)
+            spans[ids[0]] = ids
+        else:
+            rid, o = d.generate(d.model.tokenize(TEXT), max_tokens, n=n, temperature=0.7, seed=which)
+        outcomes.append(o)
+        if cancel is not None:
+            time.sleep(cancel)
+            d.cancel(rid)
+    for o in outcomes:
+        assert o.done.wait(120), "a request did not finish"
+        assert o.error is None or "length" in o.error, o.error
+    d.wait_idle()
+    assert d.cell_problems() == []
+    for seq in [*d.engine.slots, *d.engine.entries.checked()]:
+        assert whole_images(list(seq.cache), spans) == [], f"sequence {seq.seq_id}"
