@@ -141,7 +141,7 @@ class Engine:
         # An embedding model's jobs, a batch per loop (worker/embeddings.py).
         self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None
         # llama-server's slot save, restore and erase, each once its slot is idle.
-        self.slot_files = SlotFiles(m, self.kv, self.entries, self.slots, self.n_ctx_slot, emit)
+        self.slot_files = SlotFiles(m, self.kv, self.entries, self.slots, self.n_ctx_slot, emit, projector is not None)
         # A lone stream's steps, back to back while nothing else needs the loop.
         self.ahead = RunAhead(m.ctx, self.batch, self.kv, self.requests, self.spec, self.inbox.empty, self.hold)
 

@@ -27,6 +27,7 @@ import array
 import struct
 from dataclasses import dataclass
 
+from worker.media.spans import is_placeholder
 from worker.slot_state_layout import cell_positions
 
 GGSQ = 0x67677371  # LLAMA_FILE_MAGIC_GGSQ
@@ -58,7 +59,9 @@ def unpacked(tokens: list[int]) -> list[int] | None:
     return tokens[PACKED_EXTRA:]
 
 
-def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool | None = False) -> Parsed:
+def parse(
+    data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool | None = False, images: bool = False
+) -> Parsed:
     """Check a file's header and token list against this model and slot, and the cells its
     state holds against its tokens: their positions must be exactly the tokens' (a
     sliding window's cache: the last of them), or the file is refused. Raises BadSlotFile.
@@ -67,7 +70,8 @@ def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool
 
     `windowed`: the model's attention has a sliding window (gemma-2/3 and others), so a
     cache may hold only the window's cells; None: a recurrent or hybrid memory, whose state
-    has another layout and is left to llama.cpp."""
+    has another layout and is left to llama.cpp. `images`: the model has a projector, and
+    the ids of images' positions (worker/media/spans.py) are ids of this slot too."""
     if len(data) < HEADER:
         raise BadSlotFile("the file is too short to be a slot file")
     magic, version, n = struct.unpack_from("<III", data)
@@ -87,7 +91,7 @@ def parse(data: bytes | bytearray, n_vocab: int, n_ctx_slot: int, windowed: bool
         raise BadSlotFile("its packed token header does not add up")
     if len(ids) > n_ctx_slot:
         raise BadSlotFile(f"the file holds {len(ids)} tokens, more than the slot's context ({n_ctx_slot})")
-    if any(not 0 <= t < n_vocab for t in ids):
+    if any(not 0 <= t < n_vocab and not (images and is_placeholder(t)) for t in ids):
         raise BadSlotFile("it holds token ids outside this model's vocabulary")
     if windowed is not None:
         _check_cells(data, state_at, len(ids), windowed)

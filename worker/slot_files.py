@@ -44,9 +44,10 @@ class SlotFiles:
 
     def __init__(
         self, m: LoadedModel, kv: KvCache, entries: Entries[Request], slots: list[Slot[Request]], n_ctx_slot: int,
-        emit: Callable[[Frame], None],
+        emit: Callable[[Frame], None], images: bool = False,
     ) -> None:
         self.m, self.kv, self.entries, self.slots, self.n_ctx_slot, self.emit = m, kv, entries, slots, n_ctx_slot, emit
+        self.images = images  # a projector's model: files may hold images' ids (worker/media/spans.py)
         self.pending: list[SlotFile] = []
 
     def add(self, frame: SlotFile) -> None:
@@ -119,7 +120,9 @@ class SlotFiles:
         try:
             data = slot_folder.read(frame.folder, frame.filename, frame.folder_max_bytes)
             att = self.kv.attention
-            parsed = parse(data, self.m.n_vocab, self.n_ctx_slot, None if att.recurrent else att.n_swa > 0)
+            parsed = parse(
+                data, self.m.n_vocab, self.n_ctx_slot, None if att.recurrent else att.n_swa > 0, self.images
+            )
         except (FolderError, BadSlotFile) as exc:
             log.warning("slot %d: restore from %r refused: %s", frame.slot, frame.filename, exc)
             return self._refused(frame, str(exc))

@@ -321,3 +321,51 @@ def test_each_bad_image_is_a_400_naming_its_part_and_the_worker_serves_on(vision
     assert says in body["message"], body  # type: ignore[index]
     assert ask(oa, RED).choices[0].message.content  # it serves on
     assert vision.workers()["gemma-vision"] == before  # the same worker: nothing crashed
+
+
+SLOT_CONFIG = """
+[server]
+port = {PORT}
+slot_save_path = "slots"
+
+[models.v]
+path = "{MODEL}"
+mmproj = "MMPROJ"
+chat_template = "gemma"
+slots = 1
+cached_prompts = 0
+prompt_cache_bytes = 0
+n_ctx = 1024
+"""
+
+
+def test_a_slot_file_keeps_its_image_as_that_images_tokens(tmp_path: Path) -> None:
+    """llama-server's slot save and restore with an image in the slot: the restored slot
+    serves the same image from its cells (the whole prompt cached), and only that image."""
+    (tmp_path / "slots").mkdir()
+    projector.write(tmp_path / "mmproj.gguf")
+    srv = start_server(tmp_path, SLOT_CONFIG.replace("MMPROJ", str(tmp_path / "mmproj.gguf")))
+    try:
+        def complete(image: bytes) -> dict[str, Any]:
+            body = {"model": "v", "n_predict": 2, "temperature": 0, "prompt": {
+                "prompt_string": "<start_of_turn>user\nDescribe <__media__> in a word.<end_of_turn>\n<start_of_turn>model\n",
+                "multimodal_data": [b64(image)]}}
+            r = httpx.post(srv.url + "/completion", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()  # type: ignore[no-any-return]
+
+        def act(action: str) -> httpx.Response:
+            return httpx.post(f"{srv.url}/slots/0?action={action}&model=v", json={"filename": "img.bin"}, timeout=60)
+
+        first = complete(RED)
+        n_prompt = first["tokens_evaluated"]
+        assert act("save").status_code == 200
+        assert act("erase").status_code == 200
+        assert act("restore").json()["n_restored"] == n_prompt + 1  # the prompt, and the token sampled last
+        again = complete(RED)
+        assert again["tokens_cached"] == n_prompt - 1, again  # image and all, from the file's cells
+        assert act("restore").status_code == 200
+        other = complete(BLUE)  # another image shares the text before it, never the image
+        assert other["tokens_cached"] < n_prompt - IMAGE_TOKENS
+    finally:
+        assert stop_server(srv) == 0

@@ -29,6 +29,7 @@ from tests.e2e.conftest import DEMO_MODEL
 from tests.e2e.engine_driver import EngineDriver, Outcome
 from worker.media.pictures import decode
 from worker.media.spans import placeholders
+from worker.prompt_cache import CacheOptions
 from worker.protocol import WorkerSpec
 
 MIXES = int(os.environ.get("CORRAL_IMAGE_MIXES", "4"))
@@ -59,10 +60,10 @@ def mmproj(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def driver(mmproj: str, **options: object) -> EngineDriver:
+def driver(mmproj: str, cache: CacheOptions | None = None, **options: object) -> EngineDriver:
     if not DEMO_MODEL.is_file():
         pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
-    return EngineDriver(WorkerSpec(name="v", path=str(DEMO_MODEL), mmproj=mmproj, **options))  # type: ignore[arg-type]
+    return EngineDriver(WorkerSpec(name="v", path=str(DEMO_MODEL), mmproj=mmproj, **options), cache)  # type: ignore[arg-type]
 
 
 def done(o: Outcome) -> Outcome:
@@ -174,8 +175,8 @@ SEEN: dict[int, list[int]] = {}  # first placeholder id -> an image's ids, of ev
 @pytest.fixture(scope="module")
 def pressed(mmproj: str) -> Iterator[EngineDriver]:
     # A cache of 256 cells: three image prompts with their answers fill it, so that
-    # parked entries go, slots are purged and requests preempted.
-    yield driver(mmproj, slots=3, n_ctx=256, n_batch=64)
+    # parked entries go (to host memory, and back), slots are purged and requests preempted.
+    yield driver(mmproj, CacheOptions(ram_bytes=1 << 26), slots=3, n_ctx=256, n_batch=64)
 
 
 @settings(max_examples=MIXES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

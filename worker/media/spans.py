@@ -5,7 +5,7 @@ prompt store, slot files, n-gram drafts) compares token lists. An image's positi
 given ids that are a function of its pixels (and of the projector that encodes them), so
 each of those rules treats an image as the tokens of that exact image and nothing else:
 
-- placeholders are negative, and every text token is >= 0, so no text ever matches an
+- placeholders are negative (below -1), and every text token is >= 0, so no text ever matches an
   image, and no placeholder can reach llama.cpp as a token (the engine decodes a span's
   embeddings; drafts stop at the first negative id);
 - each position's id is drawn from the image's digest and its index (SHAKE-256), 31 bits
@@ -25,14 +25,20 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
+# The ids an image's positions take: -2**31 .. -2. Not -1, which is LLAMA_TOKEN_NULL, the
+# mark of llama-server's packed token list in a slot file (worker/slot_file_format.py).
+LOWEST, HIGHEST = -(2**31), -2
+
+
 def placeholders(digest: bytes, n: int) -> list[int]:
-    """The `n` ids that stand for the image of `digest`, each in -2**31 .. -1."""
+    """The `n` ids that stand for the image of `digest`."""
     raw = hashlib.shake_256(digest).digest(4 * n)
-    return [-1 - (int.from_bytes(raw[4 * i : 4 * i + 4], "little") & 0x7FFFFFFF) for i in range(n)]
+    span = HIGHEST - LOWEST + 1
+    return [HIGHEST - int.from_bytes(raw[4 * i : 4 * i + 4], "little") % span for i in range(n)]
 
 
 def is_placeholder(token: int) -> bool:
-    return token < 0
+    return LOWEST <= token <= HIGHEST
 
 
 @dataclass(eq=False)
