@@ -13,6 +13,7 @@ a preempted request, an n > 1 sibling or another request sending the same image 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections import OrderedDict
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 from worker.media.projector import Projector
 from worker.media.spans import ImageSpan
+from worker.preparer import NICE
 
 log = logging.getLogger("worker.media")
 
@@ -62,6 +64,13 @@ class Encoder:
         self._todo.put(None)
 
     def _loop(self) -> None:
+        # Below the decode threads, as the tokenizing thread runs (worker/preparer.py): the
+        # encode takes the CPU the streams' steps leave over, and its compute threads,
+        # started from this one, inherit its priority.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        except OSError as exc:
+            log.warning("could not lower the encoding thread's priority: %s", exc)
         while (span := self._todo.get()) is not None:
             if span.dropped:
                 continue
