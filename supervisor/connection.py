@@ -212,8 +212,10 @@ class WorkerConnection:
         assert isinstance(reply, EmbedResult)
         return reply
 
-    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        reply = await self._call(lambda rid: Tokenize(id=rid, text=text, add_special=add_special))
+    async def tokenize(self, text: str, add_special: bool = True, media: list[Media] | None = None) -> list[int]:
+        """`text`'s tokens; with `media`, an image's positions are its placeholder ids
+        (worker/media/spans.py), as many as the image takes in a prompt."""
+        reply = await self._call(lambda rid: Tokenize(id=rid, text=text, add_special=add_special, media=media))
         assert isinstance(reply, TokenizeResult)
         return reply.tokens
 

@@ -169,7 +169,7 @@ def _mixed_texts(g: Generate, m: VocabModel, n_ctx_slot: int, limit: Limit) -> T
 
 
 
-def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int) -> Texts:
+def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int, projector: Projector | None = None) -> Texts:
     """Stage 1 of POST /tokenize. A text longer than any prompt this model can take is
     refused rather than tokenized: it cannot be a prompt, and tokenizing it costs without
     bound."""
@@ -177,6 +177,10 @@ def tokenize_texts(t: Tokenize, m: VocabModel, n_ctx_slot: int) -> Texts:
         n_ctx_slot, "the text", f"/tokenize takes at most {n_ctx_slot} tokens with this model (its context)",
         "content", n_ctx_slot,
     )
+    if t.media:  # a chat's input tokens, its images counted as a prompt takes them
+        return media_texts(
+            t.media, m, projector, t.text, limit, "messages", lambda tokens: TokenizeResult(id=t.id, tokens=tokens)
+        )
 
     def build(tokens: list[list[int]]) -> TokenizeResult:
         if not t.with_pieces:
@@ -260,4 +264,4 @@ def texts_for(
         return detokenize_texts(frame, m)
     if isinstance(frame, Render):
         return render_texts(frame, m)
-    return tokenize_texts(frame, m, n_ctx_slot)
+    return tokenize_texts(frame, m, n_ctx_slot, projector)

@@ -141,7 +141,7 @@ async def prompt_tokens(target: Target, job: GenerationJob) -> int:
     async with handle.lease() as conn:
         offered = list(job.tools.offered) if job.tools.offered else None
         prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)
-        n = len(await conn.tokenize(prompt, add_special=True))
+        n = len(await conn.tokenize(prompt, add_special=True, media=job.images or None))
     record = access_log.current()
     if record is not None:
         record.prompt_tokens, record.generated_tokens = n, 0

@@ -369,3 +369,16 @@ def test_a_slot_file_keeps_its_image_as_that_images_tokens(tmp_path: Path) -> No
         assert other["tokens_cached"] < n_prompt - IMAGE_TOKENS
     finally:
         assert stop_server(srv) == 0
+
+
+def test_counted_input_tokens_include_the_image_as_the_prompt_takes_it(vision: Server, oa: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "What colour is this?"}, {"type": "image_url", "image_url": {"url": data_uri(RED)}}]}]
+    counted = httpx.post(vision.base + "/chat/completions/input_tokens", json={"model": "vision", "messages": messages}, timeout=60)
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] == ask(oa, RED).usage.prompt_tokens
+    with anthropic.Anthropic(base_url=vision.url, api_key="x", max_retries=0) as c:
+        n = c.messages.count_tokens(model="vision", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What colour is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(RED)}}]}])
+        assert abs(n.input_tokens - counted.json()["input_tokens"]) <= 2 and n.input_tokens > IMAGE_TOKENS

@@ -4,10 +4,10 @@ by the projector, on the preparing thread, so that neither touches the step loop
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from worker.media.pictures import decode
-from worker.protocol import MEDIA_MARKER, Media
+from worker.protocol import MEDIA_MARKER, Media, TokenizeResult
 from worker.rejected import RequestRejected
 from worker.request import Request
 from worker.text_limits import Limit, Texts, TextModel, checked
@@ -16,9 +16,12 @@ if TYPE_CHECKING:
     from worker.media.projector import Projector
 
 
+R = TypeVar("R", Request, TokenizeResult)
+
+
 def media_texts(
     media: Sequence[Media], m: TextModel, projector: Projector | None, text: str, limit: Limit, param: str,
-    request: Callable[[list[int]], Request],
+    request: Callable[[list[int]], R],
 ) -> Texts:
     """Stage 1 of a prompt with images (the text's byte bound, the markers counted), and
     stage 2 to come."""
@@ -41,15 +44,16 @@ def media_texts(
             param,
         )
 
-    def build(_: list[list[int]]) -> Request:
+    def build(_: list[list[int]]) -> R:
         pictures = [decode(md.data, md.param) for md in media]
         tokens, spans = projector.tokenize(text, pictures, [md.param for md in media])
         if len(tokens) > limit.most:
             raise limit.refuse(len(tokens))
         if spans and spans[-1].end == len(tokens):
             raise RequestRejected("invalid_request", "the prompt must not end with an image: add text after it", spans[-1].param)
-        req = request(tokens)
-        req.images = tuple(spans)
-        return req
+        out = request(tokens)
+        if isinstance(out, Request):
+            out.images = tuple(spans)
+        return out
 
     return Texts([], build)

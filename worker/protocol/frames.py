@@ -90,6 +90,9 @@ class Tokenize(Frame):
     add_special: bool = True
     parse_special: bool = True
     with_pieces: bool = False  # answer each token's text too (TokenizeResult.pieces)
+    # Images for the text's media markers: counted as a prompt takes them (a chat's input
+    # tokens), each position its placeholder id.
+    media: list[Media] | None = None
 
 
 class Detokenize(Frame):
