@@ -21,7 +21,7 @@ import trio
 from supervisor.admission import Admission
 from supervisor.asks import UNSET, Asks
 from supervisor.capacity import Resident
-from supervisor.config import ModelSpec, SupervisorConfig
+from supervisor.config import ModelSpec, SupervisorConfig, projector
 from supervisor.connection import WorkerConnection
 from supervisor.footprint import Footprint, process_rss
 from supervisor.launcher import Launcher
@@ -128,8 +128,7 @@ class ModelHandle:
         ready = conn.ready if conn is not None else None
         pong = conn.stats if conn is not None else None
         return ModelStats(
-            name=self.name,
-            aliases=tuple(self.spec.aliases),
+            name=self.name, aliases=tuple(self.spec.aliases), modalities=projector.modalities(self.spec.mmproj),
             state=self.state,
             pid=pid,
             rss_bytes=process_rss(pid),

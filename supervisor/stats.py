@@ -70,3 +70,5 @@ class ModelStats:
     # Tokens the running worker has generated since it started (None without one); the
     # dashboard's tokens per second is the difference between two readings.
     tokens_generated: int | None = None
+    # What its prompts may hold besides text: its projector's ("vision", "audio").
+    modalities: tuple[str, ...] = ()

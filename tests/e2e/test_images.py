@@ -127,6 +127,8 @@ def test_models_props_and_show_say_which_model_sees_images(vision: Server, oa: o
     ask(oa, None)  # loaded: /props speaks for the worker
     props = httpx.get(vision.url + "/props", params={"model": "gemma-vision"}).json()
     assert props["modalities"] == {"vision": True, "audio": False}
+    admin = {m["name"]: m for m in httpx.get(vision.url + "/admin/models").json()["models"]}
+    assert admin["gemma-vision"]["modalities"] == ["vision"] and admin["text-only"]["modalities"] == []  # the dashboard's
     show = ollama.Client(host=vision.url).show("gemma-vision")
     assert "vision" in (show.capabilities or [])
     assert "vision" not in (ollama.Client(host=vision.url).show("text-only").capabilities or [])
