@@ -61,8 +61,11 @@ def write(path: str | os.PathLike[str], size: str = "tiny", width: int = 640, se
     s = SIZES[size]
     rng = np.random.default_rng(seed)
 
-    def w(*shape: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(s.dtype)
+    def w(*shape: int, std: float = 0.02, dtype: type | None = None) -> np.ndarray:
+        """A weight; matrices in the size's type (F16 for siglip, as ggml-org's projectors
+        ship them), what is added to F32 activations in F32 (ggml's CPU add takes no F16
+        operand: a F16 position embedding aborts the encode)."""
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(dtype or s.dtype)
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -92,7 +95,7 @@ def write(path: str | os.PathLike[str], size: str = "tiny", width: int = 640, se
     # ggml's dimensions are numpy's reversed: a [in, out] ggml matrix is (out, in) here.
     writer.add_tensor("v.patch_embd.weight", w(s.hidden, 3, s.patch_size, s.patch_size, std=0.1))
     writer.add_tensor("v.patch_embd.bias", zeros(s.hidden))
-    writer.add_tensor("v.position_embd.weight", w(n_patches, s.hidden))
+    writer.add_tensor("v.position_embd.weight", w(n_patches, s.hidden, dtype=np.float32))
     for i in range(s.blocks):
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
             writer.add_tensor(f"v.blk.{i}.{name}.weight", w(s.hidden, s.hidden))

@@ -78,7 +78,9 @@ class Projector:
         params.use_gpu = False
         params.n_threads = n_threads
         params.print_timings = False
-        params.warmup = False
+        # One encode of a dummy image at load, as llama-server does: a projector whose graph
+        # cannot run here fails the load, not the first request that sends an image.
+        params.warmup = True
         ctx = mt.mtmd_init_from_file(path.encode(), model, params)
         if not ctx:
             raise LoadError(
