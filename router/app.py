@@ -22,6 +22,7 @@ from router.api import anthropic, autoload, llama, ollama, openai, responses
 from router.api.dialect import Dialect, Server
 from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
+from router.generation import image_urls
 from router.server import (
     access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, readiness, site_guard,
 )
@@ -87,6 +88,7 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     # Preflights are answered before keys are checked: browsers send none with them.
     cors.install(app, lambda: supervisor.config.server.cors_origins)
     auth.install(app, supervisor)
+    image_urls.install(app, lambda: supervisor.config.server.image_url_hosts)
     # After the key check: a request for a model served elsewhere is relayed from here.
     upstreams = upstream_service.install(app, supervisor, lambda path: dialect_of(path).name)
 

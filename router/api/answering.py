@@ -14,6 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
 from quart import Response
 
 from router.generation.events import Event
+from router.generation import image_urls
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, is_tokens
 from router.generation.remote.count import count_tokens
@@ -57,6 +58,7 @@ async def answer(
 ) -> Response:
     """Run `job` on the target's model; `whole` renders the events into one body,
     `streamed` into the chunks of a streamed one (when the job streams)."""
+    job = await image_urls.fetched(job)
     if isinstance(target, RemoteModel):
         remote = await RemoteGeneration.start(target, job)
         if not job.stream:
@@ -80,7 +82,7 @@ async def answer(
 async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
     """The job started, and its events, for a dialect that needs the worker's answer (its
     `Ready`) to shape the response; the caller closes the Generation."""
-    gen = await Generation.start(handle, job)
+    gen = await Generation.start(handle, await image_urls.fetched(job))
     return gen, events(gen, job)
 
 
@@ -132,12 +134,13 @@ async def prompt_tokens(target: Target, job: GenerationJob) -> int:
     upstream counts, where it speaks Anthropic's API; else a 400."""
     if isinstance(target, RemoteModel):
         if target.speaks == "anthropic":
-            return await count_tokens(target, job)  # its count_tokens
+            return await count_tokens(target, await image_urls.fetched(job))  # its count_tokens
         raise Unsupported(
             f"The model `{target.name}` is served by an upstream that speaks only OpenAI's API, "
             "which has no route to count a prompt's tokens.", "model",
         )
     handle = target
+    job = await image_urls.fetched(job)
     async with handle.lease() as conn:
         offered = list(job.tools.offered) if job.tools.offered else None
         prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)

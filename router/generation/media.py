@@ -5,9 +5,10 @@ The router only takes the bytes out of their envelope (a `data:` URI, raw base64
 bounds them; it never decodes an image. The worker does (worker/media/pictures.py), on a
 preparing thread, so that a crafted file costs a 400 and no time on the event loop.
 
-Remote URLs are not fetched: a server that fetches URLs its clients name is a tool for
-reaching what only it can reach (SSRF). A client sends the image's bytes instead, as
-llama-server requires of /completion and Ollama of every image.
+Remote URLs are not fetched unless the operator lists their hosts: a server that fetches URLs
+its clients name is a tool for reaching what only it can reach (SSRF). An http(s) URL becomes
+a Media with its `url`, which router/generation/image_urls.py fetches (or refuses) once the
+job is built.
 """
 
 from __future__ import annotations
@@ -53,11 +54,10 @@ def from_url(url: object, param: str) -> Media:
         raise InvalidRequest(f"Invalid type for '{param}': expected a string.", param)
     head = url[:16].lower()
     if head.startswith(("http://", "https://")):
-        raise Unsupported(
-            f"Image URLs are not fetched ('{param}'): send the image itself as a data URI "
-            "(data:image/png;base64,...).",
-            param,
-        )
+        if len(url) > 8192:
+            raise InvalidRequest(f"Invalid value for '{param}': the URL is over 8192 characters.", param)
+        # Fetched, or refused, once the job is built (router/generation/image_urls.py).
+        return Media(data=b"", param=param, url=url)
     if head.startswith("data:"):
         m = _DATA_URI.match(url[:256])
         if m is None or not m["b64"]:

@@ -123,6 +123,12 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
                 'clients send it in Host, without scheme or port ("llm.example.com"), '
                 '".example.com" for every name under it, or "*"'
             )
+    for i, host in enumerate(srv.image_url_hosts):
+        if not _host_entry(host):
+            yield (
+                f"server.image_url_hosts[{i}]: {host!r} is not a host name or address: a name without scheme, "
+                'port or path ("images.example.com"), or ".example.com" for every name under it'
+            )
     default = srv.default_model
     if default is not None and default not in file.models and default not in broken and not any(
         default in m.aliases for m in file.models.values()

@@ -66,6 +66,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # public name. ".example.com" admits every name under it; "*" turns the check off.
     # Guards against DNS rebinding (router/server/site_guard.py). Applies on reload.
     allowed_hosts: list[str] = []
+    # Hosts whose image URLs Corral fetches for clients (router/generation/image_urls.py):
+    # names, or ".example.com" for every name under it. None by default: a server that
+    # fetches any URL it is sent reaches what only it can reach (SSRF).
+    image_url_hosts: list[str] = []
     # "text" or "json" (one object a line) for the server's and its workers' logs, the
     # access log included.
     log_format: Literal["text", "json"] = "text"

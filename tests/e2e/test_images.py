@@ -44,7 +44,8 @@ def vision_config(mmproj: Path) -> str:
     for pattern, new in (
         (r'(?m)^path = "\.\./models/gemma-3-270m-Q4_K_M\.gguf"$', 'path = "{MODEL}"'),
         (r'(?m)^mmproj = "\.\./models/mmproj-test\.gguf"', f'mmproj = "{mmproj}"'),
-        (r"(?m)^port = 8080\b", "port = {PORT}"),
+        # Image URLs are fetched from this host alone (the test's own image server).
+        (r"(?m)^port = 8080\b", 'port = {PORT}\nimage_url_hosts = ["localhost"]'),
     ):
         text, n = re.subn(pattern, new, text)
         assert n == 1, f"examples/vision.toml no longer matches {pattern}"
@@ -228,7 +229,7 @@ def test_anthropic_image_block(vision: Server, oa: openai.OpenAI) -> None:
         with pytest.raises(anthropic.BadRequestError) as info:
             c.messages.create(model="vision", max_tokens=8, messages=[{"role": "user", "content": [
                 {"type": "image", "source": {"type": "url", "url": "http://169.254.169.254/latest/meta-data"}}]}])
-        assert "messages[0].content[0].source.type" in str(info.value)
+        assert "messages[0].content[0].source.url" in str(info.value)
 
 
 def test_ollama_images_in_chat_and_generate(vision: Server) -> None:
@@ -268,11 +269,56 @@ def test_a_text_only_model_answers_400_naming_the_part(oa: openai.OpenAI) -> Non
     assert "does not take images" in info.value.body["message"]  # type: ignore[index]
 
 
-def test_remote_image_urls_are_not_fetched(oa: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        oa.chat.completions.create(model="vision", max_tokens=4, messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/secret.png"}}]}])
-    assert info.value.body["param"] == "messages[0].content[0].image_url.url"  # type: ignore[index]
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """A local HTTP server with an image, a page and a redirect to cloud metadata."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/red.png":
+                self.send_response(200)
+                self.send_header("content-type", "image/png")
+                self.send_header("content-length", str(len(RED)))
+                self.end_headers()
+                self.wfile.write(RED)
+            elif self.path == "/moved":
+                self.send_response(302)
+                self.send_header("location", "http://169.254.169.254/latest/meta-data")
+                self.end_headers()
+            else:
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.end_headers()
+                self.wfile.write(b"<html>")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_image_urls_are_fetched_from_the_listed_hosts_only(oa: openai.OpenAI, image_host: str) -> None:
+    def ask_url(url: str) -> Any:
+        return oa.chat.completions.create(model="vision", temperature=0, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What colour is this?"}, {"type": "image_url", "image_url": {"url": url}}]}])
+
+    fetched = ask_url(f"http://localhost:{image_host}/red.png")
+    assert fetched.usage.prompt_tokens == ask(oa, RED).usage.prompt_tokens  # the same image, the same prompt
+    for url, says in (
+        (f"http://127.0.0.1:{image_host}/red.png", "not one"),  # the same server, by a name not listed
+        ("http://169.254.169.254/latest/meta-data", "not one"),
+        (f"http://localhost:{image_host}/moved", "redirects"),
+        (f"http://localhost:{image_host}/page", "not an image"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            ask_url(url)
+        assert info.value.body["param"] == "messages[0].content[1].image_url.url", info.value.body  # type: ignore[index]
+        assert says in info.value.body["message"]  # type: ignore[index]
 
 
 def _bomb() -> bytes:

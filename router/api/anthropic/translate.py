@@ -109,14 +109,17 @@ def _refuse_media(block: s.Block, at: str, where: str = "here") -> None:
 
 
 def image(block: s.ImageBlock, at: str) -> Media:
-    """An image block's bytes: a `base64` source (Anthropic's `url` and `file` sources
-    would need a fetch or a file store, which Corral does not do)."""
+    """An image block's bytes: a `base64` source, or a `url` one (fetched only from the
+    hosts the operator lists); a `file` source needs a file store, which Corral has not."""
     src = block.source
     if not isinstance(src, dict):
         raise InvalidRequest(f"Missing required parameter: '{at}.source'.", f"{at}.source")
     kind = src.get("type")
-    if kind == "url":
-        raise Unsupported(f"'{at}.source': image URLs are not fetched; send a base64 source.", f"{at}.source.type")
+    if kind == "url":  # fetched from the operator's hosts only (router/generation/image_urls.py)
+        url = src.get("url")
+        if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
+            raise InvalidRequest(f"Invalid value for '{at}.source.url': expected an http(s) URL.", f"{at}.source.url")
+        return media.from_url(url, f"{at}.source.url")
     if kind != "base64":
         raise InvalidRequest(f"Invalid value for '{at}.source.type': expected 'base64'.", f"{at}.source.type")
     mime = src.get("media_type")

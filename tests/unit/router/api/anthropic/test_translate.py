@@ -132,7 +132,9 @@ def test_claude_codes_billing_stamp_is_blanked_so_the_prefix_cache_holds() -> No
         ({"messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
          "messages[0].content[0].source.data"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]},
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "ftp://x"}}]}]},
+         "messages[0].content[0].source.url"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]},
          "messages[0].content[0].source.type"),
         ({"messages": [{"role": "assistant", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}]}]},

@@ -440,8 +440,6 @@ def test_image_part_becomes_a_marker_and_its_bytes() -> None:
 @pytest.mark.parametrize(
     ("url", "error", "says"),
     [
-        ("https://example.com/a.png", Unsupported, "not fetched"),
-        ("http://169.254.169.254/latest", Unsupported, "not fetched"),
         ("file:///etc/passwd", InvalidRequest, "data URI"),
         ("data:image/png,rawbytes", InvalidRequest, "base64 data URI"),
         ("data:text/html;base64,PGgxPg==", InvalidRequest, "unsupported image type"),
@@ -456,6 +454,12 @@ def test_image_urls_that_are_refused_name_the_part(url: object, error: type[Exce
         rf.chat_messages(r)
     assert info.value.param == "messages[0].content[0].image_url.url"  # type: ignore[attr-defined]
     assert says in info.value.message  # type: ignore[attr-defined]
+
+
+def test_an_http_image_url_is_kept_for_the_fetch_that_the_operator_allows_or_refuses() -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://cdn.example/a.png"}}]}])
+    (m,) = rf.chat_messages(r)
+    assert m.media == [Media(data=b"", param="messages[0].content[0].image_url.url", url="https://cdn.example/a.png")]
 
 
 def test_audio_part_refused_naming_position() -> None:
