@@ -237,7 +237,9 @@ def load_projector(spec: WorkerSpec, model: LoadedModel) -> Projector | None:
 
     from worker.media.projector import Projector as Loaded
 
-    return Loaded(spec.mmproj, model.model, model.threads, int(llama_cpp.llama_n_ubatch(model.ctx)))
+    return Loaded(
+        spec.mmproj, model.model, model.threads, int(llama_cpp.llama_n_ubatch(model.ctx)), use_gpu=spec.n_gpu_layers != 0
+    )
 
 
 def cache_counts(e: Engine) -> dict[str, int]:

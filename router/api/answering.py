@@ -24,6 +24,7 @@ from router.generation.run import Generation
 from router.generation.stream import events
 from router.server import access_log, sse
 from router.upstream.remote import RemoteModel
+from supervisor.config import projector
 from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
 from worker.protocol import EmbedResult, SamplingParams
@@ -58,7 +59,7 @@ async def answer(
 ) -> Response:
     """Run `job` on the target's model; `whole` renders the events into one body,
     `streamed` into the chunks of a streamed one (when the job streams)."""
-    job = await image_urls.fetched(job)
+    job = await _images_fetched(target, job)
     if isinstance(target, RemoteModel):
         remote = await RemoteGeneration.start(target, job)
         if not job.stream:
@@ -79,10 +80,19 @@ async def answer(
     return Response(sse.Body(streamed(events(gen, job)), gen.close), status=200, headers=dict(stream_headers))
 
 
+async def _images_fetched(target: Target, job: GenerationJob) -> GenerationJob:
+    """`job` with its image URLs fetched; a local model without a projector refuses its
+    images first, before it loads or anything is fetched."""
+    images = job.images
+    if images and isinstance(target, ModelHandle) and "vision" not in projector.modalities(target.spec.mmproj):
+        raise Unsupported("This model does not take images: its config names no projector (mmproj).", images[0].param)
+    return await image_urls.fetched(job)
+
+
 async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
     """The job started, and its events, for a dialect that needs the worker's answer (its
     `Ready`) to shape the response; the caller closes the Generation."""
-    gen = await Generation.start(handle, await image_urls.fetched(job))
+    gen = await Generation.start(handle, await _images_fetched(handle, job))
     return gen, events(gen, job)
 
 
@@ -140,7 +150,7 @@ async def prompt_tokens(target: Target, job: GenerationJob) -> int:
             "which has no route to count a prompt's tokens.", "model",
         )
     handle = target
-    job = await image_urls.fetched(job)
+    job = await _images_fetched(handle, job)
     async with handle.lease() as conn:
         offered = list(job.tools.offered) if job.tools.offered else None
         prompt = await conn.render(list(job.messages or ()), offered, job.template_kwargs)

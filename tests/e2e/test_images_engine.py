@@ -111,6 +111,21 @@ def test_usage_counts_image_tokens_and_a_repeat_reuses_them_without_encoding(eng
     assert engine.engine.images is not None and engine.engine.images.encoder.encodes == encodes
 
 
+def test_another_keys_request_encodes_the_same_image_itself(engine: EngineDriver) -> None:
+    """What one key's image left (its cells, its kept embeddings) serves that key alone: a
+    reuse across keys would tell, by its speed, that the other key sent the same image."""
+    images = engine.engine.images
+    assert images is not None
+    image = picture(31)
+    done(engine.generate([], 2, prompt=PROMPT, media=[image], scope="alice")[1])
+    encodes = images.encoder.encodes
+    again = done(engine.generate([], 2, prompt=PROMPT, media=[image], scope="alice")[1])
+    assert images.encoder.encodes == encodes and again.cached[0] > projector.SIZES["tiny"].tokens
+    other = done(engine.generate([], 2, prompt=PROMPT, media=[image], scope="bob")[1])
+    assert images.encoder.encodes == encodes + 1
+    assert other.cached[0] < 12  # at most what the text before the image shares, never the image
+
+
 def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDriver) -> None:
     """While an image is encoded on its own thread, a text stream's steps go on: its
     tokens keep arriving (the encoder is held back here, so that the wait is long)."""
@@ -172,11 +187,20 @@ asks = st.lists(
 SEEN: dict[int, list[int]] = {}  # first placeholder id -> an image's ids, of every mix
 
 
+# A greedy text request whose answer no mix may change (tests/e2e/test_kv_mixes.py's, whose
+# first tokens are far from ties): what a fresh engine answers, asked after every mix.
+CANARY_TEXT = "<start_of_turn>user\nWrite the alphabet: A B C D E F G"
+CANARY: dict[str, list[int]] = {}
+
+
 @pytest.fixture(scope="module")
 def pressed(mmproj: str) -> Iterator[EngineDriver]:
     # A cache of 256 cells: three image prompts with their answers fill it, so that
     # parked entries go (to host memory, and back), slots are purged and requests preempted.
-    yield driver(mmproj, CacheOptions(ram_bytes=1 << 26), slots=3, n_ctx=256, n_batch=64)
+    d = driver(mmproj, CacheOptions(ram_bytes=1 << 26), slots=3, n_ctx=256, n_batch=64)
+    CANARY["tokens"] = d.model.tokenize(CANARY_TEXT)
+    CANARY["fresh"] = d.run_alone(CANARY["tokens"], 16).tokens[0]
+    yield d
 
 
 @settings(max_examples=MIXES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -208,3 +232,6 @@ def test_image_mixes_keep_books_and_cells_in_step_and_images_whole(
     assert d.cell_problems() == []
     for seq in [*d.engine.slots, *d.engine.entries.checked()]:
         assert whole_images(list(seq.cache), spans) == [], f"sequence {seq.seq_id}"
+    assert d.run_alone(CANARY["tokens"], 16).tokens[0] == CANARY["fresh"], "a mix changed a later greedy answer"
+    d.wait_idle()
+    assert d.cell_problems() == []

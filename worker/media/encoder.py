@@ -6,8 +6,11 @@ for an image's embeddings only when a request's decoding reaches it and no cache
 already (a second turn with the same image encodes nothing); the request then waits, the
 others go on stepping, and the engine is woken when the embeddings are ready.
 
-Encoded images are kept in an LRU of `keep_bytes`, keyed by digest (pixels and projector):
-a preempted request, an n > 1 sibling or another request sending the same image reuses them.
+Encoded images are kept in an LRU of `keep_bytes`, keyed by the request's cache scope and the
+image's digest (pixels and projector): a preempted request, an n > 1 sibling or a later
+request of the same key sending the same image reuses them. Another key's request encodes
+it again, as it decodes its own prompt: an image reused across keys would tell, by its
+speed, that someone else sent it (router/server/cache_scope.py).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class Encoder:
         self.projector = projector
         self._wake = wake  # puts a no-op into the engine's inbox: the engine looks again
         self._todo: queue.SimpleQueue[ImageSpan | None] = queue.SimpleQueue()
-        self._kept: OrderedDict[bytes, Any] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
         self._kept_bytes = 0
         self._keep_bytes = keep_bytes
         self._lock = threading.Lock()
@@ -45,19 +48,22 @@ class Encoder:
     def encodes(self) -> int:
         return self.projector.encodes
 
-    def want(self, span: ImageSpan) -> None:
-        """Have `span`'s embeddings made (engine thread); never blocks."""
+    def want(self, span: ImageSpan, scope: str) -> None:
+        """Have `span`'s embeddings made for a request of cache scope `scope` (engine
+        thread); never blocks."""
         if span.embd is not None or span.queued or span.failed:
             return
+        key = (scope, span.digest)
         with self._lock:
-            kept = self._kept.get(span.digest)
+            kept = self._kept.get(key)
             if kept is not None:
-                self._kept.move_to_end(span.digest)
+                self._kept.move_to_end(key)
         if kept is not None:
             span.embd = kept
             self.reused += 1
             return
         span.queued = True
+        span.scope = scope
         self._todo.put(span)
 
     def stop(self) -> None:
@@ -80,15 +86,15 @@ class Encoder:
                 log.exception("encoding an image failed")
                 span.failed = f"the image could not be encoded: {exc}"
             else:
-                self._keep(span.digest, embd)
+                self._keep((span.scope, span.digest), embd)
                 span.embd = embd
             self._wake()
 
-    def _keep(self, digest: bytes, embd: Any) -> None:
+    def _keep(self, key: tuple[str, bytes], embd: Any) -> None:
         with self._lock:
-            if digest in self._kept:
+            if key in self._kept:
                 return
-            self._kept[digest] = embd
+            self._kept[key] = embd
             self._kept_bytes += embd.nbytes
             while self._kept_bytes > self._keep_bytes and self._kept:
                 _, old = self._kept.popitem(last=False)

@@ -69,13 +69,15 @@ def identity(path: str) -> bytes:
 
 
 class Projector:
-    def __init__(self, path: str, model: llama_cpp.llama_model_p, n_threads: int, n_ubatch: int) -> None:
+    def __init__(
+        self, path: str, model: llama_cpp.llama_model_p, n_threads: int, n_ubatch: int, use_gpu: bool = False
+    ) -> None:
         mt.mtmd_log_set(_LOG_CALLBACK, None)
         mt.mtmd_helper_log_set(_LOG_CALLBACK, None)
         if not os.path.isfile(path):
             raise LoadError("the projector (mmproj) file does not exist", f"mmproj not found: {path}")
         params = mt.mtmd_context_params_default()
-        params.use_gpu = False
+        params.use_gpu = use_gpu  # with the model's layers: a GPU encodes far faster
         params.n_threads = n_threads
         params.print_timings = False
         # One encode of a dummy image at load, as llama-server does: a projector whose graph

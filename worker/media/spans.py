@@ -59,6 +59,7 @@ class ImageSpan:
     dropped: bool = False  # its request ended: the encoder skips it
     param: str = ""
     n_pos: int = field(default=0)
+    scope: str = ""  # the cache scope it was encoded for (worker/media/encoder.py)
 
     @property
     def n(self) -> int:

@@ -55,7 +55,7 @@ class ImageSteps:
                     self.requests.error(req, "internal", span.failed)
                     break
                 if span.embd is None:
-                    self.encoder.want(span)
+                    self.encoder.want(span, req.scope)
                     if span.embd is None:
                         break
                 rc = self.encoder.projector.decode(self.ctx, span, slot.seq_id)
