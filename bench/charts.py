@@ -28,6 +28,7 @@ from pathlib import Path
 import matplotlib
 
 from bench.chart_drawing import RESULTS, STYLE, Doc
+from bench.chart_images import images
 from bench.chart_kinds import (
     agents, choices, constraint_engines, first_constraint, hostile_prompt, overhead, speculative,
     structured_throughput, throughput, throughput_pairs, upstream,
@@ -47,6 +48,7 @@ KINDS: list[tuple[str, Callable[[Doc, Path], Path]]] = [
     ("speculative", speculative),
     ("agents", agents),
     ("upstream", upstream),
+    ("images", images),
 ]
 
 

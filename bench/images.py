@@ -43,6 +43,7 @@ import httpx
 import numpy as np
 
 from bench import projector
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, OUT, free_port, start_corral, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,6 +208,7 @@ def main() -> int:
             f"| {statistics.median(r['image_first_token_s']):.2f} | {r['images_per_s']:.3f} |"
         )
     (OUT / "images.md").write_text("\n".join(lines) + "\n")
+    write_chart(OUT / "images.json")
     print("\n".join(lines))
     return 0
 

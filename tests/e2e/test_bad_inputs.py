@@ -27,7 +27,7 @@ CASES: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, b'{"model": "chat-a", "messages": [1, 2]}', 400, "messages[0]"),
     (CHAT, b'{"model": "chat-a", "messages": [{"role": "wizard", "content": "x"}]}', 400, "messages[0].role"),
     (CHAT, b'{"model": "chat-a", "messages": [{"role": "user", "content": 7}]}', 400, "messages[0].content"),
-    (CHAT, b'{"model": "chat-a", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "messages[0].content[0]"),
+    (CHAT, b'{"model": "chat-a", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "messages[0].content[0].image_url.url"),
     (CHAT, b'{"model": "chat-a", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', 400, "max_tokens"),
     (CHAT, b'{"model": "chat-a", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
     (CHAT, b'{"model": "chat-a", "messages": [{"role": "user", "content": "x"}], "temperature": -0.1}', 400, "temperature"),

@@ -172,7 +172,7 @@ def test_errors_name_what_is_wrong(client: openai.OpenAI, server: Server) -> Non
     assert raw.headers["x-corral-skipped-tools"] == "web_search" and raw.parse().tools == []
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="demo", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}])
-    assert e.value.param == "input[0].content[0].type"
+    assert e.value.param == "input[0].content[0].image_url"  # not a base64 image
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="embed", input="hi")
     assert e.value.param == "model"
