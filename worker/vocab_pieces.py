@@ -92,8 +92,14 @@ def file_for(folder: Path, ident: Mapping[str, object]) -> Path:
 def encode(ident: Mapping[str, object], pieces: Pieces) -> bytes:
     lengths = struct.pack(f"<{len(pieces.tokens)}I", *map(len, pieces.tokens))
     payload = lengths + b"".join(pieces.tokens)
-    header = {**ident, "eog": pieces.eog, "sha256": hashlib.sha256(payload).hexdigest()}
+    header = {**ident, "eog": pieces.eog, "sha256": _digest(pieces.eog, payload)}
     return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+
+
+def _digest(eog: object, payload: bytes) -> str:
+    """The file's checksum: its pieces and its end-of-generation list, which a changed digit
+    in the header would otherwise alter unseen (a model that never stops, or stops early)."""
+    return hashlib.sha256(json.dumps(eog).encode() + b"\n" + payload).hexdigest()
 
 
 def decode(data: bytes, ident: Mapping[str, object]) -> Pieces | None:
@@ -107,10 +113,10 @@ def decode(data: bytes, ident: Mapping[str, object]) -> Pieces | None:
     if not isinstance(header, dict) or any(header.get(k) != v for k, v in ident.items()):
         return None
     payload = data[end + 1 :]
-    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+    eog = header.get("eog")
+    if header.get("sha256") != _digest(eog, payload):
         return None
     n = int(ident["n_vocab"])  # type: ignore[call-overload]
-    eog = header.get("eog")
     if len(payload) < 4 * n or not isinstance(eog, list) or not all(isinstance(t, int) and 0 <= t < n for t in eog):
         return None
     lengths = struct.unpack_from(f"<{n}I", payload)
