@@ -11,7 +11,8 @@ What a fetch may do, and why:
 - http or https only, to a listed host, with no user info in the URL;
 - no redirect is followed: a listed host could otherwise send the fetch anywhere;
 - at most MAX_IMAGE_BYTES, read as they come (a larger answer is cut off and refused), within
-  FETCH_SECONDS; an answer whose Content-Type is not an image is refused;
+  FETCH_SECONDS for each image and FETCH_TOTAL_SECONDS for all of a request's; an answer
+  whose Content-Type is not an image is refused;
 - every failure is a 400 naming the part, as a bad image is.
 """
 
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import msgspec
+import trio
 from quart import current_app, has_app_context
 from quart_trio import QuartTrio
 
@@ -31,7 +33,8 @@ from router.generation.media import MAX_IMAGE_BYTES
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, Media
 
-FETCH_SECONDS = 10.0
+FETCH_SECONDS = 10.0  # one image, whole: a server dripping a byte at a time is cut off too
+FETCH_TOTAL_SECONDS = 30.0  # all of a request's image URLs together
 _HOSTS = "CORRAL_IMAGE_URL_HOSTS"
 
 
@@ -76,11 +79,18 @@ async def fetched(
                 out.append(msgspec.structs.replace(m, data=data, url=""))
             return out
 
-        messages: list[ChatMessage] = []
-        for m in job.messages or ():
-            messages.append(msgspec.structs.replace(m, media=await filled(m.media)) if m.media else m)
-        return dataclasses.replace(
-            job, messages=tuple(messages) if job.messages is not None else None, media=tuple(await filled(job.media))
+        first = next(m for m in job.images if m.url)
+        with trio.move_on_after(FETCH_TOTAL_SECONDS) as overall:
+            messages: list[ChatMessage] = []
+            for m in job.messages or ():
+                messages.append(msgspec.structs.replace(m, media=await filled(m.media)) if m.media else m)
+            return dataclasses.replace(
+                job, messages=tuple(messages) if job.messages is not None else None, media=tuple(await filled(job.media))
+            )
+        assert overall.cancelled_caught
+        raise InvalidRequest(
+            f"Invalid image at '{first.param}': the request's image URLs took over {FETCH_TOTAL_SECONDS:.0f} s to fetch.",
+            first.param,
         )
 
 
@@ -93,25 +103,34 @@ async def fetch(client: httpx.AsyncClient, url: str, param: str, hosts: Sequence
             "(data:image/png;base64,...), or have the operator list its host in [server] image_url_hosts.",
             param,
         )
-    if parts.scheme not in ("http", "https") or parts.username or parts.password or not listed(host, hosts):
+    if parts.username is not None or parts.password is not None:
+        raise Unsupported(f"Image URLs with a user name or password are not fetched ('{param}').", param)
+    if parts.scheme not in ("http", "https") or not listed(host, hosts):
         raise Unsupported(
             f"Image URLs are fetched only from the hosts in [server] image_url_hosts; {host!r} is not one ('{param}').",
             param,
         )
     try:
-        async with client.stream("GET", url, headers={"accept": "image/*"}) as r:
-            if r.is_redirect:
-                raise InvalidRequest(f"Invalid image at '{param}': the URL redirects, and redirects are not followed.", param)
-            if r.status_code != 200:
-                raise InvalidRequest(f"Invalid image at '{param}': fetching it answered {r.status_code}.", param)
-            kind = r.headers.get("content-type", "").split(";")[0].strip().lower()
-            if not kind.startswith("image/"):
-                raise InvalidRequest(f"Invalid image at '{param}': the URL answered {kind or 'no type'}, not an image.", param)
-            data = bytearray()
-            async for chunk in r.aiter_bytes():
-                data += chunk
-                if len(data) > MAX_IMAGE_BYTES:
-                    raise InvalidRequest(f"Invalid image at '{param}': it is over {MAX_IMAGE_BYTES} bytes.", param)
-            return bytes(data)
+        with trio.fail_after(FETCH_SECONDS):
+            return await _read(client, url, param)
+    except trio.TooSlowError:
+        raise InvalidRequest(f"Invalid image at '{param}': fetching it took over {FETCH_SECONDS:.0f} s.", param) from None
     except httpx.HTTPError as exc:
         raise InvalidRequest(f"Invalid image at '{param}': it could not be fetched ({type(exc).__name__}).", param) from None
+
+
+async def _read(client: httpx.AsyncClient, url: str, param: str) -> bytes:
+    async with client.stream("GET", url, headers={"accept": "image/*"}) as r:
+        if r.is_redirect:
+            raise InvalidRequest(f"Invalid image at '{param}': the URL redirects, and redirects are not followed.", param)
+        if r.status_code != 200:
+            raise InvalidRequest(f"Invalid image at '{param}': fetching it answered {r.status_code}.", param)
+        kind = r.headers.get("content-type", "").split(";")[0].strip().lower()
+        if not kind.startswith("image/"):
+            raise InvalidRequest(f"Invalid image at '{param}': the URL answered {kind or 'no type'}, not an image.", param)
+        data = bytearray()
+        async for chunk in r.aiter_bytes():
+            data += chunk
+            if len(data) > MAX_IMAGE_BYTES:
+                raise InvalidRequest(f"Invalid image at '{param}': it is over {MAX_IMAGE_BYTES} bytes.", param)
+        return bytes(data)

@@ -16,16 +16,23 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Iterator, Sequence, Union
+from typing import Any, Iterator, Sequence, Union
 
 from supervisor.errors import InvalidRequest, Unsupported
 from worker.protocol import MEDIA_MARKER, Media
 
+# What a /completion prompt_string (llama-server's multimodal_data) marks each image with;
+# the router writes MEDIA_MARKER in its place.
+LLAMA_MEDIA_MARKER = "<__media__>"
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # one image, decoded (OpenAI's limit)
 MAX_IMAGES = 32  # in one request
 # Base64 of MAX_IMAGE_BYTES, with room for line breaks: a longer string is refused unread.
 _MAX_BASE64 = MAX_IMAGE_BYTES * 4 // 3 + 4096
-_DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.ASCII)
+# RFC 2397; its scheme and ";base64" in any case, as RFC 3986 and browsers read them.
+_DATA_URI = re.compile(
+    r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.ASCII | re.IGNORECASE
+)
+_SPACE = re.compile(r"[ \t\r\n]+")  # line breaks and spaces a base64 text may hold; no others
 # The image types the worker decodes; others are refused here, by their declared type.
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif", "image/bmp")
 
@@ -37,7 +44,7 @@ def from_base64(data: object, param: str) -> Media:
     if len(data) > _MAX_BASE64:
         raise InvalidRequest(f"Invalid value for '{param}': the image is over {MAX_IMAGE_BYTES} bytes.", param)
     try:
-        raw = base64.b64decode("".join(data.split()), validate=True)
+        raw = base64.b64decode(_SPACE.sub("", data), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequest(f"Invalid value for '{param}': not valid base64 image data.", param) from None
     if not raw:
@@ -75,6 +82,33 @@ def from_url(url: object, param: str) -> Media:
     if "://" in head:
         raise InvalidRequest(f"Invalid value for '{param}': expected a data URI with the image's bytes.", param)
     return from_base64(url, param)
+
+
+def multimodal_prompt(p: dict[str, Any], param: str) -> tuple[str, list[Media]]:
+    """llama-server's prompt object with images: `prompt_string` with a "<__media__>" where
+    each of `multimodal_data`'s base64 images goes, in order (server-common.cpp,
+    tokenize_input_subprompt); the text comes back with MEDIA_MARKER in their places."""
+    text = p.get("prompt_string")
+    if not isinstance(text, str):
+        raise InvalidRequest(
+            f"Invalid type for '{param}.prompt_string': expected a string with the media markers.", f"{param}.prompt_string"
+        )
+    data = p.get("multimodal_data")
+    if not isinstance(data, list):
+        raise InvalidRequest(
+            f"Invalid type for '{param}.multimodal_data': expected an array of base64 strings.", f"{param}.multimodal_data"
+        )
+    counted(len(data), f"{param}.multimodal_data")
+    images = [from_base64(d, f"{param}.multimodal_data[{i}]") for i, d in enumerate(data)]
+    if text.count(LLAMA_MEDIA_MARKER) != len(images):
+        raise InvalidRequest(
+            f"Invalid value for '{param}.prompt_string': it holds {text.count(LLAMA_MEDIA_MARKER)} media markers "
+            f"({LLAMA_MEDIA_MARKER}) for {len(images)} items of multimodal_data.",
+            f"{param}.prompt_string",
+        )
+    if MEDIA_MARKER in text:  # the router's own: never a client's to place
+        text = text.replace(MEDIA_MARKER, "")
+    return text.replace(LLAMA_MEDIA_MARKER, MEDIA_MARKER), images
 
 
 def counted(n: int, param: str) -> None:

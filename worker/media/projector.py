@@ -36,6 +36,7 @@ from llama_cpp import mtmd_cpp as mt
 from worker.media.pictures import Pixels
 from worker.media.spans import ImageSpan, placeholders
 from worker.model import LoadError, _on_llama_log
+from worker.protocol import MEDIA_MARKER
 from worker.rejected import RequestRejected
 
 log = logging.getLogger("worker.media")
@@ -43,6 +44,7 @@ log = logging.getLogger("worker.media")
 # Module-level, like worker/model.py's: the thunk must outlive every call into libmtmd.
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_on_llama_log)
 _NO_CALLBACK = mt.mtmd_helper_post_decode_callback()
+_MARKER = MEDIA_MARKER.encode()  # referenced for the process's life: libmtmd reads it at init
 
 
 class OwnedChunk:
@@ -80,6 +82,7 @@ class Projector:
         params.use_gpu = use_gpu  # with the model's layers: a GPU encodes far faster
         params.n_threads = n_threads
         params.print_timings = False
+        params.media_marker = _MARKER  # the router's, never a client's
         # One encode of a dummy image at load, as llama-server does: a projector whose graph
         # cannot run here fails the load, not the first request that sends an image.
         params.warmup = True
@@ -100,7 +103,6 @@ class Projector:
             )
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model))
         self.n_ubatch = n_ubatch
-        self.marker = (mt.mtmd_default_marker() or b"<__media__>").decode()
         self.identity = identity(path)
         self.encodes = 0  # images encoded (Pong's prompt_cache counters: images_encoded)
 
@@ -147,8 +149,7 @@ class Projector:
             if rc == 1:
                 raise RequestRejected(
                     "invalid_request",
-                    f"the prompt's text holds {text.count(self.marker)} media markers ({self.marker}) "
-                    f"for {len(bitmaps)} images: the marker is reserved for images",
+                    f"the prompt has {text.count(MEDIA_MARKER)} places for images and {len(bitmaps)} images",
                     params[0] if params else "prompt",
                 )
             if rc != 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
-from worker.media.pictures import decode
+from worker.media.pictures import Budget, decode
 from worker.protocol import MEDIA_MARKER, Media, TokenizeResult
 from worker.rejected import RequestRejected
 from worker.request import Request
@@ -35,17 +35,18 @@ def media_texts(
         if md.kind != "image":
             raise RequestRejected("unsupported", f"this model's projector does not take {md.kind}", md.param)
     checked(text, limit, m)
-    n_markers = text.count(MEDIA_MARKER)
-    if n_markers != len(media):
+    n_places = text.count(MEDIA_MARKER)
+    if n_places != len(media):  # a template that left out a message with an image, or put one twice
         raise RequestRejected(
             "invalid_request",
-            f"the prompt holds {n_markers} media markers ({MEDIA_MARKER}) for {len(media)} images; "
-            "the marker is reserved for images, one each",
+            f"the rendered prompt has {n_places} places for images and the request {len(media)} images "
+            "(does the chat template render every message?)",
             param,
         )
 
     def build(_: list[list[int]]) -> R:
-        pictures = [decode(md.data, md.param) for md in media]
+        budget = Budget()
+        pictures = [decode(md.data, md.param, budget) for md in media]
         tokens, spans = projector.tokenize(text, pictures, [md.param for md in media])
         if len(tokens) > limit.most:
             raise limit.refuse(len(tokens))

@@ -102,9 +102,13 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     arguments: str
 
 
-# Where an image stands in a message's content or a prompt: libmtmd's default media marker
-# (mtmd_default_marker), which llama-server's /completion multimodal_data also uses.
-MEDIA_MARKER = "<__media__>"
+# Where an image stands in a message's content or a prompt, as the router writes it and the
+# worker's projector reads it (libmtmd's media_marker). Made of private-use characters, not
+# llama-server's "<__media__>", so that a user's text that says "<__media__>" is only text: a
+# marker a client could type would let it move or add images (llama-server draws a random
+# marker per process for the same reason). /completion's prompt_string, which does use
+# "<__media__>", is rewritten by the router (router/api/llama/translate.py).
+MEDIA_MARKER = "<\ue000image\ue001>"
 
 
 class Media(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

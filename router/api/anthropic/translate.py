@@ -128,7 +128,14 @@ def image(block: s.ImageBlock, at: str) -> Media:
             f"Invalid value for '{at}.source.media_type': expected one of image/jpeg, image/png, image/gif, image/webp.",
             f"{at}.source.media_type",
         )
-    return media.from_base64(src.get("data"), f"{at}.source.data")
+    out = media.from_base64(src.get("data"), f"{at}.source.data")
+    actual = media.mime_of(out.data)
+    if actual != ("image/jpeg" if mime == "image/jpg" else mime):  # as Anthropic checks it
+        raise InvalidRequest(
+            f"Invalid value for '{at}.source.media_type': the image's data is {actual}, not {mime}.",
+            f"{at}.source.media_type",
+        )
+    return out
 
 
 def _user(blocks: list[s.Block], at: str) -> list[ChatMessage]:
@@ -149,7 +156,8 @@ def _user(blocks: list[s.Block], at: str) -> list[ChatMessage]:
         if isinstance(b, s.TextBlock):
             texts.append(b.text)
         elif isinstance(b, s.ToolResultBlock):
-            results.append(ChatMessage(role="tool", content=_result_text(b, bat), tool_call_id=b.tool_use_id))
+            text, shown = _result(b, bat)
+            results.append(ChatMessage(role="tool", content=text, tool_call_id=b.tool_use_id, media=shown or None))
         elif not isinstance(b, (s.ThinkingBlock, s.RedactedThinkingBlock)):  # ToolUseBlock
             raise InvalidRequest(f"'{bat}': a tool_use block belongs in an assistant message.", f"{bat}.type")
     if texts:
@@ -157,15 +165,25 @@ def _user(blocks: list[s.Block], at: str) -> list[ChatMessage]:
     return results
 
 
-def _result_text(b: s.ToolResultBlock, at: str) -> str:
+def _result(b: s.ToolResultBlock, at: str) -> tuple[str, list[Media]]:
+    """A tool result's text, with a media marker for each image block (a screenshot a
+    tool took, as Claude Code sends them), and the images."""
+    images: list[Media] = []
     if b.content is None or isinstance(b.content, str):
         text = b.content or ""
     else:
+        texts = []
         for k, part in enumerate(b.content):
+            if isinstance(part, s.ImageBlock):
+                images.append(image(part, f"{at}.content[{k}]"))
+                media.counted(len(images), f"{at}.content[{k}]")
+                texts.append(MEDIA_MARKER)
+                continue
             _refuse_media(part, f"{at}.content[{k}]", "in a tool result")
-        text = "\n\n".join(p.text for p in b.content if isinstance(p, s.TextBlock))
+            texts.append(part.text if isinstance(part, s.TextBlock) else "")
+        text = "\n\n".join(t for t in texts if t)
     # The template has no field for a failed call: the model reads it in the text.
-    return f"Error: {text}" if b.is_error and not text.lower().startswith("error") else text
+    return (f"Error: {text}" if b.is_error and not text.lower().startswith("error") else text), images
 
 
 def _assistant(blocks: list[s.Block], at: str) -> ChatMessage:

@@ -19,7 +19,8 @@ from router.api.timings import timings_json
 from router.generation.events import Finish, TextDelta
 from router.server import sse
 from supervisor.config import Config
-from worker.protocol import MEDIA_MARKER, Ready, SamplingParams, SlotState, StopType, TokenLogprob
+from router.generation.media import LLAMA_MEDIA_MARKER
+from worker.protocol import Ready, SamplingParams, SlotState, StopType, TokenLogprob
 
 _json = msgspec.json.Encoder()
 
@@ -176,7 +177,7 @@ def props_json(file: str, alias: str, ready: Ready, slots: int, defaults: Sampli
         # Where /completion's multimodal_data go in a prompt_string. llama-server draws a
         # random one per process unless LLAMA_MEDIA_MARKER pins it; Corral's is fixed, and a
         # prompt whose markers do not match its images one for one is a 400.
-        "media_marker": MEDIA_MARKER,
+        "media_marker": LLAMA_MEDIA_MARKER,
         "build_info": ready.build_info or "corral",
         "is_sleeping": False,
     }

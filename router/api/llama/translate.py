@@ -10,8 +10,6 @@ output it did not ask for.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from router.api.llama.schemas import InfillRequest, NativeCompletionRequest
@@ -20,7 +18,7 @@ from router.generation import media, structured
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, prompt_list
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import MEDIA_MARKER, Infill, InfillChunk, Media, SamplingParams
+from worker.protocol import Infill, InfillChunk, SamplingParams
 
 _OFF: dict[str, object] = {
     "dynatemp_range": 0.0,
@@ -83,7 +81,7 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
     """`model`: the name the answer gives (the request's, or the default model's)."""
     params = native_params(r, defaults)  # its 400s before the prompt's, as before
     if isinstance(r.prompt, dict) and "multimodal_data" in r.prompt:
-        text, images = multimodal_prompt(r.prompt, "prompt")
+        text, images = media.multimodal_prompt(r.prompt, "prompt")
         return GenerationJob(
             model=model, params=params, prompt=text, media=tuple(images), stream=r.stream, cache_salt=r.cache_salt
         )
@@ -99,27 +97,6 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
         stream=r.stream,
         cache_salt=r.cache_salt,
     )
-
-
-def multimodal_prompt(p: dict[str, Any], param: str) -> tuple[str, list[Media]]:
-    """llama-server's prompt object with images: `prompt_string` holding a media marker
-    (<__media__>) where each of `multimodal_data`'s base64 images goes, in order
-    (server-common.cpp, tokenize_input_subprompt)."""
-    text = p.get("prompt_string")
-    if not isinstance(text, str):
-        raise InvalidRequest(f"Invalid type for '{param}.prompt_string': expected a string with the media markers.", f"{param}.prompt_string")
-    data = p.get("multimodal_data")
-    if not isinstance(data, list):
-        raise InvalidRequest(f"Invalid type for '{param}.multimodal_data': expected an array of base64 strings.", f"{param}.multimodal_data")
-    media.counted(len(data), f"{param}.multimodal_data")
-    images = [media.from_base64(d, f"{param}.multimodal_data[{i}]") for i, d in enumerate(data)]
-    if text.count(MEDIA_MARKER) != len(images):
-        raise InvalidRequest(
-            f"Invalid value for '{param}.prompt_string': it holds {text.count(MEDIA_MARKER)} media markers "
-            f"({MEDIA_MARKER}) for {len(images)} items of multimodal_data.",
-            f"{param}.prompt_string",
-        )
-    return text, images
 
 
 def infill_job(r: InfillRequest, model: str, defaults: SamplingParams) -> GenerationJob:

@@ -165,6 +165,8 @@ def messages(raw: list[dict[str, Any]]) -> list[ChatMessage]:
         role = m.get("role")
         if not isinstance(role, str) or role.lower() not in _ROLES:
             raise InvalidRequest(f"Invalid value for '{at}.role': expected one of {list(_ROLES)}.", f"{at}.role")
+        if m.get("images") and role.lower() != "user":
+            raise InvalidRequest(f"Invalid value for '{at}.images': images are taken in user messages only.", f"{at}.images")
         content, images = with_images(_string(m, "content", at) or "", m.get("images"), f"{at}.images")
         seen += len(images)
         media.counted(seen, f"{at}.images")

@@ -157,6 +157,9 @@ def completion_logprobs(r: CompletionRequest) -> int | None:
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
+DETAILS = ("auto", "low", "high")  # image_url.detail: accepted, and of no effect here
+
+
 def content_parts(at: str, content: list[Any]) -> tuple[str, list[Media]]:
     """A message's content parts: the texts joined, with a media marker where each image
     stands, and the images (router/generation/media.py)."""
@@ -175,6 +178,11 @@ def content_parts(at: str, content: list[Any]) -> tuple[str, list[Media]]:
         elif kind == "image_url":
             value = part.get("image_url")
             url = value.get("url") if isinstance(value, dict) else value
+            detail = value.get("detail") if isinstance(value, dict) else None
+            if detail is not None and detail not in DETAILS:
+                raise InvalidRequest(
+                    f"Invalid value for '{where}.image_url.detail': expected one of {list(DETAILS)}.", f"{where}.image_url.detail"
+                )
             if url is None:
                 raise InvalidRequest(f"Missing required parameter: '{where}.image_url.url'.", f"{where}.image_url.url")
             images.append(media.from_url(url, f"{where}.image_url.url" if isinstance(value, dict) else f"{where}.image_url"))
@@ -218,6 +226,10 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
             text = content
         elif isinstance(content, list):
             text, images = content_parts(at, content)
+            if images and role != "user":  # as OpenAI answers: only a user shows images
+                raise InvalidRequest(
+                    f"Invalid value for '{images[0].param}': images are taken in user messages only.", images[0].param
+                )
             seen.extend(images)
             media.counted(len(seen), f"{at}.content")
         else:

@@ -7,7 +7,8 @@ import msgspec
 
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
-from router.generation import structured, tool_schemas
+from router.generation import media, structured, tool_schemas
+from router.generation.prompts import Prompt
 from router.generation.job import GenerationJob
 from worker.protocol import Constraint, SamplingParams
 
@@ -43,9 +44,15 @@ def completion_job(r: schemas.CompletionRequest, model: str, defaults: SamplingP
     max_tokens, param = _completion_max_tokens(r, defaults.max_tokens)
     params = request_fields.sampling_params(r, max_tokens, param, defaults=defaults)
     params = msgspec.structs.replace(params, logprobs=request_fields.completion_logprobs(r))
-    prompts = request_fields.completion_prompts(r)
+    prompts: list[Prompt]
+    if isinstance(r.prompt, dict) and "multimodal_data" in r.prompt:  # llama-server's, with images
+        text, images = media.multimodal_prompt(r.prompt, "prompt")
+        prompts, shown = [text], tuple(images)
+    else:
+        prompts, shown = request_fields.completion_prompts(r), ()
     one = prompts[0] if len(prompts) == 1 and isinstance(prompts[0], str) else None
     return GenerationJob(
+        media=shown,
         model=model,
         params=_constrained(params, structured.constraint(request_fields.json_schemas(None, r.json_schema), r.grammar)),
         prompt=one,

@@ -54,6 +54,10 @@ def _content(content: Any, at: str, images: list[Media] | None) -> str:
         pat = f"{at}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image" and images is not None:
+            if part.get("detail") is not None and part.get("detail") not in ("auto", "low", "high"):
+                raise InvalidRequest(
+                    f"Invalid value for '{pat}.detail': expected one of ['auto', 'low', 'high'].", f"{pat}.detail"
+                )
             if part.get("file_id") is not None and part.get("image_url") is None:
                 raise Unsupported(f"'{pat}.file_id': Corral keeps no files; send image_url as a data URI.", f"{pat}.file_id")
             images.append(media.from_url(part.get("image_url"), f"{pat}.image_url"))
@@ -131,8 +135,11 @@ def chat_messages(input: str | list[Any] | None) -> list[ChatMessage]:
             turns.calls.append(ToolCall(id=call_id, name=name, arguments=_string(item, "arguments", at)))
         elif kind == "function_call_output":
             output = item.get("output")
-            text = _text(output if output is not None else "", f"{at}.output")
-            turns.add(ChatMessage(role="tool", content=text, tool_call_id=_string(item, "call_id", at)))
+            shown: list[Media] = []  # a tool's output may show images (a screenshot)
+            text = _content(output if output is not None else "", f"{at}.output", shown)
+            seen += len(shown)
+            media.counted(seen, f"{at}.output")
+            turns.add(ChatMessage(role="tool", content=text, tool_call_id=_string(item, "call_id", at), media=shown or None))
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             turns.reasoning.append(_text(parts, f"{at}.content" if item.get("content") else f"{at}.summary"))

@@ -57,7 +57,8 @@ async def test_an_image_from_a_listed_host_is_fetched_into_its_part() -> None:
         ("http://169.254.169.254/latest/meta-data", ["img.example.com"], "'169.254.169.254' is not one"),
         ("http://localhost/red.png", ["img.example.com"], "'localhost' is not one"),
         ("https://evil-example.com/red.png", [".example.com"], "is not one"),
-        ("https://user:pw@img.example.com/red.png", ["img.example.com"], "is not one"),
+        ("https://user:pw@img.example.com/red.png", ["img.example.com"], "user name or password"),
+        ("https://evil.example@img.example.com/red.png", ["img.example.com"], "user name or password"),
         ("https://img.example.com/moved", ["img.example.com"], "redirects"),
         ("https://img.example.com/page", ["img.example.com"], "not an image"),
         ("https://img.example.com/huge", ["img.example.com"], "over"),
@@ -82,3 +83,20 @@ async def test_each_url_that_may_not_be_fetched_is_a_400_naming_the_part(url: st
 )
 def test_listed_hosts_match_by_name_or_suffix(host: str, hosts: list[str], ok: bool) -> None:
     assert image_urls.listed(host, hosts) is ok
+
+
+async def test_a_server_that_drips_its_answer_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trio
+
+    monkeypatch.setattr(image_urls, "FETCH_SECONDS", 0.5)
+
+    class Drip(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            for _ in range(100):
+                await trio.sleep(0.1)
+                yield b"\0"
+
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, headers={"content-type": "image/png"}, stream=Drip()))
+    with pytest.raises(CorralError) as info:
+        await image_urls.fetched(job("https://img.example.com/drip"), ["img.example.com"], transport)
+    assert info.value.param == PARAM and "took over" in info.value.message

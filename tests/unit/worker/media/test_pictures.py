@@ -100,3 +100,20 @@ def test_no_bytes_raise_anything_but_a_refusal(data: bytes, cut: int) -> None:
         except RequestRejected:
             continue
         assert len(p.rgb) == p.width * p.height * 3
+
+
+def test_an_exif_rotated_photo_comes_upright() -> None:
+    tall = Image.new("RGB", (20, 10), "red")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90° clockwise to view
+    p = decode(encoded(tall, "JPEG", exif=exif), "x")
+    assert (p.width, p.height) == (10, 20)
+
+
+def test_a_requests_images_share_one_pixel_budget() -> None:
+    budget = pictures.Budget(left=300)
+    decode(encoded(RGB), "a", budget)  # 120 pixels
+    decode(encoded(RGB), "b", budget)
+    with pytest.raises(RequestRejected) as info:
+        decode(encoded(RGB), "c", budget)
+    assert info.value.param == "c" and "together" in info.value.message

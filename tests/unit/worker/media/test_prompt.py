@@ -97,7 +97,7 @@ def test_a_marker_in_the_text_that_no_image_fills_is_refused_before_any_image_is
     g = chat(Media(data=b"not even decoded", param="messages[0].content[1]"), text=f"{MEDIA_MARKER} and {MEDIA_MARKER}")
     with pytest.raises(RequestRejected) as info:
         prepare_chat(g, p)
-    assert info.value.param == "messages" and "2 media markers" in info.value.message
+    assert info.value.param == "messages" and "2 places for images" in info.value.message
     assert p.tokenized == []
 
 

@@ -5,6 +5,7 @@ what llama-server drops (tool_choice none and tool, disable_parallel_tool_use)."
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -16,6 +17,7 @@ from router.api.anthropic.schemas import MessagesRequest
 from router.api.anthropic import schemas as s
 from router.api.anthropic.translate import messages_job, served_tools, system_text
 from router.server.json_body import decode
+from worker.protocol import MEDIA_MARKER
 from supervisor.errors import CorralError, InvalidRequest, Unsupported
 from worker.protocol import ChatMessage, SamplingParams, ToolCall
 
@@ -205,3 +207,24 @@ def test_served_tools_leave_out_anthropics_server_tools() -> None:
     kept, skipped = served_tools(raw)
     assert [t.name for t in kept or ()] == ["Read", "Edit"]
     assert skipped == ["web_search_20250305", "bash_20250124"]
+
+
+PNG_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 8).decode()
+
+
+def test_an_images_declared_type_must_be_its_data() -> None:
+    exc = refused(messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": PNG_B64}}]}])
+    assert exc.param == "messages[0].content[0].source.media_type" and "image/png, not image/jpeg" in message(exc)
+
+
+def test_a_tool_results_images_go_with_it() -> None:
+    from router.api.anthropic.translate import chat_messages
+
+    blocks = msgspec.convert([
+        {"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "the screen:"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}}]},
+    ], list[s.Block])
+    out = chat_messages(None, [s.Message(role="user", content=blocks)])
+    assert out[0].role == "tool" and out[0].content == f"the screen:\n\n{MEDIA_MARKER}"
+    assert out[0].media is not None and out[0].media[0].param == "messages[0].content[0].content[1].source.data"

@@ -182,3 +182,9 @@ def test_generate_renders_system_and_prompt_as_a_chat_unless_raw() -> None:
         with pytest.raises(CorralError) as exc:
             generate_job(gen(prompt="x", **body), "m", SamplingParams())
         assert exc.value.param == param
+
+
+def test_images_are_taken_in_user_messages_only() -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        messages([{"role": "assistant", "content": "x", "images": ["aGk="]}])
+    assert exc.value.param == "messages[0].images"

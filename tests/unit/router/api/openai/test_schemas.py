@@ -678,3 +678,26 @@ def test_continue_final_message_and_add_generation_prompt() -> None:
         rf.generation_prompt(chat(messages=ask[:1], continue_final_message=True))
     assert rf.generation_prompt(chat(messages=ask[:1], add_generation_prompt=False)) is False
     assert rf.generation_prompt(chat(messages=ask[:1])) is True
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "assistant", "tool"])
+def test_images_are_taken_in_user_messages_only(role: str) -> None:
+    extra = {"tool_call_id": "c1"} if role == "tool" else {}
+    r = chat(messages=[{"role": role, "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}], **extra},
+                       {"role": "user", "content": "q"}])
+    with pytest.raises(InvalidRequest) as info:
+        rf.chat_messages(r)
+    assert info.value.param == "messages[0].content[0].image_url.url" and "user messages only" in info.value.message
+
+
+def test_an_image_detail_outside_openais_values_is_refused_and_data_uris_are_read_in_any_case() -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk=", "detail": "ultra"}}]}])
+    with pytest.raises(InvalidRequest) as info:
+        rf.chat_messages(r)
+    assert info.value.param == "messages[0].content[0].image_url.detail"
+    for url in ("DATA:image/png;BASE64,aGk=", "data:IMAGE/PNG;base64,aG\nk="):
+        r = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url, "detail": "low"}}]}])
+        assert rf.chat_messages(r)[0].media == [Media(data=b"hi", param="messages[0].content[0].image_url.url")]
+    r = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aG\u00a0k="}}]}])
+    with pytest.raises(InvalidRequest):  # only ASCII spaces and line breaks are dropped
+        rf.chat_messages(r)

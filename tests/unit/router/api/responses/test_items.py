@@ -194,3 +194,16 @@ def test_an_input_image_is_a_marker_in_its_users_text_and_its_bytes() -> None:
     ]}])
     assert out == [ChatMessage(role="user", content=f"what is {MEDIA_MARKER}?", media=[
         Media(data=b"hi", param="input[0].content[1].image_url")])]
+
+
+def test_a_function_outputs_images_go_with_it_and_detail_is_checked() -> None:
+    out = chat_messages([
+        {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_text", "text": "here:"}, {"type": "input_image", "image_url": "data:image/png;base64,aGk="}]},
+    ])
+    assert out[1] == ChatMessage(role="tool", content=f"here:{MEDIA_MARKER}", tool_call_id="c1",
+                                 media=[Media(data=b"hi", param="input[1].output[1].image_url")])
+    with pytest.raises(InvalidRequest) as info:
+        chat_messages([{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,aGk=", "detail": "x"}]}])
+    assert info.value.param == "input[0].content[0].detail"
