@@ -262,6 +262,16 @@ def test_llama_server_completion_multimodal_data(vision: Server) -> None:
     assert bad.status_code == 400 and "prompt.prompt_string" in bad.text
 
 
+def test_a_users_text_that_says_the_media_marker_is_only_text(oa: openai.OpenAI) -> None:
+    """llama-server's marker in a user's words is no place for an image: the image goes where
+    its part stands, and the words stay words."""
+    said = oa.chat.completions.create(model="vision", temperature=0, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is <__media__> here?"}, {"type": "image_url", "image_url": {"url": data_uri(RED)}}]}])
+    plain = oa.chat.completions.create(model="vision", temperature=0, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is here?"}, {"type": "image_url", "image_url": {"url": data_uri(RED)}}]}])
+    assert said.usage.prompt_tokens > plain.usage.prompt_tokens  # the words count as text
+
+
 def test_a_text_only_model_answers_400_naming_the_part(oa: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         ask(oa, RED, model="text-only")

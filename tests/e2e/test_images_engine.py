@@ -30,17 +30,17 @@ from tests.e2e.engine_driver import EngineDriver, Outcome
 from worker.media.pictures import decode
 from worker.media.spans import placeholders
 from worker.prompt_cache import CacheOptions
-from worker.protocol import WorkerSpec
+from worker.protocol import MEDIA_MARKER, WorkerSpec
 
 MIXES = int(os.environ.get("CORRAL_IMAGE_MIXES", "4"))
-PROMPT = "<start_of_turn>user\nWhat is in this picture?<__media__><end_of_turn>\n<start_of_turn>model\n"
+PROMPT = f"<start_of_turn>user\nWhat is in this picture?{MEDIA_MARKER}<end_of_turn>\n<start_of_turn>model\n"
 # With text after the image long enough that a step's batch of it alone and beside another
 # request's take the same matrix kernels: llama.cpp's CPU sums differ in their last bits
 # between a batch of 6 rows and one of 12 (a text prompt's too), and the random projector's
 # large embeddings make such bits move a logprob. With this prompt, two image requests at
 # once match their solo runs bit for bit, which is what sequence isolation is measured by.
 LONG = (
-    "<start_of_turn>user\nWhat is in this picture?<__media__> Please describe every detail of it, the colours, "
+    f"<start_of_turn>user\nWhat is in this picture?{MEDIA_MARKER} Please describe every detail of it, the colours, "
     "the shapes, and what it may mean to you.<end_of_turn>\n<start_of_turn>model\n"
 )
 TEXT = "<start_of_turn>user\nTell me a story about a red fox and a river.<end_of_turn>\n<start_of_turn>model\n"
@@ -106,7 +106,7 @@ def test_usage_counts_image_tokens_and_a_repeat_reuses_them_without_encoding(eng
     assert first.cached[0] == 0 or first.cached[0] < 12  # at most the text before the image
     encodes = engine.engine.images.encoder.encodes if engine.engine.images else -1
     again = done(engine.generate([], 2, prompt=PROMPT, media=[image])[1])
-    prompt_tokens = len(engine.model.tokenize(PROMPT.replace("<__media__>", ""))) + projector.SIZES["tiny"].tokens
+    prompt_tokens = len(engine.model.tokenize(PROMPT.replace(MEDIA_MARKER, ""))) + projector.SIZES["tiny"].tokens
     assert again.cached[0] >= prompt_tokens - 1  # everything but the last token, image and all
     assert engine.engine.images is not None and engine.engine.images.encoder.encodes == encodes
 
