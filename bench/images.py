@@ -32,8 +32,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,7 +42,7 @@ import numpy as np
 
 from bench import projector
 from bench.charts import write_chart
-from bench.throughput import DEFAULT_MODEL, OUT, free_port, start_corral, wait_healthy
+from bench.throughput import DEFAULT_MODEL, OUT, llama_server_at, start_corral
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,25 +73,6 @@ def corral(model: Path, mmproj: Path) -> Iterator[str]:
         prefix="corral-images-",
     )
     try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-
-
-@contextlib.contextmanager
-def llama_server(binary: Path, model: Path, mmproj: Path) -> Iterator[str]:
-    port = free_port()
-    log = open(Path(tempfile.mkdtemp(prefix="llama-server-images-")) / "server.log", "wb")
-    proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--mmproj", str(mmproj), "--port", str(port), "-np", "4", "-c", "4096",
-         "-kvu", "-nr", "-t", str(os.cpu_count()), "--no-webui"],
-        stdout=log, stderr=subprocess.STDOUT,
-        # Its media marker is random per process unless pinned (server-common.cpp).
-        env={**os.environ, "LLAMA_MEDIA_MARKER": "<__media__>"},
-    )
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -188,7 +167,8 @@ def main() -> int:
     with corral(a.model, mmproj) as url:
         results["corral"] = measure(url, a.streams, a.images, a.tokens, side, 1000)
     if a.llama_server is not None:
-        with llama_server(a.llama_server, a.model, mmproj) as url:
+        # Its media marker is random per process unless pinned (server-common.cpp).
+        with llama_server_at(a.llama_server, a.model, ["--mmproj", str(mmproj)], {"LLAMA_MEDIA_MARKER": "<__media__>"}) as url:
             results["llama-server"] = measure(url, a.streams, a.images, a.tokens, side, 1000)
     setup = {"size": a.size, "streams": a.streams, "images": a.images, "tokens": a.tokens, "cpus": os.cpu_count()}
     OUT.mkdir(parents=True, exist_ok=True)

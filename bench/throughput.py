@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -387,16 +387,25 @@ def choices_report(res: dict[str, Any]) -> str:
 def llama_server_up(binary: Path, model: Path) -> Iterator[str]:
     """llama.cpp's own server, configured as the notes measured it: 4 slots sharing a
     unified 4096-cell KV cache, no repacking, every core. Yields its completions URL."""
+    with llama_server_at(binary, model) as url:
+        yield url + "/v1/completions"
+
+
+@contextlib.contextmanager
+def llama_server_at(
+    binary: Path, model: Path, extra: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """llama_server_up's server with `extra` arguments and environment; yields its base URL."""
     port = free_port()
     log = open(Path(tempfile.mkdtemp(prefix="llama-server-")) / "server.log", "wb")
     proc = subprocess.Popen(
         [str(binary), "-m", str(model), "--port", str(port), "-np", str(SLOTS), "-c", "4096",
-         "-kvu", "-nr", "-t", str(os.cpu_count()), "--no-webui"],
-        stdout=log, stderr=subprocess.STDOUT,
+         "-kvu", "-nr", "-t", str(os.cpu_count()), "--no-webui", *extra],
+        stdout=log, stderr=subprocess.STDOUT, env=None if env is None else {**os.environ, **env},
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-        yield f"http://127.0.0.1:{port}/v1/completions"
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
