@@ -273,6 +273,9 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     else:
         cparams.n_batch = min(spec.n_batch, spec.n_ctx)
         cparams.n_ubatch = min(cparams.n_batch, 512)
+    if cparams.n_batch < cparams.n_seq_max:  # llama.cpp would abort the process (output_reserve)
+        llama_cpp.llama_model_free(model)
+        raise LoadError(f"n_batch ({cparams.n_batch}) must be at least the model's sequences ({cparams.n_seq_max})")
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         llama_cpp.llama_model_free(model)

@@ -17,7 +17,7 @@ from supervisor.config import gguf_meta, projector
 from supervisor.config.key_paths import quote
 from supervisor.config.schema import ConfigFile, ModelConfig, listen_hosts
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
-from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES, TEMPLATE_OWN_VARIABLES
+from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES, TEMPLATE_OWN_VARIABLES, sequences
 
 
 def resolve_path(path: str, base_dir: Path) -> Path:
@@ -176,6 +176,13 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.n_ctx_slot: must be 16..n_ctx ({m.n_ctx}), got {m.n_ctx_slot}"
         if not 1 <= m.n_batch:
             yield f"{at}.n_batch: must be at least 1, got {m.n_batch}"
+        elif m.n_ctx >= 16 and min(m.n_batch, m.n_ctx) < (n_seq := sequences(m)):
+            # llama.cpp reserves an output a sequence in a batch, and aborts the process when
+            # a batch holds fewer (GGML_ASSERT in llama_context's output_reserve).
+            yield (
+                f"{at}.n_batch: must be at least the model's sequences, {n_seq} (slots + cached_prompts), "
+                f"and so must n_ctx; got n_batch {m.n_batch}, n_ctx {m.n_ctx}"
+            )
         if m.threads is not None and not 1 <= m.threads <= 1024:
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
         if m.n_gpu_layers < -1:

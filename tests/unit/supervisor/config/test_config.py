@@ -360,6 +360,10 @@ def test_slots_bounds_accepted(base: Path, slots: int) -> None:
     [
         ("n_ctx = 8", "models.a.n_ctx"),
         ("n_batch = 0", "models.a.n_batch"),
+        # Fewer than its 12 sequences (4 slots, 8 cached prompts): llama.cpp aborted the
+        # worker creating the context (GGML_ASSERT in output_reserve).
+        ("n_batch = 11", "models.a.n_batch"),
+        ("slots = 2\ncached_prompts = 30\nn_ctx = 16", "models.a.n_batch"),
         ("threads = 0", "models.a.threads"),
         ("n_gpu_layers = -2", "models.a.n_gpu_layers"),
         ("idle_timeout = -1", "models.a.idle_timeout"),
