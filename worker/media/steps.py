@@ -75,7 +75,10 @@ class ImageSteps:
 
 
 def _waits(req: Request, n_cached: int) -> bool:
+    """`req` is at an image whose encode it has asked for and that is not done. One not asked
+    for yet is not waited on: the next step asks (sleeping first cost every image of a
+    request the loop's half-second wait)."""
     if not req.images:
         return False
     span = image_at(req.images, n_cached)
-    return span is not None and span.embd is None and not span.failed
+    return span is not None and span.queued and span.embd is None and not span.failed
