@@ -170,10 +170,6 @@ class Generation:
                 reasoning_tags=ready.reasoning_tags if ready is not None else ("<think>", "</think>"),
                 model_format=ready.tool_format if ready is not None else None,
             )
-        if (images := job.images) and ready is not None and not ready.vision:
-            raise Unsupported(
-                "This model does not take images: its config names no projector (mmproj).", images[0].param
-            )
         for prompt in job.prompts:
             stream = conn.generate(
                 params,

@@ -78,8 +78,6 @@ class Encoder:
         except OSError as exc:
             log.warning("could not lower the encoding thread's priority: %s", exc)
         while (span := self._todo.get()) is not None:
-            if span.dropped:
-                continue
             try:
                 embd = self.projector.encode(span)
             except Exception as exc:  # costs this request, never the worker

@@ -179,10 +179,7 @@ class Projector:
                 ident = mt.mtmd_input_chunk_get_id(c) or b""
                 digest = bytes.fromhex(ident.decode())
                 owned = OwnedChunk(mt.mtmd_input_chunk_copy(c))
-                span = ImageSpan(
-                    start=len(tokens), tokens=placeholders(digest, n_tok), digest=digest, chunk=owned, param=param,
-                    n_pos=int(mt.mtmd_input_chunk_get_n_pos(c)),
-                )
+                span = ImageSpan(start=len(tokens), tokens=placeholders(digest, n_tok), digest=digest, chunk=owned, param=param)
                 spans.append(span)
                 tokens.extend(span.tokens)
             return tokens, spans

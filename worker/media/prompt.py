@@ -31,9 +31,6 @@ def media_texts(
             "this model does not take images (its config names no projector: set mmproj)",
             media[0].param if media else param,
         )
-    for md in media:
-        if md.kind != "image":
-            raise RequestRejected("unsupported", f"this model's projector does not take {md.kind}", md.param)
     checked(text, limit, m)
     n_places = text.count(MEDIA_MARKER)
     if n_places != len(media):  # a template that left out a message with an image, or put one twice

@@ -21,7 +21,7 @@ image step (worker/media/steps.py) decodes them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 
@@ -56,9 +56,7 @@ class ImageSpan:
     embd: Any = None  # numpy float32, n x n_embd, once encoded
     failed: str | None = None
     queued: bool = False  # handed to the encoder (worker/media/encoder.py)
-    dropped: bool = False  # its request ended: the encoder skips it
     param: str = ""
-    n_pos: int = field(default=0)
     scope: str = ""  # the cache scope it was encoded for (worker/media/encoder.py)
 
     @property

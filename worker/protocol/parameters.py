@@ -117,7 +117,6 @@ class Media(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     data: bytes
     param: str
-    kind: Literal["image", "audio"] = "image"
     # The router's alone: an image named by URL, fetched before the job runs (from the
     # hosts [server] image_url_hosts lists: router/generation/image_urls.py); never sent.
     url: str = ""
