@@ -5,10 +5,16 @@ file stem, without a `[models.NAME]` table per model.
 what is wrong and what was passed over. `list_folder()` and `fingerprint()` are the I/O.
 
 Decisions, and why:
-- Only the folder itself is read, not its subfolders. A models folder is often a download
-  cache beside other trees (Hugging Face's, a project's `old/`), and walking those would
-  serve whatever lies there under names that could clash; llama-swap serves nothing it is
-  not told to, and a model kept elsewhere is one symlink (followed) away.
+- The folder is read, and each subfolder one level down, never deeper. A subfolder is a
+  folder per model, as llama-server's router mode lays out a multimodal or split model
+  (`gemma-3-4b/gemma-3-4b-Q8_0.gguf` beside `gemma-3-4b/mmproj-F16.gguf`): when its
+  `*.gguf` files make exactly one model (one file, or one split set), it is that model,
+  named after the subfolder, with the subfolder's one projector as its `mmproj`. A
+  subfolder that makes several models is passed over with a warning: a models folder often
+  sits beside a download cache or an `old/` tree, which must not be served under names that
+  clash (llama-server's router takes whichever file it lists last); one with none (a
+  Hugging Face cache's `models--org--name/`, whose files lie deeper) is passed over
+  silently. A model kept elsewhere is one symlink (followed) away.
 - A split GGUF (`NAME-00001-of-00003.gguf`, llama.cpp's gguf-split naming) is one model
   NAME whose file is the first part: llama.cpp finds the others from it. A set with a part
   missing, or with parts that disagree on the count, is a config problem, as a missing
@@ -31,7 +37,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from supervisor.config import gguf_meta
 
@@ -62,12 +68,47 @@ class Found:
 
 
 def is_candidate(name: str) -> bool:
-    """A file name the folder's scan looks at: `*.gguf`, any case, not hidden."""
-    return name.lower().endswith(SUFFIX) and not name.startswith(".")
+    """A file name the folder's scan looks at: `*.gguf`, any case, not hidden (`name` may
+    start with a subfolder's `NAME/`)."""
+    return name.lower().endswith(SUFFIX) and not name.rpartition("/")[2].startswith(".")
 
 
-def scan(entries: Iterable[Entry]) -> Found:
-    """The models a folder's files make. Pure: `entries` is its listing."""
+def scan(entries: Iterable[Entry], folders: Mapping[str, Iterable[Entry]] | None = None) -> Found:
+    """The models a folder's files make, and its subfolders' (`folders`: a subfolder's name
+    -> its listing, whose names start with `NAME/`). Pure: the arguments are the listings."""
+    found = _scan_files(entries)
+    for sub, listing in sorted((folders or {}).items()):
+        _add_folder(found, sub, list(listing))
+    return found
+
+
+def _add_folder(found: Found, sub: str, listing: list[Entry]) -> None:
+    """Subfolder `sub`, from its listing, as the one model `sub` of `found`."""
+    projectors = [e.name for e in listing if e.projector and is_candidate(e.name)]
+    inner = _scan_files([e for e in listing if not e.projector])
+    found.problems.extend(inner.problems)
+    found.skipped.extend(inner.skipped)
+    names = list(inner.models) + list(inner.not_ready)
+    if not names:
+        return  # no model here: a cache's folder, or a projector alone
+    if len(names) > 1:
+        found.skipped.append(f"{sub}/: {len(names)} models in one folder; a folder per model holds one")
+    elif not sub.strip() or not sub.isprintable():
+        found.problems.append(f"{sub!r}/: {sub!r} cannot be a model name (rename the folder)")
+    elif sub in found.models or sub in found.not_ready:
+        found.problems.append(f"{sub}/: would be model {sub!r} too; rename the folder or the file")
+    elif names[0] in inner.not_ready:
+        found.not_ready[sub] = inner.not_ready[names[0]]
+    else:
+        found.models[sub] = inner.models[names[0]]
+        if len(projectors) == 1:
+            found.projectors[sub] = projectors[0]
+        elif projectors:
+            found.skipped.append(f"{sub}/: {len(projectors)} multimodal projectors; name one as the model's mmproj")
+
+
+def _scan_files(entries: Iterable[Entry]) -> Found:
+    """The models one folder's own files make."""
     found = Found()
     # Model name -> the groups of files that would be it: one file, or a split set's
     # parts in order. Two groups for one name is a clash (a.gguf beside a-00001-of-...,
@@ -154,19 +195,26 @@ def _split_problem(parts: list[tuple[int, int, Entry]]) -> str | None:
     return None
 
 
-def list_folder(folder: Path) -> list[Entry]:
-    """The folder's `*.gguf` files (symlinks followed), each with its header checked.
-    Raises OSError."""
+def list_folder(folder: Path, prefix: str = "") -> list[Entry]:
+    """The folder's `*.gguf` files (symlinks followed), each with its header checked, named
+    `prefix` + file name. Raises OSError."""
     entries = []
     for p in folder.iterdir():
         if not is_candidate(p.name):
             continue
+        name = prefix + p.name
         if p.is_file():
             why = _header_problem(p)
-            entries.append(Entry(p.name, None, True) if why == _PROJECTOR else Entry(p.name, why))
+            entries.append(Entry(name, None, True) if why == _PROJECTOR else Entry(name, why))
         elif p.is_symlink() and not p.exists():
-            entries.append(Entry(p.name, f"a broken symbolic link (to {os.readlink(p)})"))
+            entries.append(Entry(name, f"a broken symbolic link (to {os.readlink(p)})"))
     return entries
+
+
+def subfolders(folder: Path) -> list[Path]:
+    """The folder's subfolders that may each be a model (links followed, hidden ones not).
+    Raises OSError."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_dir())
 
 
 def _header_problem(path: Path) -> str | None:
@@ -192,31 +240,50 @@ def found_in(folder: Path) -> Found:
     file passed over."""
     if not folder.is_dir():
         return Found(problems=[f"{'not a folder' if folder.exists() else 'no such folder'}: {folder}"])
+    unreadable = []
     try:
-        found = scan(list_folder(folder))
+        entries, folders = list_folder(folder), {}
+        for sub in subfolders(folder):
+            try:
+                folders[sub.name] = list_folder(sub, sub.name + "/")
+            except OSError as exc:  # one unreadable subfolder holds back no other model
+                unreadable.append(f"{sub.name}/: cannot read: {exc.strerror}")
+        found = scan(entries, folders)
     except OSError as exc:
         return Found(problems=[f"cannot read {folder}: {exc.strerror}"])
+    found.skipped.extend(unreadable)
     for why in found.skipped:
         log.warning("models_dir %s: passed over %s", folder, why)
     return found
 
 
 def fingerprint(folder: Path) -> tuple[tuple[str, int, int], ...]:
-    """Name, size and mtime of each `*.gguf` in the folder: a reload waits until this stops
-    changing, as it does for the config file, so a file being copied in is not read
-    half-written. An unreadable folder has an empty fingerprint (the scan reports it)."""
-    out = []
+    """Name, size and mtime of each `*.gguf` in the folder and its subfolders: a reload
+    waits until this stops changing, as it does for the config file, so a file being copied
+    in is not read half-written. An unreadable folder has an empty fingerprint (the scan
+    reports it)."""
     try:
-        for p in folder.iterdir():
-            if is_candidate(p.name):
-                try:
-                    st = p.stat()
-                except OSError:  # removed (or a broken link) between listing and stat
-                    continue
-                out.append((p.name, st.st_size, st.st_mtime_ns))
+        out = _stats(folder, "")
+        for sub in subfolders(folder):
+            try:
+                out += _stats(sub, sub.name + "/")
+            except OSError:
+                continue
     except OSError:
         return ()
     return tuple(sorted(out))
+
+
+def _stats(folder: Path, prefix: str) -> list[tuple[str, int, int]]:
+    out = []
+    for p in folder.iterdir():
+        if is_candidate(p.name):
+            try:
+                st = p.stat()
+            except OSError:  # removed (or a broken link) between listing and stat
+                continue
+            out.append((prefix + p.name, st.st_size, st.st_mtime_ns))
+    return out
 
 
 def add_tables(raw: dict[str, object], base_dir: Path) -> list[str]:

@@ -109,7 +109,7 @@ def test_a_name_with_control_characters_is_a_problem() -> None:
 def test_models_dir_serves_every_gguf_with_every_default(tmp_path: Path) -> None:
     put(tmp_path / "models", "a.gguf", "b.gguf")
     (tmp_path / "models" / "notes.txt").write_text("not a model")
-    put(tmp_path / "models" / "sub", "deeper.gguf")  # subfolders are not read
+    put(tmp_path / "models" / "sub" / "deeper", "deeper.gguf")  # two levels down: never read
     cfg = parse('[server]\nmodels_dir = "models"\n', tmp_path)  # relative to the config's folder
     assert sorted(cfg.models) == ["a", "b"]
     assert cfg.models["a"].path == tmp_path / "models" / "a.gguf"
@@ -227,6 +227,49 @@ def test_pairing_is_pure_and_refuses_a_tie() -> None:
     assert pair_projectors(["mmproj-llava-7b.gguf", "mmproj-gemma.gguf"], ["llava-7b-q4", "gemma-3", "x"]) == (
         {"llava-7b-q4": "mmproj-llava-7b.gguf", "gemma-3": "mmproj-gemma.gguf"}, []
     )
+
+
+def test_a_folder_per_model_is_that_model_with_its_projector(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # llama-server's router layout (tools/server/README.md, "--models-dir"; common/preset.cpp
+    # load_from_models_dir): a multimodal or split model in a folder of its own, named
+    # after the folder.
+    put(tmp_path / "gemma-3-4b-it", "gemma-3-4b-it-Q8_0.gguf")
+    put(tmp_path / "gemma-3-4b-it", "mmproj-F16.gguf", data=PROJECTOR)
+    put(tmp_path / "kimi", "kimi-00001-of-00002.gguf", "kimi-00002-of-00002.gguf")
+    put(tmp_path / "old", "a.gguf", "b.gguf")  # several models: not a folder per model
+    put(tmp_path / "two-projectors", "m.gguf")
+    put(tmp_path / "two-projectors", "mmproj-a.gguf", "mmproj-b.gguf", data=PROJECTOR)
+    put(tmp_path / "models--org--name" / "snapshots" / "abc", "deep.gguf")  # never read
+    put(tmp_path / ".hidden", "h.gguf")
+    put(tmp_path / "only-projector", "mmproj.gguf", data=PROJECTOR)
+    put(tmp_path, "top.gguf")
+    with caplog.at_level(logging.WARNING, "corral.models_dir"):
+        cfg = parse('[server]\nmodels_dir = "."\n', tmp_path)
+    assert sorted(cfg.models) == ["gemma-3-4b-it", "kimi", "top", "two-projectors"]
+    assert cfg.models["gemma-3-4b-it"].path == tmp_path / "gemma-3-4b-it" / "gemma-3-4b-it-Q8_0.gguf"
+    assert cfg.models["gemma-3-4b-it"].mmproj == str(tmp_path / "gemma-3-4b-it" / "mmproj-F16.gguf")
+    assert cfg.models["kimi"].path == tmp_path / "kimi" / "kimi-00001-of-00002.gguf"
+    assert cfg.models["two-projectors"].mmproj is None and cfg.models["top"].mmproj is None
+    assert "old/: 2 models in one folder" in caplog.text
+    assert "two-projectors/: 2 multimodal projectors" in caplog.text
+
+
+def test_a_folder_per_model_may_not_clash_with_a_file_and_waits_for_its_copy(tmp_path: Path) -> None:
+    found = scan([Entry("a.gguf")], {"a": [Entry("a/x.gguf")], "b": [Entry("b/y.gguf", "not a GGUF model file")]})
+    assert found.models == {"a": "a.gguf"} and found.problems == ["a/: would be model 'a' too; rename the folder or the file"]
+    assert found.not_ready == {"b": ("b/y.gguf", "b/y.gguf: not a GGUF model file")}
+    # A broken split set inside a folder is a problem naming its file, as beside.
+    found = scan([], {"s": [Entry("s/s-00001-of-00002.gguf")]})
+    assert found.problems == ["s/s-00001-of-00002.gguf: split set lacks part(s) 00002 of 00002"]
+    assert scan([], {"x": [Entry("x/.partial.gguf")]}).models == {}  # hidden: a copy in progress
+
+
+def test_fingerprint_sees_a_folder_per_model(tmp_path: Path) -> None:
+    put(tmp_path / "m", "m.gguf")
+    before = fingerprint(tmp_path)
+    assert [name for name, _, _ in before] == ["m/m.gguf"]
+    put(tmp_path / "m", "mmproj.gguf", data=PROJECTOR)
+    assert fingerprint(tmp_path) != before
 
 
 def test_links_are_followed_and_a_broken_one_is_passed_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
