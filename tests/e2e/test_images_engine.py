@@ -152,6 +152,52 @@ def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDri
         images.encoder.projector.encode = real  # type: ignore[method-assign]
 
 
+def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmproj: str) -> None:
+    """On a CPU the image's decode runs in a second context, on the encoder thread, and its
+    cells are copied into the request's sequence (worker/media/beside.py): the answer is
+    the one the engine's own decode gives, bit for bit. A copy the cache refuses falls back
+    to the decode in place, answering the same."""
+    answers = []
+    for how in ("beside", "in place", "refused"):
+        d = driver(mmproj, slots=2, n_ctx=1024, spec_type="none")
+        images = d.engine.images
+        assert images is not None and images.encoder.beside is not None
+        if how == "in place":
+            images.encoder.beside = None
+        elif how == "refused":
+            images.encoder.beside.decode = lambda span, prefix: b"not a state"  # type: ignore[method-assign]
+        answers.append(logprobs(done(d.generate([], 6, prompt=LONG, media=[picture(3)], logprobs=2)[1])))
+        if how == "beside":
+            assert images.encoder.beside is not None and images.encoder.beside.decoded == 1
+        assert d.cell_problems() == []
+    assert answers[0] == answers[1] == answers[2]
+
+
+def test_a_stream_steps_on_while_an_image_is_decoded_beside(engine: EngineDriver) -> None:
+    images = engine.engine.images
+    assert images is not None and images.encoder.beside is not None
+    beside = images.encoder.beside
+    real = beside.decode
+    release = time.monotonic() + 3.0
+
+    def slow(span, prefix):  # type: ignore[no-untyped-def]
+        while time.monotonic() < release:
+            time.sleep(0.01)
+        return real(span, prefix)
+
+    beside.decode = slow  # type: ignore[method-assign]
+    try:
+        _, text = engine.generate(engine.model.tokenize(TEXT), 40)
+        time.sleep(0.3)
+        _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(22)])
+        done(text)
+        assert not image.done.is_set(), "the image request finished before its image was decoded"
+        assert time.monotonic() < release, "the text stream waited for the image's decode"
+        done(image)
+    finally:
+        beside.decode = real  # type: ignore[method-assign]
+
+
 def whole_images(cache: list[int], spans: dict[int, list[int]]) -> list[str]:
     """Every run of placeholder ids in `cache` that is not exactly one image's ids."""
     problems = []
@@ -230,6 +276,8 @@ def test_image_mixes_keep_books_and_cells_in_step_and_images_whole(
         assert o.error is None or "length" in o.error, o.error
     d.wait_idle()
     assert d.cell_problems() == []
+    assert d.engine.images is not None and d.engine.images.encoder.beside is not None
+    assert d.engine.images.encoder.beside.decoded > 0 or not any(kind == "image" for kind, *_ in mix)
     for seq in [*d.engine.slots, *d.engine.entries.checked()]:
         assert whole_images(list(seq.cache), spans) == [], f"sequence {seq.seq_id}"
     assert d.run_alone(CANARY["tokens"], 16).tokens[0] == CANARY["fresh"], "a mix changed a later greedy answer"

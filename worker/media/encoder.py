@@ -22,6 +22,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
+from worker.media.beside import Beside
 from worker.media.projector import Projector
 from worker.media.spans import ImageSpan
 from worker.preparer import NICE
@@ -32,10 +33,17 @@ KEEP_BYTES = 64 * 1024 * 1024
 
 
 class Encoder:
-    def __init__(self, projector: Projector, wake: Callable[[], None], keep_bytes: int = KEEP_BYTES) -> None:
+    def __init__(
+        self, projector: Projector, wake: Callable[[], None], keep_bytes: int = KEEP_BYTES, n_ctx_slot: int = 0
+    ) -> None:
         self.projector = projector
+        # Where images are decoded off the engine thread: beside it, in a context for one
+        # request's longest prompt, on a CPU; nowhere (in place) on a GPU, where the decode
+        # takes milliseconds and the copies would cross the bus (worker/media/beside.py).
+        self.beside = Beside(projector, n_ctx_slot, projector.n_threads) if n_ctx_slot > 0 and not projector.use_gpu else None
         self._wake = wake  # puts a no-op into the engine's inbox: the engine looks again
-        self._todo: queue.SimpleQueue[ImageSpan | None] = queue.SimpleQueue()
+        # An image to encode, with the cells to decode it after beside the engine (or None).
+        self._todo: queue.SimpleQueue[tuple[ImageSpan, bytes | None] | None] = queue.SimpleQueue()
         self._kept: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
         self._kept_bytes = 0
         self._keep_bytes = keep_bytes
@@ -51,20 +59,36 @@ class Encoder:
     def want(self, span: ImageSpan, scope: str) -> None:
         """Have `span`'s embeddings made for a request of cache scope `scope` (engine
         thread); never blocks."""
-        if span.embd is not None or span.queued or span.failed:
+        if span.embd is not None or span.busy or span.failed or self._reuse(span, scope):
             return
+        self._put(span, scope, None)
+
+    def want_decoded(self, span: ImageSpan, scope: str, prefix: bytes) -> None:
+        """Have `span` decoded beside the engine after `prefix`, the cells of its request's
+        sequence up to it (engine thread; `beside` is set); never blocks. Its embeddings
+        are made first if no cache holds them."""
+        if span.busy or span.failed:
+            return
+        if span.embd is None:
+            self._reuse(span, scope)
+        self._put(span, scope, prefix)
+
+    def _reuse(self, span: ImageSpan, scope: str) -> bool:
         key = (scope, span.digest)
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
                 self._kept.move_to_end(key)
-        if kept is not None:
-            span.embd = kept
-            self.reused += 1
-            return
-        span.queued = True
+        if kept is None:
+            return False
+        span.embd = kept
+        self.reused += 1
+        return True
+
+    def _put(self, span: ImageSpan, scope: str, prefix: bytes | None) -> None:
+        span.busy = True
         span.scope = scope
-        self._todo.put(span)
+        self._todo.put((span, prefix))
 
     def stop(self) -> None:
         self._todo.put(None)
@@ -77,16 +101,26 @@ class Encoder:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         except OSError as exc:
             log.warning("could not lower the encoding thread's priority: %s", exc)
-        while (span := self._todo.get()) is not None:
+        while (job := self._todo.get()) is not None:
+            span, prefix = job
             try:
-                embd = self.projector.encode(span)
+                if span.embd is None:
+                    embd = self.projector.encode(span)
+                    self._keep((span.scope, span.digest), embd)
+                    span.embd = embd
             except Exception as exc:  # costs this request, never the worker
                 log.exception("encoding an image failed")
                 span.failed = f"the image could not be encoded: {exc}"
-            else:
-                self._keep((span.scope, span.digest), embd)
-                span.embd = embd
+            if prefix is not None and self.beside is not None and span.embd is not None:
+                try:
+                    span.cells = self.beside.decode(span, prefix)
+                except Exception:  # the engine's context still can
+                    log.exception("decoding an image beside the engine failed: decoding it in place")
+                span.in_place = span.cells is None
+            span.busy = False  # after the results: the engine reads them once it sees this
             self._wake()
+        if self.beside is not None:
+            self.beside.close()
 
     def _keep(self, key: tuple[str, bytes], embd: Any) -> None:
         with self._lock:

@@ -101,6 +101,8 @@ class Projector:
             raise LoadError(
                 "M-RoPE projectors (the Qwen2-VL family) are not served yet: their image positions do not advance one a token",
             )
+        self.use_gpu = use_gpu
+        self.n_threads = n_threads
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model))
         self.n_ubatch = n_ubatch
         self.identity = identity(path)

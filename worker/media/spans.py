@@ -46,7 +46,9 @@ class ImageSpan:
     """One image of a request: its positions start .. start + n - 1 in the request's tokens.
 
     `chunk` is the projector's handle (an owned libmtmd chunk); `embd` its embeddings once
-    encoded (set by the encoder thread, read by the engine's); `failed` why it could not be.
+    encoded (set by the encoder thread, read by the engine's); `failed` why it could not be;
+    `cells` the request's sequence up to and with the image, once decoded beside the engine
+    (worker/media/beside.py), until the engine puts them in place.
     """
 
     start: int
@@ -55,7 +57,11 @@ class ImageSpan:
     chunk: Any = None
     embd: Any = None  # numpy float32, n x n_embd, once encoded
     failed: str | None = None
-    queued: bool = False  # handed to the encoder (worker/media/encoder.py)
+    # Handed to the encoder thread (worker/media/encoder.py) and not back: set by the
+    # engine thread, cleared by the encoder's after its results.
+    busy: bool = False
+    cells: bytes | None = None
+    in_place: bool = False  # decode it in the engine's context, not beside (that failed once)
     param: str = ""
     scope: str = ""  # the cache scope it was encoded for (worker/media/encoder.py)
 

@@ -5,8 +5,12 @@ that image's embeddings decoded into its own sequence, before the step's batch.
   (worker/media/encoder.py); its request puts nothing into batches until they are, and the
   other requests go on stepping. When every running request waits for an encoder, the
   engine sleeps until one is done (`stalled`).
-- An image is decoded by a llama_decode of its own: gemma-3's images attend both ways
-  (non-causal), which a batch shared with other requests' text cannot do.
+- On a CPU, an image is decoded beside the engine (worker/media/beside.py): the encoder
+  thread gets the request's cells up to the image, returns them with the image's, and
+  this step puts them in place of the request's sequence; every other request steps on
+  meanwhile. Otherwise (a GPU, a prompt longer than the context beside holds, a copy
+  refused) it is decoded here, by a llama_decode of its own: gemma-3's images attend both
+  ways (non-causal), which a batch shared with other requests' text cannot do.
 - A sequence whose books end inside an image (which no rule should leave, but a cache
   rule that cut a prefix there would) is cut back to the image's start: half an image is
   never kept.
@@ -25,9 +29,10 @@ import llama_cpp
 from worker.kv_cache import KvCache
 from worker.kv_room import KvRoom
 from worker.media.encoder import Encoder
-from worker.media.spans import image_at
+from worker.media.spans import ImageSpan, image_at
 from worker.outcomes import Requests
 from worker.request import Request
+from worker.seq_state import read_state, write_state
 from worker.slots import Slot
 
 log = logging.getLogger("worker.media")
@@ -54,6 +59,15 @@ class ImageSteps:
                 if span.failed:
                     self.requests.error(req, "internal", span.failed)
                     break
+                if span.cells is not None:
+                    if not self._put_in_place(slot, span):
+                        break  # its sequence is empty now: its prompt is decoded again
+                    continue
+                beside = self.encoder.beside
+                if beside is not None and not span.in_place and beside.fits(span):
+                    if not span.busy:
+                        self.encoder.want_decoded(span, req.scope, read_state(self.ctx, slot.seq_id) if span.start else b"")
+                    break
                 if span.embd is None:
                     self.encoder.want(span, req.scope)
                     if span.embd is None:
@@ -68,6 +82,21 @@ class ImageSteps:
                 self.room.fail_plan([req], rc)
                 break
 
+    def _put_in_place(self, slot: Slot[Request], span: ImageSpan) -> bool:
+        """Make `slot`'s sequence the cells decoded beside the engine: its text up to
+        `span` (which it holds) and the image. False when the KV cache had no room for them
+        (or llama.cpp refused them): the sequence is then empty, and the request decodes its
+        prompt again, this image in place."""
+        cells, span.cells = span.cells, None
+        assert cells is not None
+        if self.kv.restore(slot, [*slot.cache, *span.tokens], lambda seq: write_state(self.ctx, seq, cells), slot.scope):
+            self.decoded_tokens += span.n
+            return True
+        log.info("slot %d: an image decoded beside the engine found no room in its cache: decoding it in place",
+                 slot.seq_id)
+        span.in_place = True
+        return False
+
     def stalled(self, slots: Sequence[Slot[Request]]) -> bool:
         """Every running request waits for an image to be encoded: nothing to step."""
         running = [s.request for s in slots if s.request is not None]
@@ -75,10 +104,10 @@ class ImageSteps:
 
 
 def _waits(req: Request, n_cached: int) -> bool:
-    """`req` is at an image whose encode it has asked for and that is not done. One not asked
-    for yet is not waited on: the next step asks (sleeping first cost every image of a
-    request the loop's half-second wait)."""
+    """`req` is at an image that the encoder thread is working on (its encode, or its decode
+    beside the engine). One not asked for yet is not waited on: the next step asks
+    (sleeping first cost every image of a request the loop's half-second wait)."""
     if not req.images:
         return False
     span = image_at(req.images, n_cached)
-    return span is not None and span.queued and span.embd is None and not span.failed
+    return span is not None and span.busy

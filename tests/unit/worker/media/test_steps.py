@@ -30,9 +30,11 @@ def test_the_engine_sleeps_only_on_encodes_it_has_asked_for() -> None:
     span = ImageSpan(start=3, tokens=[-5, -6], digest=b"")
     slot = running(span, cached=3)
     assert not stalled(slot)  # at the image, not asked for yet: the next step asks
-    span.queued = True
+    span.busy = True
     assert stalled(slot)  # asked, not done: nothing to step until the Wake
     span.embd = object()
+    assert stalled(slot)  # still its thread's until it says so
+    span.busy = False
     assert not stalled(slot)  # ready: the next step decodes it
-    other = running(ImageSpan(start=1, tokens=[-7], digest=b"", queued=True), cached=0)
-    assert not stalled(running(ImageSpan(start=3, tokens=[-5], digest=b"", queued=True), cached=3), other)  # text to decode
+    other = running(ImageSpan(start=1, tokens=[-7], digest=b"", busy=True), cached=0)
+    assert not stalled(running(ImageSpan(start=3, tokens=[-5], digest=b"", busy=True), cached=3), other)  # text to decode
