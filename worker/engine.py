@@ -303,7 +303,7 @@ class Engine:
             draft = self.spec.draft(req, room) if chunk.n == 1 and complete and req.n_gen > 0 else []
             room -= len(draft)
             logits = "all" if draft else "last" if complete else "none"
-            first = self.batch.add(tokens + draft, start, slot.seq_id, logits)
+            first = self.batch.add(tokens + draft, self.kv.position(slot.cache, start), slot.seq_id, logits)
             plan.append((req, chunk.n, first + chunk.n - 1, complete, draft))
         return plan
 

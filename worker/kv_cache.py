@@ -20,6 +20,7 @@ from typing import Callable, Sequence, TypeVar
 
 import llama_cpp
 
+from worker.kv_positions import last_position, position, whole
 from worker.kv_rules import Attention
 from worker.slots import Slot
 
@@ -49,6 +50,16 @@ class KvCache:
             int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq)),
         )
 
+    def position(self, tokens: Sequence[int], k: int) -> int:
+        """The position of a sequence's token at index `k`, or of the next one after the
+        first `k`: `k`, but past an M-RoPE image (worker/kv_positions.py)."""
+        return position(tokens, k, self.attention.mrope)
+
+    def _problem(self, tokens: Sequence[int], pos_min: int, pos_max: int) -> str | None:
+        if not self.attention.mrope:
+            return self.attention.problem(len(tokens), pos_min, pos_max)
+        return self.attention.problem(self.position(tokens, len(tokens)), pos_min, pos_max, last_position(tokens, True))
+
     def usable(self, slot: Slot[R], n: int) -> int:
         """How many of `slot`'s first `n` cached tokens can really be kept: `n`, or 0 when
         the cells no longer reach down to what a prefix that short needs."""
@@ -68,6 +79,8 @@ class KvCache:
         """Keep the first `n` tokens of `slot`'s sequence, or as many as can be (`usable`);
         returns how many were kept."""
         n = min(n, len(slot.cache))
+        if self.attention.mrope:  # an M-RoPE image's cells share one position: all or none
+            n = whole(slot.cache, n)
         kept = self.usable(slot, n)
         if kept < n:
             self.prefixes_refused += 1
@@ -77,7 +90,7 @@ class KvCache:
             )
         if kept == len(slot.cache):
             return kept
-        if kept == 0 or not llama_cpp.llama_memory_seq_rm(self.memory, slot.seq_id, kept, -1):
+        if kept == 0 or not llama_cpp.llama_memory_seq_rm(self.memory, slot.seq_id, self.position(slot.cache, kept), -1):
             # A recurrent memory refuses to remove part of a sequence: drop it whole.
             self.drop(slot)
             return 0
@@ -88,8 +101,10 @@ class KvCache:
         """Make `target`'s sequence the first `n` tokens of `source`'s. In a unified KV
         cache a copy only tags the same cells with a second sequence id. The caller has
         checked `usable(source, n)`."""
+        if self.attention.mrope:
+            n = whole(source.cache, n)
         llama_cpp.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
-        llama_cpp.llama_memory_seq_cp(self.memory, source.seq_id, target.seq_id, 0, n)
+        llama_cpp.llama_memory_seq_cp(self.memory, source.seq_id, target.seq_id, 0, self.position(source.cache, n))
         target.cache[:] = source.cache[:n]
         target.scope = source.scope
 
@@ -104,7 +119,7 @@ class KvCache:
             self.drop(slot)
             return False
         pos_min, pos_max = self.span(slot)
-        problem = self.attention.problem(len(tokens), pos_min, pos_max)
+        problem = self._problem(tokens, pos_min, pos_max)
         if problem is not None:
             log.warning("a saved prompt's cells do not match its %d tokens (%s): not restored", len(tokens), problem)
             self.drop(slot)
@@ -128,7 +143,7 @@ class KvCache:
             if not slot.cache and llama_cpp.llama_memory_seq_pos_max(self.memory, slot.seq_id) == -1:
                 continue  # an empty book agrees only with no cells, which one call tells
             pos_min, pos_max = self.span(slot)
-            problem = self.attention.problem(len(slot.cache), pos_min, pos_max)
+            problem = self._problem(slot.cache, pos_min, pos_max)
             if problem is None:
                 continue
             self.repairs += 1

@@ -37,6 +37,7 @@ class Attention:
     n_swa: int = 0  # the sliding window's size; 0: every layer sees every earlier position
     chunked: bool = False  # llama4: the window is the current chunk, not the last n_swa
     recurrent: bool = False  # recurrent or hybrid memory: one state per sequence
+    mrope: bool = False  # M-RoPE (Qwen2-VL family): images take fewer positions than tokens
 
     def lowest_needed(self, n: int) -> int:
         """The lowest position whose cells decoding position `n` reads in the layers whose
@@ -71,10 +72,11 @@ class Attention:
             return pos_min == 0
         return pos_min <= max(0, keep - self.n_swa)
 
-    def problem(self, cached: int, pos_min: int, pos_max: int) -> str | None:
+    def problem(self, cached: int, pos_min: int, pos_max: int, last: int | None = None) -> str | None:
         """What is wrong when a slot believes it holds `cached` tokens and the KV cache
         reports positions pos_min .. pos_max for its sequence (-1, -1: none); None when
-        the two agree."""
+        the two agree. For an M-RoPE model, `cached` is the next position and `last` the
+        highest one the books say the cells hold (worker/kv_positions.py)."""
         if cached == 0:
             if pos_max == -1:
                 return None
@@ -85,7 +87,7 @@ class Attention:
             if self.lowest_needed(cached) >= cached:
                 return None
             return f"the slot holds {cached} tokens, but the KV cache holds none of its positions"
-        if pos_max != cached - 1:
+        if pos_max != (cached - 1 if last is None else last):
             return f"the slot holds {cached} tokens, but the KV cache's last position is {pos_max}"
         needed = self.lowest_needed(cached)
         if pos_min > needed:

@@ -329,11 +329,11 @@ def model_attention(model: llama_cpp.llama_model_p) -> Attention:
     window's size and whether the memory is recurrent, not the window's kind: llama4 is the
     one generative architecture with a chunked window (src/models/llama4.cpp); the
     symmetric ones are embedding models, which keep no slot caches."""
-    recurrent = bool(llama_cpp.llama_model_is_recurrent(model)) or bool(llama_cpp.llama_model_is_hybrid(model))
     return Attention(
         n_swa=max(int(llama_cpp.llama_model_n_swa(model)), 0),
         chunked=_meta(model, "general.architecture") == "llama4",
-        recurrent=recurrent,
+        recurrent=bool(llama_cpp.llama_model_is_recurrent(model)) or bool(llama_cpp.llama_model_is_hybrid(model)),
+        mrope=llama_cpp.llama_model_rope_type(model) in (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE),
     )
 
 

@@ -96,7 +96,7 @@ class RunAhead:
             draft = self.spec.draft(req, self.batch.capacity - 1)
             fed = req.tokens[start:] + draft
             self.batch.clear()
-            index = self.batch.add(fed, start, slot.seq_id, "all" if draft else "last")
+            index = self.batch.add(fed, self.kv.position(slot.cache, start), slot.seq_id, "all" if draft else "last")
             if llama_cpp.llama_decode(self.ctx, self.batch.struct()) != 0:
                 break
             done += 1

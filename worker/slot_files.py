@@ -81,6 +81,12 @@ class SlotFiles:
             if not foreign:
                 self.kv.drop(slot)
             return SlotFileResult(id=frame.id, slot=frame.slot, n_tokens=n)
+        if self.kv.attention.mrope:
+            # Its cells carry a 2-D position each, which the file checks here do not read
+            # (worker/slot_state_layout.py): no file of one is written or trusted.
+            return Error(id=frame.id, code="unsupported", param="id_slot", message=(
+                f"Unable to {frame.action} slot: slot files are not served for M-RoPE models (the Qwen2-VL family)"
+            ))
         if frame.action == "save":
             if foreign:
                 return Error(

@@ -15,6 +15,7 @@ from tests.e2e.kv_state import cache_positions
 from worker import draft_model
 from worker.engine import Engine
 from worker.link import load_projector
+from worker.media.spans import is_placeholder
 from worker.model import LoadedModel, load
 from worker.prompt_cache import CacheOptions
 from worker.protocol import Cancel, Error, Frame, Generate, Media, SamplingParams, Step, TokenLogprob, WorkerSpec
@@ -148,9 +149,9 @@ class EngineDriver:
             problems.append(f"the slots, entries and free ids are not each sequence once: {sorted(ids)}")
         for slot in seqs:
             n = len(slot.cache)
-            caches = cache_positions(self.model.ctx, slot.seq_id)
+            caches = cache_positions(self.model.ctx, slot.seq_id, att.mrope)
             full, *sliding = caches
-            if full != list(range(n)):
+            if full != expected_cells(slot.cache, att.mrope):
                 problems.append(f"slot {slot.seq_id}: {n} tokens, full-attention cells {_runs(full)}")
             for cells in sliding:
                 # The state leaves out cells hidden from the last position (n - 1); those
@@ -174,6 +175,29 @@ class EngineDriver:
                     if n and not (cells and cells == list(range(cells[0], n)) and cells[0] <= needed):
                         problems.append(f"draft sequence {seq}: {n} tokens, sliding-window cells {_runs(cells)}")
         return problems
+
+
+def expected_cells(tokens: list[int], mrope: bool) -> list[int]:
+    """The positions, in order, of the cells a sequence holding `tokens` must have: 0 .. n-1,
+    but every token of an M-RoPE image at the image's first position, and the text after
+    it where worker/kv_positions.py says (each as many times as it has tokens)."""
+    if not mrope:
+        return list(range(len(tokens)))
+    cells: list[int] = []
+    pos = i = 0
+    while i < len(tokens):
+        if is_placeholder(tokens[i]):
+            j = i
+            while j < len(tokens) and is_placeholder(tokens[j]):
+                j += 1
+            cells += [pos] * (j - i)
+            pos += sum(t % 2 for t in tokens[i:j])  # the image's n_pos: its odd ids
+            i = j
+        else:
+            cells.append(pos)
+            pos += 1
+            i += 1
+    return sorted(cells)
 
 
 def _runs(positions: list[int]) -> str:

@@ -44,7 +44,7 @@ class _Reader:
         return self.at == len(self.data)
 
 
-def _one_cache(r: _Reader, seq: int) -> list[int]:
+def _one_cache(r: _Reader, seq: int, ext: bool) -> list[int]:
     (n_stream,) = r.take("<I")
     positions: list[int] = []
     for _ in range(n_stream):
@@ -54,6 +54,8 @@ def _one_cache(r: _Reader, seq: int) -> list[int]:
         for _ in range(cells):
             pos, n_seq = r.take("<iI")
             assert n_seq == 1, f"a cell of sequence {seq} lists {n_seq} sequences"
+            if ext:  # an M-RoPE model's cells: llama_kv_cell_ext (x, y, tok)
+                r.skip(12)
             (sid,) = r.take("<i")
             assert sid == seq, f"a cell of sequence {seq} names sequence {sid}"
             positions.append(pos)
@@ -71,10 +73,11 @@ def _one_cache(r: _Reader, seq: int) -> list[int]:
     return positions
 
 
-def cache_positions(ctx: llama_cpp.llama_context_p, seq: int) -> list[list[int]]:
+def cache_positions(ctx: llama_cpp.llama_context_p, seq: int, ext: bool = False) -> list[list[int]]:
     """For each of the memory's KV caches in turn, the positions it holds for `seq`, in
-    order (a position held twice appears twice). Call only while nothing else uses the
-    context."""
+    order (a position held twice appears twice). `ext`: the cells carry llama.cpp's
+    llama_kv_cell_ext (has_cell_ext(): an M-RoPE model). Call only while nothing else uses
+    the context."""
     size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, seq, 0))
     buf = (ctypes.c_uint8 * size)()
     written = int(llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, seq, 0))
@@ -85,5 +88,5 @@ def cache_positions(ctx: llama_cpp.llama_context_p, seq: int) -> list[list[int]]
     caches = []
     while not r.done:
         # Cells come in the cache's own order, which is not the positions' order.
-        caches.append(sorted(_one_cache(r, seq)))
+        caches.append(sorted(_one_cache(r, seq, ext)))
     return caches

@@ -141,7 +141,7 @@ def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDri
 
     images.encoder.projector.encode = slow  # type: ignore[method-assign]
     try:
-        rid, text = engine.generate(engine.model.tokenize(TEXT), 40)
+        rid, text = engine.generate(engine.model.tokenize(TEXT), 24)
         time.sleep(0.3)
         _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(21)])
         done(text)
@@ -187,7 +187,7 @@ def test_a_stream_steps_on_while_an_image_is_decoded_beside(engine: EngineDriver
 
     beside.decode = slow  # type: ignore[method-assign]
     try:
-        _, text = engine.generate(engine.model.tokenize(TEXT), 40)
+        _, text = engine.generate(engine.model.tokenize(TEXT), 24)
         time.sleep(0.3)
         _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(22)])
         done(text)

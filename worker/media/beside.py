@@ -67,9 +67,9 @@ class Beside:
             if prefix and not write_state(ctx, 0, prefix):
                 log.warning("an image's prompt could not be copied beside the engine: decoding it in place")
                 return None
-            if llama_cpp.llama_memory_seq_pos_max(memory, 0) != span.start - 1:
+            if llama_cpp.llama_memory_seq_pos_max(memory, 0) != span.pos - 1:
                 log.error("an image's prompt copied beside the engine ends at %d, not %d: decoding it in place",
-                          llama_cpp.llama_memory_seq_pos_max(memory, 0), span.start - 1)
+                          llama_cpp.llama_memory_seq_pos_max(memory, 0), span.pos - 1)
                 return None
             rc = self.projector.decode(ctx, span, 0)
             if rc != 0:

@@ -16,9 +16,9 @@ loop. So the worker uses libmtmd directly (llama_cpp/mtmd_cpp.py):
   (`mtmd_helper_decode_image_chunk`, which decodes them in a batch of their own and, for a
   projector that asks for it such as gemma-3's, with non-causal attention).
 
-M-RoPE projectors (the Qwen2-VL family) place an image's tokens on a 2-D grid whose
-positions do not advance one a token; the engine's books hold one position a token
-(worker/kv_rules.py), so they are refused at load with a message saying so.
+M-RoPE models (the Qwen2-VL family) place an image's tokens on a 2-D grid: its n tokens take
+`n_pos` positions (`mtmd_input_chunk_get_n_pos`), which its placeholders carry
+(worker/media/spans.py) and worker/kv_positions.py turns into each token's position.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mt
 
+from worker.kv_positions import position
 from worker.media.pictures import Pixels
 from worker.media.spans import ImageSpan, placeholders
 from worker.model import LoadError, _on_llama_log
@@ -83,8 +84,9 @@ class Projector:
         params.n_threads = n_threads
         params.print_timings = False
         params.media_marker = _MARKER  # the router's, never a client's
-        # One encode of a dummy image at load, as llama-server does: a projector whose graph
-        # cannot run here fails the load, not the first request that sends an image.
+        # A dummy image's graph built and its memory reserved at load, as llama-server does
+        # (this libmtmd's warmup runs no encode): a projector whose graph cannot be built
+        # here fails the load, not the first request that sends an image.
         params.warmup = True
         ctx = mt.mtmd_init_from_file(path.encode(), model, params)
         if not ctx:
@@ -96,11 +98,9 @@ class Projector:
         self.model = model
         self.vision = bool(mt.mtmd_support_vision(ctx))
         self.audio = bool(mt.mtmd_support_audio(ctx))
-        if mt.mtmd_decode_use_mrope(ctx):
-            self.close()
-            raise LoadError(
-                "M-RoPE projectors (the Qwen2-VL family) are not served yet: their image positions do not advance one a token",
-            )
+        # The Qwen2-VL family: an image's tokens take fewer positions than they are
+        # (worker/kv_positions.py); the text model's rope type decides it.
+        self.mrope = bool(mt.mtmd_decode_use_mrope(ctx))
         self.use_gpu = use_gpu
         self.n_threads = n_threads
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model))
@@ -181,7 +181,11 @@ class Projector:
                 ident = mt.mtmd_input_chunk_get_id(c) or b""
                 digest = bytes.fromhex(ident.decode())
                 owned = OwnedChunk(mt.mtmd_input_chunk_copy(c))
-                span = ImageSpan(start=len(tokens), tokens=placeholders(digest, n_tok), digest=digest, chunk=owned, param=param)
+                n_pos = int(mt.mtmd_input_chunk_get_n_pos(c)) if self.mrope else None
+                span = ImageSpan(
+                    start=len(tokens), tokens=placeholders(digest, n_tok, n_pos), digest=digest, chunk=owned, param=param,
+                    pos=position(tokens, len(tokens), self.mrope),
+                )
                 spans.append(span)
                 tokens.extend(span.tokens)
             return tokens, spans
@@ -208,6 +212,6 @@ class Projector:
         new_past = llama_cpp.llama_pos(0)
         embd = span.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         return int(mt.mtmd_helper_decode_image_chunk(
-            self.ctx, lctx, span.chunk.ptr, embd, span.start, seq_id, self.n_ubatch, ctypes.byref(new_past),
+            self.ctx, lctx, span.chunk.ptr, embd, span.pos, seq_id, self.n_ubatch, ctypes.byref(new_past),
             _NO_CALLBACK, None,
         ))

@@ -30,11 +30,18 @@ from typing import Any, Sequence
 LOWEST, HIGHEST = -(2**31), -2
 
 
-def placeholders(digest: bytes, n: int) -> list[int]:
-    """The `n` ids that stand for the image of `digest`."""
+def placeholders(digest: bytes, n: int, n_pos: int | None = None) -> list[int]:
+    """The `n` ids that stand for the image of `digest`. An M-RoPE model's image (`n_pos`
+    given), whose `n` tokens take only `n_pos` positions, says so in their lowest bits: the
+    first n_pos odd, the rest even (worker/kv_positions.py reads them)."""
     raw = hashlib.shake_256(digest).digest(4 * n)
     span = HIGHEST - LOWEST + 1
-    return [HIGHEST - int.from_bytes(raw[4 * i : 4 * i + 4], "little") % span for i in range(n)]
+    ids = [HIGHEST - int.from_bytes(raw[4 * i : 4 * i + 4], "little") % span for i in range(n)]
+    if n_pos is None:  # not M-RoPE: a position a token, whatever the bits
+        return ids
+    # Odd: -2 (the highest) goes down to -3, never up to -1. Even: down by one, which odd
+    # ids, all above the lowest (even) one, can go.
+    return [(t if t % 2 else t + 1 if t < HIGHEST else t - 1) if i < n_pos else t - t % 2 for i, t in enumerate(ids)]
 
 
 def is_placeholder(token: int) -> bool:
@@ -54,6 +61,9 @@ class ImageSpan:
     start: int
     tokens: list[int]
     digest: bytes
+    # The position of its first token: `start`, less what M-RoPE images before it saved
+    # (worker/kv_positions.py).
+    pos: int = -1
     chunk: Any = None
     embd: Any = None  # numpy float32, n x n_embd, once encoded
     failed: str | None = None
@@ -64,6 +74,10 @@ class ImageSpan:
     in_place: bool = False  # decode it in the engine's context, not beside (that failed once)
     param: str = ""
     scope: str = ""  # the cache scope it was encoded for (worker/media/encoder.py)
+
+    def __post_init__(self) -> None:
+        if self.pos < 0:
+            self.pos = self.start
 
     @property
     def n(self) -> int:
