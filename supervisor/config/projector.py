@@ -50,7 +50,12 @@ def _read(path: Path, _size: int, _mtime_ns: int) -> Projector | str:
         return f"{path}: a projector with neither a vision nor an audio encoder"
     kind = meta.get("clip.projector_type", meta.get("clip.vision.projector_type", meta.get("clip.audio.projector_type")))
     width = meta.get("clip.vision.projection_dim") if vision else meta.get("clip.audio.projection_dim")
-    return Projector(str(kind), vision, audio, width if isinstance(width, int) else None)
+    if "clip.has_text_encoder" in meta:
+        # Written by llama.cpp's legacy converters (tools/mtmd/legacy-models: llava-1.5 and
+        # 1.6, MiniCPM-V, GLM-Edge), whose projection_dim is the CLIP tower's own (768), or
+        # 0, not the text model's width: the header cannot tell the width, the load will.
+        width = None
+    return Projector(str(kind), vision, audio, width if isinstance(width, int) and width > 0 else None)
 
 
 def text_width(model: Path) -> int | None:

@@ -69,3 +69,23 @@ def test_the_path_is_made_absolute_for_the_worker(tmp_path: Path) -> None:
     cfg = parse(f'[models.m]\npath = "{text_model(tmp_path / "m.gguf")}"\nmmproj = "mmproj.gguf"\n', tmp_path)
     assert cfg.models["m"].mmproj == str(tmp_path / "mmproj.gguf")
     assert projector.modalities(cfg.models["m"].mmproj) == ("vision",)
+
+
+@pytest.mark.parametrize("dim", [768, 0])
+def test_a_legacy_llava_projector_is_not_refused_for_its_projection_dim(tmp_path: Path, dim: int) -> None:
+    """llama.cpp's legacy converter (tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py,
+    which made the llava-1.5 and 1.6 mmproj files still served) writes the CLIP tower's own
+    projection_dim (768 for ViT-L), or 0 for SigLIP, and clip.has_text_encoder: such a header
+    does not tell the embeddings' width, so the check leaves it to the load."""
+    w = gguf.GGUFWriter(str(tmp_path / "mmproj.gguf"), "clip")
+    w.add_string("clip.projector_type", "mlp")
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_uint32("clip.vision.projection_dim", dim)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    p = projector.read(tmp_path / "mmproj.gguf")
+    assert isinstance(p, projector.Projector) and p.width is None
+    assert projector.problem(tmp_path / "mmproj.gguf", text_model(tmp_path / "m.gguf", 4096)) is None
