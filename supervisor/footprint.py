@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.config import ModelSpec
-from supervisor.config.gguf_meta import draft_bytes, estimate_bytes
+from supervisor.config.gguf_meta import draft_bytes, estimate_bytes, projector_bytes
 
 
 def process_rss(pid: int | None) -> int | None:
@@ -43,7 +43,8 @@ class Footprint:
         return self.estimate(spec)
 
     def estimate(self, spec: ModelSpec) -> int:
-        """The GGUF file's size plus its KV cache for n_ctx cells, read once per spec.
+        """The GGUF file's size plus its KV cache for n_ctx cells (and a draft model's, and a
+        projector's: worker/media/beside.py), read once per spec.
         Reading stops at the last key it needs, a few hundred bytes in, so it is done
         inline."""
         if self._estimate is None or self._estimate[0] is not spec:
@@ -51,6 +52,9 @@ class Footprint:
                 n = estimate_bytes(spec.path, spec.n_ctx, generates=not spec.embeddings)
                 if spec.draft_model is not None and spec.spec_type != "none":
                     n += draft_bytes(Path(spec.draft_model), spec.n_ctx)
+                if spec.mmproj is not None:
+                    beside = 0 if spec.n_gpu_layers != 0 else min(spec.n_ctx_slot or spec.n_ctx, spec.n_ctx)
+                    n += projector_bytes(Path(spec.mmproj), Path(spec.path), beside)
             except OSError:
                 n = 0
             self._estimate = (spec, n)

@@ -240,6 +240,19 @@ WORKER_BASE_BYTES = 96 * 1024 * 1024
 VOCABULARY_BYTES = 112 * 1024 * 1024
 
 
+def projector_bytes(mmproj: Path, model: Path, n_ctx_beside: int) -> int:
+    """A projector's share of a worker's memory: its file, and on a CPU the context its
+    images are decoded in beside the engine (worker/media/beside.py), a KV cache of the
+    model's for `n_ctx_beside` cells (0 on a GPU, where images are decoded in place)."""
+    size = mmproj.stat().st_size
+    if n_ctx_beside <= 0:
+        return size
+    try:
+        return size + kv_cache_bytes(read_metadata(model, _has_kv_shape), n_ctx_beside)
+    except (NotGGUF, OSError):
+        return size
+
+
 def draft_bytes(path: Path, n_ctx: int) -> int:
     """A draft model's share of a worker's memory: its file and its KV cache."""
     size = path.stat().st_size

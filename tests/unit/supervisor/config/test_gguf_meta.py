@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config.gguf_meta import WORKER_BASE_BYTES, NotGGUF, estimate_bytes, kv_cache_bytes, read_metadata
+from supervisor.config.gguf_meta import (
+    WORKER_BASE_BYTES, NotGGUF, estimate_bytes, kv_cache_bytes, projector_bytes, read_metadata,
+)
 
 
 def _s(text: str) -> bytes:
@@ -90,6 +92,14 @@ def test_estimate_is_file_plus_kv_plus_base_and_stops_before_the_vocabulary(tmp_
     write_gguf(p, [*LLAMA, broken_tail])
     size = p.stat().st_size
     assert estimate_bytes(p, 100) == size + 100 * 4 * 2 * 64 * 2 + WORKER_BASE_BYTES
+
+
+def test_a_projector_costs_its_file_and_on_a_cpu_the_context_beside(tmp_path: Path) -> None:
+    model, mmproj = tmp_path / "m.gguf", tmp_path / "mmproj.gguf"
+    write_gguf(model, LLAMA)
+    mmproj.write_bytes(b"\0" * 5000)
+    assert projector_bytes(mmproj, model, 100) == 5000 + 100 * 4 * 2 * 64 * 2  # the model's KV for 100 cells
+    assert projector_bytes(mmproj, model, 0) == 5000  # a GPU's: decoded in place
 
 
 def test_a_file_that_is_not_gguf_costs_its_size(tmp_path: Path) -> None:
