@@ -18,9 +18,10 @@ decoded in place), so the image goes this way:
 
 Only on a CPU: there the decode is what every stream waits for, and both copies are host
 memory. On a GPU the decode takes milliseconds and the copies would cross the bus twice, so
-the engine decodes in place. The context is made at the first image (its KV cache holds one
-request's longest prompt, `n_ctx_slot` cells), so a model that is never sent an image pays
-nothing for it. A prompt longer than that, or cells the engine's cache has no room for, is
+the engine decodes in place. The context is made as the model loads, on the encoder thread
+(made at the first image, it cost every running stream a 100 ms step): its KV cache holds one
+request's longest prompt, `n_ctx_slot` cells, and with its compute buffers it took 148 MiB
+for the demo model at 8,192 cells. A prompt longer than that, or cells the engine's cache has no room for, is
 decoded in place as before; so is one of a model loaded with `swa_full`, whose
 sliding-window cells for a long prompt outnumber this context's (llama.cpp refuses the
 copy, and nothing is lost but the time).
@@ -58,7 +59,7 @@ class Beside:
         """The cells of a sequence that held `prefix` (llama_state_seq_get_data's bytes of
         the request's text up to `span`) with `span`'s embeddings decoded after it; None
         when they could not be made here (the engine then decodes in place)."""
-        ctx = self._context()
+        ctx = self.open()
         if ctx is None:
             return None
         memory = llama_cpp.llama_get_memory(ctx)
@@ -80,7 +81,8 @@ class Beside:
         finally:
             llama_cpp.llama_memory_seq_rm(memory, 0, -1, -1)
 
-    def _context(self) -> llama_cpp.llama_context_p | None:
+    def open(self) -> llama_cpp.llama_context_p | None:
+        """The context, made at the first call (None when it cannot be)."""
         if self.ctx is None and not self.broken:
             params = llama_cpp.llama_context_default_params()
             params.n_ctx = self.n_ctx

@@ -101,6 +101,10 @@ class Encoder:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         except OSError as exc:
             log.warning("could not lower the encoding thread's priority: %s", exc)
+        if self.beside is not None:
+            # Made now, as the model loads, not at the first image: making it took 100 ms
+            # of CPU and memory that every running stream's step felt (worker/media/beside.py).
+            self.beside.open()
         while (job := self._todo.get()) is not None:
             span, prefix = job
             try:
