@@ -3,8 +3,15 @@
 llama.cpp's loader (clip.cpp, mtmd_init_from_file) refuses a projector made for another
 model only once the worker loads it, as a failed load. The config check reads the header
 first, as it does a model's (supervisor/config/gguf_meta.py), so that `corral config check`
-and a reload say what is wrong: not a projector, no encoder, or a projection width that is
-not the text model's embedding width.
+and a reload say what is wrong: not a projector, no encoder, a projection width that is not
+the text model's embedding width, or an audio projector this llama.cpp would abort on.
+
+An audio projector that stacks the encoder's frames (Ultravox's, MERaLiON's) makes
+ceil(1500 / stack) tokens of a 30 s window, and libmtmd counts ceil(3000 / stack) // 2 for
+it (clip.cpp, clip_n_output_tokens); where the two differ (Ultravox's own stack of 8: 188
+and 187) the first encode aborts the whole worker process, every request on it lost. It
+loads without complaint (its warmup reserves the graph and computes nothing), so only the
+header tells, and the config check refuses it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ class Projector:
     vision: bool
     audio: bool
     width: int | None  # the embeddings' width: the text model's embedding_length
+    # The audio encoder's, where it differs from the vision one's (a projector with both).
+    audio_width: int | None = None
+    # Why libmtmd would abort on its audio (a stack factor it miscounts), or None.
+    unusable: str | None = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -49,8 +60,37 @@ def _read(path: Path, _size: int, _mtime_ns: int) -> Projector | str:
     if not vision and not audio:
         return f"{path}: a projector with neither a vision nor an audio encoder"
     kind = meta.get("clip.projector_type", meta.get("clip.vision.projector_type", meta.get("clip.audio.projector_type")))
-    width = meta.get("clip.vision.projection_dim") if vision else meta.get("clip.audio.projection_dim")
-    return Projector(str(kind), vision, audio, width if isinstance(width, int) else None)
+    v_width, a_width = meta.get("clip.vision.projection_dim"), meta.get("clip.audio.projection_dim")
+    width = v_width if vision else a_width
+    audio_kind = meta.get("clip.audio.projector_type", kind)
+    return Projector(
+        str(kind), vision, audio, width if isinstance(width, int) else None,
+        a_width if vision and audio and isinstance(a_width, int) else None,
+        stack_problem(str(audio_kind), meta.get("clip.audio.projector.stack_factor")) if audio else None,
+    )
+
+
+# The audio projectors whose graph stacks the encoder's frames with no pooling after
+# (tools/mtmd/clip-model.h, audio_has_stack_frames; models/whisper-enc.cpp).
+STACKED = ("ultravox", "meralion")
+WINDOW_FRAMES = 3000  # a 30 s window's mel frames; the encoder's convolution halves them
+
+
+def stack_problem(kind: str, stack: object) -> str | None:
+    """Why an audio projector of type `kind` stacking `stack` frames would abort the worker
+    at its first encode, or None. Pure."""
+    if kind not in STACKED or not isinstance(stack, int) or stack < 1:
+        return None
+    counted = -(-WINDOW_FRAMES // stack) // 2  # what libmtmd expects
+    made = -(-(WINDOW_FRAMES // 2) // stack)  # what the graph makes
+    if counted == made:
+        return None
+    return (
+        f"its audio encoder stacks {stack} frames (clip.audio.projector.stack_factor), which this "
+        f"llama.cpp cannot encode: it counts {counted} tokens for a 30 s window and makes {made}, and "
+        f"aborts the worker at the first audio it is sent (a stack factor that divides "
+        f"{WINDOW_FRAMES // 2} works)"
+    )
 
 
 def text_width(model: Path) -> int | None:
@@ -70,12 +110,15 @@ def problem(mmproj: Path, model: Path) -> str | None:
     p = read(mmproj)
     if isinstance(p, str):
         return p
+    if p.unusable is not None:
+        return f"{mmproj}: {p.unusable}"
     width = text_width(model)
-    if p.width is not None and width is not None and p.width != width:
-        return (
-            f"{mmproj}: its embeddings are {p.width} wide and the model's are {width}: "
-            "a projector made for another model"
-        )
+    for mine in (p.width, p.audio_width):
+        if mine is not None and width is not None and mine != width:
+            return (
+                f"{mmproj}: its embeddings are {mine} wide and the model's are {width}: "
+                "a projector made for another model"
+            )
     return None
 
 
