@@ -81,8 +81,8 @@ class Encoder:
             try:
                 embd = self.projector.encode(span)
             except Exception as exc:  # costs this request, never the worker
-                log.exception("encoding an image failed")
-                span.failed = f"the image could not be encoded: {exc}"
+                log.exception("encoding an image or a sound failed")
+                span.failed = f"the image or sound could not be encoded: {exc}"
             else:
                 self._keep((span.scope, span.digest), embd)
                 span.embd = embd
