@@ -19,11 +19,13 @@ dropping the incomplete last one: T seconds make floor((100 T + 3001) / 3000) wi
 up to 29.98 s). Each window is one audio chunk of 1500 / `stack` tokens (150 here, five a
 second), however little of it the audio fills.
 
-`stack` must divide 1500 for a projector that works: libmtmd counts a window's tokens as
-ceil(3000 / stack) // 2 and its graph makes ceil(1500 / stack) rows, and at the first encode
-where they differ it aborts the process ("Invalid number of output tokens"). Ultravox's real
-stack of 8 is such a case (187 against 188), which Corral's config check refuses
-(supervisor/config/projector.py); this writer makes one on request, for that check's test.
+A `stack` that divides 1500 makes a projector that works. Another may not: libmtmd counts a
+window's tokens as ceil(3000 / stack) // 2, its graph pads with ggml's GGML_PAD (a bit mask,
+a true round-up only for powers of two), and at the first encode where the two differ it
+aborts the process ("Invalid number of output tokens"). Stacking this 64-wide encoder by 8 is
+such a case (187 against 188; Ultravox's own 8, on a 1280-wide encoder, agrees), which
+Corral's config check refuses (supervisor/config/projector.py); this writer makes one on
+request, for that check's test.
 
 Deterministic: the same arguments give the same bytes. `scale` multiplies the last matrix,
 so that different audio changes the greedy text and not only the logits (random weights at
@@ -128,7 +130,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=640, help="the text model's embedding width")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", type=float, default=30.0)
-    ap.add_argument("--stack", type=int, default=STACK, help="must divide 1500 for a projector that works")
+    ap.add_argument("--stack", type=int, default=STACK, help="a divisor of 1500 always works (8 aborts libmtmd)")
     a = ap.parse_args()
     n = write(a.out, a.width, a.seed, a.scale, a.stack)
     print(f"{a.out}: ultravox projector, {SAMPLE_RATE} Hz audio -> {n} tokens a 30 s window")

@@ -6,12 +6,15 @@ first, as it does a model's (supervisor/config/gguf_meta.py), so that `corral co
 and a reload say what is wrong: not a projector, no encoder, a projection width that is not
 the text model's embedding width, or an audio projector this llama.cpp would abort on.
 
-An audio projector that stacks the encoder's frames (Ultravox's, MERaLiON's) makes
-ceil(1500 / stack) tokens of a 30 s window, and libmtmd counts ceil(3000 / stack) // 2 for
-it (clip.cpp, clip_n_output_tokens); where the two differ (Ultravox's own stack of 8: 188
-and 187) the first encode aborts the whole worker process, every request on it lost. It
-loads without complaint (its warmup reserves the graph and computes nothing), so only the
-header tells, and the config check refuses it.
+An audio projector that stacks the encoder's frames (Ultravox's, MERaLiON's) has libmtmd
+count ceil(3000 / stack) // 2 tokens for a 30 s window (clip.cpp, clip_n_output_tokens),
+while its graph pads the encoder's 1500 frames with ggml's GGML_PAD, which rounds up only
+for a power of two (models/whisper-enc.cpp, build_stack), so that the tokens it makes
+depend on the encoder's width too. Where the two differ the first encode aborts the whole
+worker process, every request on it lost: a stack of 8 on a 768-wide encoder (187 counted,
+188 made), or of 9 on a 1280-wide one; Ultravox's own, 8 on 1280, agrees, and any stack that
+divides 1500 does. Such a projector loads without complaint (its warmup reserves the graph
+and computes nothing), so only the header tells, and the config check refuses it.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def _read(path: Path, _size: int, _mtime_ns: int) -> Projector | str:
     return Projector(
         str(kind), vision, audio, width if isinstance(width, int) else None,
         a_width if vision and audio and isinstance(a_width, int) else None,
-        stack_problem(str(audio_kind), meta.get("clip.audio.projector.stack_factor")) if audio else None,
+        stack_problem(str(audio_kind), meta.get("clip.audio.projector.stack_factor"), meta.get("clip.audio.embedding_length"))
+        if audio else None,
     )
 
 
@@ -76,20 +80,22 @@ STACKED = ("ultravox", "meralion")
 WINDOW_FRAMES = 3000  # a 30 s window's mel frames; the encoder's convolution halves them
 
 
-def stack_problem(kind: str, stack: object) -> str | None:
-    """Why an audio projector of type `kind` stacking `stack` frames would abort the worker
-    at its first encode, or None. Pure."""
-    if kind not in STACKED or not isinstance(stack, int) or stack < 1:
+def stack_problem(kind: str, stack: object, width: object) -> str | None:
+    """Why an audio projector of type `kind` stacking `stack` frames of an encoder `width`
+    wide would abort the worker at its first encode, or None (also where the header lacks
+    either: clip.cpp then refuses the load itself). Pure."""
+    if kind not in STACKED or not isinstance(stack, int) or not isinstance(width, int) or stack < 1 or width < 1:
         return None
-    counted = -(-WINDOW_FRAMES // stack) // 2  # what libmtmd expects
-    made = -(-(WINDOW_FRAMES // 2) // stack)  # what the graph makes
+    counted = -(-WINDOW_FRAMES // stack) // 2  # what libmtmd expects (clip_n_output_tokens)
+    frames, stride = WINDOW_FRAMES // 2 * width, stack * width  # the encoder's output, one stacked row
+    made = ((frames + stride - 1) & ~(stride - 1)) // stride  # build_stack: GGML_PAD, a bit mask
     if counted == made:
         return None
     return (
-        f"its audio encoder stacks {stack} frames (clip.audio.projector.stack_factor), which this "
-        f"llama.cpp cannot encode: it counts {counted} tokens for a 30 s window and makes {made}, and "
-        f"aborts the worker at the first audio it is sent (a stack factor that divides "
-        f"{WINDOW_FRAMES // 2} works)"
+        f"its audio encoder stacks {stack} frames of {width} (clip.audio.projector.stack_factor, "
+        f"clip.audio.embedding_length), which this llama.cpp cannot encode: it counts {counted} tokens "
+        f"for a 30 s window and makes {made}, and aborts the worker at the first audio it is sent "
+        f"(a stack factor that divides {WINDOW_FRAMES // 2} works)"
     )
 
 
