@@ -10,6 +10,8 @@ MODEL  := models/gemma-3-270m-Q4_K_M.gguf
 # A random-weight vision projector for the demo model (bench/projector.py), for
 # examples/vision.toml: `make serve CONFIG=examples/vision.toml` takes images.
 PROJECTOR := models/mmproj-test.gguf
+# Its audio sibling (bench/audio_projector.py), for examples/audio.toml.
+AUDIO_PROJECTOR := models/mmproj-audio-test.gguf
 CONFIG ?= examples/config.toml
 PORT   ?=
 HOST   ?=
@@ -25,14 +27,14 @@ XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope
 .PHONY: serve test check test-long setup model bench clean system-packages
 
 # make serve [CONFIG=file] [PORT=n] [HOST=address]: PORT and HOST override the file's [server].
-serve: setup model $(PROJECTOR)
+serve: setup model $(PROJECTOR) $(AUDIO_PROJECTOR)
 	$(BIN)/corral serve --config $(CONFIG) $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))
 
 # The suite runs in TEST_WORKERS processes, one a core (tests/conftest.py says how it is
 # shared out); TEST_WORKERS=1 runs it in one.
 # mypy checks the types while the tests run (about 25 s of one core on a fresh clone); either
 # failing fails the target.
-test: setup model $(PROJECTOR) system-packages
+test: setup model $(PROJECTOR) $(AUDIO_PROJECTOR) system-packages
 	@log=$$(mktemp); $(BIN)/mypy corral router supervisor worker > $$log 2>&1 & mypy=$$!; \
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	wait $$mypy; types=$$?; echo "mypy:"; cat $$log; rm -f $$log; \
@@ -98,6 +100,10 @@ $(MODEL): $(STAMP)
 $(PROJECTOR): $(STAMP) bench/projector.py
 	mkdir -p $(dir $@)
 	$(BIN)/python -m bench.projector $@
+
+$(AUDIO_PROJECTOR): $(STAMP) bench/audio_projector.py
+	mkdir -p $(dir $@)
+	$(BIN)/python -m bench.audio_projector $@
 
 clean:
 	rm -rf $(VENV) models

@@ -73,7 +73,7 @@ def generate_texts(
         raise RequestRejected("invalid_request", "n must be at least 1", "n")
     if g.prompt_parts is not None or g.prompt_tokens is not None:
         if g.media:
-            raise RequestRejected("invalid_request", "a prompt of token ids cannot hold images", g.media[0].param)
+            raise RequestRejected("invalid_request", "a prompt of token ids cannot hold images or audio", g.media[0].param)
         return _mixed_texts(g, m, n_ctx_slot, limit)
     if g.infill is not None:
         n_predict = g.params.max_tokens if g.params.max_tokens is not None else -1

@@ -27,7 +27,7 @@ from router.upstream.remote import RemoteModel
 from supervisor.config import projector
 from supervisor.errors import Unsupported
 from supervisor.handle import ModelHandle
-from worker.protocol import EmbedResult, SamplingParams
+from worker.protocol import EmbedResult, Media, SamplingParams
 
 Whole = Callable[[AsyncIterator[Event]], Awaitable[bytes]]
 Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
@@ -81,12 +81,22 @@ async def answer(
 
 
 async def _images_fetched(target: Target, job: GenerationJob) -> GenerationJob:
-    """`job` with its image URLs fetched; a local model without a projector refuses its
-    images first, before it loads or anything is fetched."""
-    images = job.images
-    if images and isinstance(target, ModelHandle) and "vision" not in projector.modalities(target.spec.mmproj):
-        raise Unsupported("This model does not take images: its config names no projector (mmproj).", images[0].param)
+    """`job` with its image URLs fetched; a local model without a projector that takes its
+    images or its audio refuses them first, before it loads or anything is fetched."""
+    if job.images and isinstance(target, ModelHandle):
+        _check_takes(job.images, target.spec.mmproj)
     return await image_urls.fetched(job)
+
+
+def _check_takes(media: Sequence[Media], mmproj: str | None) -> None:
+    """An Unsupported naming the first of `media` that a model with projector `mmproj`
+    (None: none) cannot take, read from the projector's header."""
+    takes = projector.modalities(mmproj)
+    for m in media:
+        kind, what = ("audio", "audio") if m.kind == "audio" else ("vision", "images")
+        if kind not in takes:
+            why = "its config names no projector (mmproj)" if mmproj is None else f"its projector has no {kind} encoder"
+            raise Unsupported(f"This model does not take {what}: {why}.", m.param)
 
 
 async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:

@@ -60,13 +60,13 @@ class GenerationJob:
     # vLLM's cache_salt: no cached prefix is shared with requests of another salt
     # (router/server/cache_scope.py).
     cache_salt: str | None = None
-    # A prompt's images (llama-server's multimodal_data, Ollama's /api/generate images), one
-    # for each MEDIA_MARKER in it; a chat's images travel in their messages.
+    # A prompt's images and sounds (llama-server's multimodal_data, Ollama's /api/generate
+    # images), one for each MEDIA_MARKER in it; a chat's travel in their messages.
     media: tuple[Media, ...] = ()
 
     @property
     def images(self) -> list[Media]:
-        """Every image of the request, in order."""
+        """Every image and sound of the request, in order."""
         return [*self.media, *(md for m in self.messages or () for md in m.media or ())]
 
     @property

@@ -163,7 +163,7 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
                 yield f"{at}.draft_model: an embedding model generates nothing to draft"
         if m.mmproj is not None:
             if m.embeddings:
-                yield f"{at}.mmproj: an embedding model takes no images"
+                yield f"{at}.mmproj: an embedding model takes no images or audio"
             elif m.path is not None and (
                 unfit := projector.problem(resolve_path(m.mmproj, base_dir), resolve_path(m.path, base_dir))
             ):

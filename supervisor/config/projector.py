@@ -3,8 +3,18 @@
 llama.cpp's loader (clip.cpp, mtmd_init_from_file) refuses a projector made for another
 model only once the worker loads it, as a failed load. The config check reads the header
 first, as it does a model's (supervisor/config/gguf_meta.py), so that `corral config check`
-and a reload say what is wrong: not a projector, no encoder, or a projection width that is
-not the text model's embedding width.
+and a reload say what is wrong: not a projector, no encoder, a projection width that is not
+the text model's embedding width, or an audio projector this llama.cpp would abort on.
+
+An audio projector that stacks the encoder's frames (Ultravox's, MERaLiON's) has libmtmd
+count ceil(3000 / stack) // 2 tokens for a 30 s window (clip.cpp, clip_n_output_tokens),
+while its graph pads the encoder's 1500 frames with ggml's GGML_PAD, which rounds up only
+for a power of two (models/whisper-enc.cpp, build_stack), so that the tokens it makes
+depend on the encoder's width too. Where the two differ the first encode aborts the whole
+worker process, every request on it lost: a stack of 8 on a 768-wide encoder (187 counted,
+188 made), or of 9 on a 1280-wide one; Ultravox's own, 8 on 1280, agrees, and any stack that
+divides 1500 does. Such a projector loads without complaint (its warmup reserves the graph
+and computes nothing), so only the header tells, and the config check refuses it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,10 @@ class Projector:
     vision: bool
     audio: bool
     width: int | None  # the embeddings' width: the text model's embedding_length
+    # The audio encoder's, where it differs from the vision one's (a projector with both).
+    audio_width: int | None = None
+    # Why libmtmd would abort on its audio (a stack factor it miscounts), or None.
+    unusable: str | None = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -49,13 +63,45 @@ def _read(path: Path, _size: int, _mtime_ns: int) -> Projector | str:
     if not vision and not audio:
         return f"{path}: a projector with neither a vision nor an audio encoder"
     kind = meta.get("clip.projector_type", meta.get("clip.vision.projector_type", meta.get("clip.audio.projector_type")))
-    width = meta.get("clip.vision.projection_dim") if vision else meta.get("clip.audio.projection_dim")
+    v_width, a_width = meta.get("clip.vision.projection_dim"), meta.get("clip.audio.projection_dim")
     if "clip.has_text_encoder" in meta:
         # Written by llama.cpp's legacy converters (tools/mtmd/legacy-models: llava-1.5 and
         # 1.6, MiniCPM-V, GLM-Edge), whose projection_dim is the CLIP tower's own (768), or
         # 0, not the text model's width: the header cannot tell the width, the load will.
-        width = None
-    return Projector(str(kind), vision, audio, width if isinstance(width, int) and width > 0 else None)
+        v_width = None
+    width = v_width if vision else a_width
+    audio_kind = meta.get("clip.audio.projector_type", kind)
+    return Projector(
+        str(kind), vision, audio, width if isinstance(width, int) and width > 0 else None,
+        a_width if vision and audio and isinstance(a_width, int) else None,
+        stack_problem(str(audio_kind), meta.get("clip.audio.projector.stack_factor"), meta.get("clip.audio.embedding_length"))
+        if audio else None,
+    )
+
+
+# The audio projectors whose graph stacks the encoder's frames with no pooling after
+# (tools/mtmd/clip-model.h, audio_has_stack_frames; models/whisper-enc.cpp).
+STACKED = ("ultravox", "meralion")
+WINDOW_FRAMES = 3000  # a 30 s window's mel frames; the encoder's convolution halves them
+
+
+def stack_problem(kind: str, stack: object, width: object) -> str | None:
+    """Why an audio projector of type `kind` stacking `stack` frames of an encoder `width`
+    wide would abort the worker at its first encode, or None (also where the header lacks
+    either: clip.cpp then refuses the load itself). Pure."""
+    if kind not in STACKED or not isinstance(stack, int) or not isinstance(width, int) or stack < 1 or width < 1:
+        return None
+    counted = -(-WINDOW_FRAMES // stack) // 2  # what libmtmd expects (clip_n_output_tokens)
+    frames, stride = WINDOW_FRAMES // 2 * width, stack * width  # the encoder's output, one stacked row
+    made = ((frames + stride - 1) & ~(stride - 1)) // stride  # build_stack: GGML_PAD, a bit mask
+    if counted == made:
+        return None
+    return (
+        f"its audio encoder stacks {stack} frames of {width} (clip.audio.projector.stack_factor, "
+        f"clip.audio.embedding_length), which this llama.cpp cannot encode: it counts {counted} tokens "
+        f"for a 30 s window and makes {made}, and aborts the worker at the first audio it is sent "
+        f"(a stack factor that divides {WINDOW_FRAMES // 2} works)"
+    )
 
 
 def text_width(model: Path) -> int | None:
@@ -75,12 +121,15 @@ def problem(mmproj: Path, model: Path) -> str | None:
     p = read(mmproj)
     if isinstance(p, str):
         return p
+    if p.unusable is not None:
+        return f"{mmproj}: {p.unusable}"
     width = text_width(model)
-    if p.width is not None and width is not None and p.width != width:
-        return (
-            f"{mmproj}: its embeddings are {p.width} wide and the model's are {width}: "
-            "a projector made for another model"
-        )
+    for mine in (p.width, p.audio_width):
+        if mine is not None and width is not None and mine != width:
+            return (
+                f"{mmproj}: its embeddings are {mine} wide and the model's are {width}: "
+                "a projector made for another model"
+            )
     return None
 
 

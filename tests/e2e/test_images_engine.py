@@ -2,7 +2,7 @@
 slots' books and the KV cells can be looked at between requests (issue 42, "In the worker").
 
 - An image's embeddings go into its own request's sequence only: two image requests run
-  together answer exactly as each does alone, logprobs and all.
+  together answer as each does alone, logprobs and all (to their last bits).
 - The same image on a fresh engine gives bit-identical logprobs; another image does not.
 - Under pressure (a KV cache a few prompts wide, preemption, cancellations, n > 1), every
   sequence's books and cells agree, image cells included, and no sequence ever holds part
@@ -88,7 +88,14 @@ def test_two_images_at_once_answer_as_each_does_alone(mmproj: str) -> None:
         alone.append(logprobs(done(d.generate([], 6, prompt=LONG, media=[picture(seed)], logprobs=2)[1])))
     d = driver(mmproj, slots=2, n_ctx=1024, spec_type="none")
     both = [d.generate([], 6, prompt=LONG, media=[picture(seed)], logprobs=2)[1] for seed in (1, 2)]
-    assert [logprobs(done(o)) for o in both] == alone
+    # Each image decoded beside the engine comes back when its thread is done, so which
+    # steps the two requests' text after it shares varies from run to run, and with it the
+    # last bits of CPU sums: the same tokens, logprobs to 1e-3 (an image in the wrong
+    # sequence moves them by whole units).
+    for o, solo in zip(both, alone):
+        got = logprobs(done(o))
+        assert [t for t, _ in got] == [t for t, _ in solo]
+        assert all(abs(a - b) < 1e-3 for (_, a), (_, b) in zip(got, solo)), (got, solo)
     assert alone[0] != alone[1]
 
 

@@ -113,8 +113,8 @@ class Encoder:
                     self._keep((span.scope, span.digest), embd)
                     span.embd = embd
             except Exception as exc:  # costs this request, never the worker
-                log.exception("encoding an image failed")
-                span.failed = f"the image could not be encoded: {exc}"
+                log.exception("encoding an image or a sound failed")
+                span.failed = f"the image or sound could not be encoded: {exc}"
             if prefix is not None and self.beside is not None and span.embd is not None:
                 try:
                     span.cells = self.beside.decode(span, prefix)

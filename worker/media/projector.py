@@ -5,16 +5,18 @@ a batching worker needs each image in its own request's sequence, encoded beside
 loop. So the worker uses libmtmd directly (llama_cpp/mtmd_cpp.py):
 
 - `tokenize` (preparing thread): the rendered prompt, with a media marker where each image
-  goes, and the images' pixels (worker/media/pictures.py) into text tokens and image chunks
-  (`mtmd_tokenize`, which also adds the model's own image delimiters, such as gemma-3's
-  <start_of_image>). Each image chunk is copied out as an `ImageSpan` of placeholder ids
-  (worker/media/spans.py).
-- `encode` (the encoder thread, worker/media/encoder.py): the vision tower on one chunk
-  (`mtmd_encode_chunk`), its output copied out; the projector is its own ggml context, so
-  this runs while the engine thread decodes.
+  or sound goes, and the images' pixels (worker/media/pictures.py) and the sounds' samples
+  (worker/media/sounds.py) into text tokens and media chunks (`mtmd_tokenize`, which also
+  adds the model's own delimiters, such as gemma-3's <start_of_image>, and cuts a sound into
+  30 s windows, a chunk each). Each media chunk is copied out as an `ImageSpan` of
+  placeholder ids (worker/media/spans.py).
+- `encode` (the encoder thread, worker/media/encoder.py): the vision tower, or the audio
+  encoder, on one chunk (`mtmd_encode_chunk`), its output copied out; the projector is its
+  own ggml context, so this runs while the engine thread decodes.
 - `decode` (the engine thread): the embeddings into the request's sequence at its position
-  (`mtmd_helper_decode_image_chunk`, which decodes them in a batch of their own and, for a
-  projector that asks for it such as gemma-3's, with non-causal attention).
+  (`mtmd_helper_decode_image_chunk`, images and audio alike, which decodes them in batches
+  of their own and, for a projector that asks for it such as gemma-3's, with non-causal
+  attention; audio chunks are causal).
 
 M-RoPE models (the Qwen2-VL family) place an image's tokens on a 2-D grid: its n tokens take
 `n_pos` positions (`mtmd_input_chunk_get_n_pos`), which its placeholders carry
@@ -27,7 +29,7 @@ import ctypes
 import hashlib
 import logging
 import os
-from typing import Sequence
+from typing import Sequence, Union
 
 import llama_cpp
 import numpy as np
@@ -35,6 +37,7 @@ from llama_cpp import mtmd_cpp as mt
 
 from worker.kv_positions import position
 from worker.media.pictures import Pixels
+from worker.media.sounds import Sound
 from worker.media.spans import ImageSpan, placeholders
 from worker.model import LoadError, _on_llama_log
 from worker.protocol import MEDIA_MARKER
@@ -46,6 +49,8 @@ log = logging.getLogger("worker.media")
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_on_llama_log)
 _NO_CALLBACK = mt.mtmd_helper_post_decode_callback()
 _MARKER = MEDIA_MARKER.encode()  # referenced for the process's life: libmtmd reads it at init
+
+Item = Union[Pixels, Sound]  # what a media marker stands for, decoded
 
 
 class OwnedChunk:
@@ -84,9 +89,12 @@ class Projector:
         params.n_threads = n_threads
         params.print_timings = False
         params.media_marker = _MARKER  # the router's, never a client's
-        # A dummy image's graph built and its memory reserved at load, as llama-server does
-        # (this libmtmd's warmup runs no encode): a projector whose graph cannot be built
-        # here fails the load, not the first request that sends an image.
+        # As llama-server does: the encoders' compute graphs are built and their buffers
+        # reserved at load, so a projector whose graph cannot be built here fails the load.
+        # It computes nothing (no encode runs until a request's does): a graph that builds
+        # and then fails to encode fails that request's image, or, where libmtmd asserts,
+        # the process, which is why the config check refuses what it can tell from the header
+        # (supervisor/config/projector.py).
         params.warmup = True
         ctx = mt.mtmd_init_from_file(path.encode(), model, params)
         if not ctx:
@@ -103,6 +111,8 @@ class Projector:
         self.mrope = bool(mt.mtmd_decode_use_mrope(ctx))
         self.use_gpu = use_gpu
         self.n_threads = n_threads
+        # The rate the audio encoder takes (16 kHz for Whisper's); sounds are resampled to it.
+        self.sample_rate = int(mt.mtmd_get_audio_sample_rate(ctx)) if self.audio else 0
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model))
         self.n_ubatch = n_ubatch
         self.identity = identity(path)
@@ -115,32 +125,43 @@ class Projector:
 
     # ---- preparing thread -----------------------------------------------------------------------
 
-    def digest(self, p: Pixels) -> bytes:
+    def digest(self, item: Item) -> bytes:
         h = hashlib.sha256(self.identity)
-        h.update(p.width.to_bytes(4, "little") + p.height.to_bytes(4, "little"))
-        h.update(p.rgb)
+        if isinstance(item, Pixels):
+            h.update(item.width.to_bytes(4, "little") + item.height.to_bytes(4, "little"))
+            h.update(item.rgb)
+        else:
+            h.update(b"audio" + item.rate.to_bytes(4, "little"))
+            h.update(item.samples.tobytes())
         return h.digest()
 
     def tokenize(
-        self, text: str, pictures: Sequence[Pixels], params: Sequence[str], add_special: bool = True
+        self, text: str, items: Sequence[Item], params: Sequence[str], add_special: bool = True
     ) -> tuple[list[int], list[ImageSpan]]:
-        """`text`'s tokens with a span of placeholders for each picture, in marker order."""
+        """`text`'s tokens with a span of placeholders for each image, and for each 30 s
+        window of each sound, in marker order."""
         bitmaps = []
         try:
-            for p in pictures:
-                buf = (ctypes.c_uint8 * len(p.rgb)).from_buffer_copy(p.rgb)
-                bm = mt.mtmd_bitmap_init(p.width, p.height, buf)
+            for i, item in enumerate(items):
+                if isinstance(item, Pixels):
+                    buf = (ctypes.c_uint8 * len(item.rgb)).from_buffer_copy(item.rgb)
+                    bm = mt.mtmd_bitmap_init(item.width, item.height, buf)
+                else:  # libmtmd copies the samples
+                    pcm = np.ascontiguousarray(item.samples, dtype=np.float32)
+                    bm = mt.mtmd_bitmap_init_from_audio(len(pcm), pcm.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
                 if not bm:
-                    raise RequestRejected("invalid_request", "the image could not be read", None)
+                    raise RequestRejected("invalid_request", "the projector could not take it", params[i])
                 bitmaps.append(bm)
-                mt.mtmd_bitmap_set_id(bm, self.digest(p).hex().encode())
-            return self._tokenize(text, bitmaps, params, add_special)
+                # The item's place, so that each chunk is known to be its (a sound makes one
+                # a window, all with the bitmap's id), and its digest.
+                mt.mtmd_bitmap_set_id(bm, f"{i}:{self.digest(item).hex()}".encode())
+            return self._tokenize(text, bitmaps, [isinstance(it, Sound) for it in items], params, add_special)
         finally:
             for bm in bitmaps:
                 mt.mtmd_bitmap_free(bm)
 
     def _tokenize(
-        self, text: str, bitmaps: list[mt.mtmd_bitmap_p], params: Sequence[str], add_special: bool
+        self, text: str, bitmaps: list[mt.mtmd_bitmap_p], audio: list[bool], params: Sequence[str], add_special: bool
     ) -> tuple[list[int], list[ImageSpan]]:
         data = text.encode("utf-8", errors="replace")
         inp = mt.mtmd_input_text(data, len(data), add_special, True)
@@ -151,14 +172,15 @@ class Projector:
             if rc == 1:
                 raise RequestRejected(
                     "invalid_request",
-                    f"the prompt has {text.count(MEDIA_MARKER)} places for images and {len(bitmaps)} images",
+                    f"the prompt has {text.count(MEDIA_MARKER)} places for images or audio and {len(bitmaps)} of them",
                     params[0] if params else "prompt",
                 )
             if rc != 0:
-                raise RequestRejected("invalid_request", f"the projector could not read an image (error {rc})",
+                raise RequestRejected("invalid_request", f"the projector could not read an image or a sound (error {rc})",
                                       params[0] if params else None)
             tokens: list[int] = []
             spans: list[ImageSpan] = []
+            windows: dict[int, int] = {}  # an item's chunks so far
             for i in range(mt.mtmd_input_chunks_size(chunks)):
                 c = mt.mtmd_input_chunks_get(chunks, i)
                 kind = mt.mtmd_input_chunk_get_type(c)
@@ -167,9 +189,12 @@ class Projector:
                     ids = mt.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
                     tokens.extend(ids[j] for j in range(n.value))
                     continue
-                param = params[len(spans)] if len(spans) < len(params) else "prompt"
-                if kind != mt.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    raise RequestRejected("unsupported", "this model's projector takes images only", param)
+                index, _, hex_digest = (mt.mtmd_input_chunk_get_id(c) or b"").decode().partition(":")
+                item = int(index)
+                param = params[item]
+                want = mt.MTMD_INPUT_CHUNK_TYPE_AUDIO if audio[item] else mt.MTMD_INPUT_CHUNK_TYPE_IMAGE
+                if kind != want:  # the worker's own check said it takes this kind: never a client's doing
+                    raise RequestRejected("unsupported", "the projector made a chunk of another kind than it was sent", param)
                 n_tok = int(mt.mtmd_input_chunk_get_n_tokens(c))
                 if mt.mtmd_decode_use_non_causal(self.ctx, c) and n_tok > self.n_ubatch:
                     raise RequestRejected(
@@ -178,8 +203,8 @@ class Projector:
                         f"n_batch allows {self.n_ubatch}",
                         param,
                     )
-                ident = mt.mtmd_input_chunk_get_id(c) or b""
-                digest = bytes.fromhex(ident.decode())
+                digest = chunk_digest(bytes.fromhex(hex_digest), windows.get(item, 0))
+                windows[item] = windows.get(item, 0) + 1
                 owned = OwnedChunk(mt.mtmd_input_chunk_copy(c))
                 n_pos = int(mt.mtmd_input_chunk_get_n_pos(c)) if self.mrope else None
                 span = ImageSpan(
@@ -211,7 +236,21 @@ class Projector:
         assert span.embd is not None
         new_past = llama_cpp.llama_pos(0)
         embd = span.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        return int(mt.mtmd_helper_decode_image_chunk(
+        rc = int(mt.mtmd_helper_decode_image_chunk(
             self.ctx, lctx, span.chunk.ptr, embd, span.pos, seq_id, self.n_ubatch, ctypes.byref(new_past),
             _NO_CALLBACK, None,
         ))
+        if rc != 0:
+            # A chunk of more than n_ubatch tokens (a causal one: audio) is decoded in several
+            # batches, and the helper returns at the first that fails with the others' cells
+            # kept; the books end at span.start (position span.pos), so nothing past it may stay.
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(lctx), seq_id, span.pos, -1)
+        return rc
+
+
+def chunk_digest(digest: bytes, k: int) -> bytes:
+    """The digest of an item's `k`th chunk: the item's own for its first (an image's only
+    chunk), one drawn from it for each later one (a sound's later windows, an image a
+    projector slices into tiles). Chunks of one item share libmtmd's id; without this they
+    would share placeholders, and the encoder's kept embeddings."""
+    return digest if k == 0 else hashlib.sha256(digest + k.to_bytes(4, "little")).digest()

@@ -1,4 +1,5 @@
-"""How an image stands in a request's tokens: a span of placeholder ids.
+"""How an image, or a 30 s window of a sound, stands in a request's tokens: a span of
+placeholder ids. (Audio windows are spans as images are; "image" below means either.)
 
 Every cache rule in the worker (slot choice, prefix reuse, parked entries, the host-memory
 prompt store, slot files, n-gram drafts) compares token lists. An image's positions are
@@ -50,7 +51,8 @@ def is_placeholder(token: int) -> bool:
 
 @dataclass(eq=False)
 class ImageSpan:
-    """One image of a request: its positions start .. start + n - 1 in the request's tokens.
+    """One image (or audio window) of a request: its positions start .. start + n - 1 in the
+    request's tokens.
 
     `chunk` is the projector's handle (an owned libmtmd chunk); `embd` its embeddings once
     encoded (set by the encoder thread, read by the engine's); `failed` why it could not be;

@@ -112,11 +112,15 @@ MEDIA_MARKER = "<\ue000image\ue001>"
 
 
 class Media(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """An image's bytes as the client sent them (base64 decoded), and the parameter that
-    carried it, which an error names. The worker decodes them (worker/media/pictures.py)."""
+    """An image's or a sound's bytes as the client sent them (base64 decoded), and the
+    parameter that carried it, which an error names. The worker decodes them
+    (worker/media/pictures.py, worker/media/sounds.py)."""
 
     data: bytes
     param: str
+    # What the client sent it as: an image part, or an audio one (OpenAI's input_audio, a
+    # transcription's file, or multimodal_data that is audio by its first bytes).
+    kind: Literal["image", "audio"] = "image"
     # The router's alone: an image named by URL, fetched before the job runs (from the
     # hosts [server] image_url_hosts lists: router/generation/image_urls.py); never sent.
     url: str = ""
@@ -131,7 +135,8 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None  # a tool message: the call it answers
     reasoning_content: str | None = None  # an assistant message's earlier reasoning
-    # Its images, one for each MEDIA_MARKER in `content`, in order (a vision model only).
+    # Its images and sounds, one for each MEDIA_MARKER in `content`, in order (a model with
+    # a projector only).
     media: list[Media] | None = None
 
 

@@ -150,8 +150,11 @@ def capabilities(h: ModelHandle, template: str) -> list[str]:
         tools, thinking = ready.tool_format is not None, ready.reasoning
     else:
         tools, thinking = "tools" in template, "<think>" in template
-    vision = ready.vision if ready is not None else "vision" in projector.modalities(h.spec.mmproj)
-    return out + (["tools"] if tools else []) + (["thinking"] if thinking else []) + (["vision"] if vision else [])
+    takes = projector.modalities(h.spec.mmproj)
+    vision = ready.vision if ready is not None else "vision" in takes
+    audio = ready.audio if ready is not None else "audio" in takes  # Ollama's own word for it, too
+    return out + (["tools"] if tools else []) + (["thinking"] if thinking else []) + (["vision"] if vision else []) + (
+        ["audio"] if audio else [])
 
 
 def _template(h: ModelHandle, meta: dict[str, gguf_meta.Value]) -> str:

@@ -1,4 +1,5 @@
-"""OpenAI's API: chat completions, completions, embeddings and models, on /v1 and bare.
+"""OpenAI's API: chat completions, completions, embeddings, models and audio
+transcriptions (as llama-server serves them), on /v1 and bare.
 
 The default dialect: every path no other dialect owns (Corral's own admin routes too)
 answers errors in OpenAI's shape.
@@ -6,13 +7,21 @@ answers errors in OpenAI's shape.
 
 from __future__ import annotations
 
-from router.api.dialect import Dialect
-from router.api.openai import errors, routes, schemas
+from quart import Blueprint
+
+from router.api.dialect import Dialect, Server
+from router.api.openai import errors, routes, schemas, transcriptions
 from router.server.openapi import Operation
 
 
 def _owns(path: str) -> bool:
     return True
+
+
+def _register(app: Blueprint, server: Server) -> None:
+    routes.register(app, server)
+    # A multipart form, not a JSON body: not among the OPERATIONS, whose bodies are JSON.
+    transcriptions.register(app, server)
 
 
 # Each route is listed once, with its /v1 prefix; the same route answers without it.
@@ -31,6 +40,6 @@ DIALECT = Dialect(
     owns=_owns,
     render_error=errors.render,
     render_http=errors.http_status,
-    register=routes.register,
+    register=_register,
     operations=OPERATIONS,
 )

@@ -161,8 +161,8 @@ DETAILS = ("auto", "low", "high")  # image_url.detail: accepted, and of no effec
 
 
 def content_parts(at: str, content: list[Any]) -> tuple[str, list[Media]]:
-    """A message's content parts: the texts joined, with a media marker where each image
-    stands, and the images (router/generation/media.py)."""
+    """A message's content parts: the texts joined, with a media marker where each image or
+    sound stands, and the images and sounds (router/generation/media.py)."""
     texts: list[str] = []
     images: list[Media] = []
     for j, part in enumerate(content):
@@ -187,11 +187,14 @@ def content_parts(at: str, content: list[Any]) -> tuple[str, list[Media]]:
                 raise InvalidRequest(f"Missing required parameter: '{where}.image_url.url'.", f"{where}.image_url.url")
             images.append(media.from_url(url, f"{where}.image_url.url" if isinstance(value, dict) else f"{where}.image_url"))
             texts.append(MEDIA_MARKER)
-        elif kind in ("input_audio", "file", "refusal"):
+        elif kind == "input_audio":
+            images.append(media.from_input_audio(part.get("input_audio"), f"{where}.input_audio"))
+            texts.append(MEDIA_MARKER)
+        elif kind in ("file", "refusal"):
             raise Unsupported(f"Content parts of type '{kind}' are not supported ({where}).", where)
         else:
             raise InvalidRequest(
-                f"Invalid value for '{where}.type': expected 'text' or 'image_url'.", f"{where}.type"
+                f"Invalid value for '{where}.type': expected 'text', 'image_url' or 'input_audio'.", f"{where}.type"
             )
     return "".join(texts), images
 
@@ -226,9 +229,10 @@ def chat_messages(r: ChatRequest) -> list[ChatMessage]:
             text = content
         elif isinstance(content, list):
             text, images = content_parts(at, content)
-            if images and role != "user":  # as OpenAI answers: only a user shows images
+            if images and role != "user":  # as OpenAI answers: only a user shows images, or plays audio
+                what = "images are" if images[0].kind == "image" else "audio is"
                 raise InvalidRequest(
-                    f"Invalid value for '{images[0].param}': images are taken in user messages only.", images[0].param
+                    f"Invalid value for '{images[0].param}': {what} taken in user messages only.", images[0].param
                 )
             seen.extend(images)
             media.counted(len(seen), f"{at}.content")

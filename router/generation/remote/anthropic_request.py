@@ -196,6 +196,8 @@ def _blocks(i: int, m: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
             blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _input(i, j, c.arguments)})
         return "assistant", blocks
     if m.media:  # text and image blocks, in the order the client sent them
+        if (sound := next((p for p in m.media if p.kind == "audio"), None)) is not None:
+            raise Unsupported(f"This model's upstream speaks Anthropic's Messages API, which takes no audio ({sound.param}).", sound.param)
         return "user", [
             {"type": "text", "text": p} if isinstance(p, str) else {
                 "type": "image", "source": {"type": "base64", "media_type": media.mime_of(p.data),

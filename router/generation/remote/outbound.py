@@ -97,7 +97,7 @@ def completion_body(job: GenerationJob, model: str) -> dict[str, Any]:
     if job.prompt is None or job.prompt_list is not None or job.prompt_parts is not None or job.infill is not None:
         raise Unsupported("Only a text prompt can be sent to this model's upstream.", "prompt")
     if job.media:  # a completion has no place for images in OpenAI's API
-        raise Unsupported("A prompt with images cannot be sent to this model's upstream; send a chat.", job.media[0].param)
+        raise Unsupported("A prompt with images or audio cannot be sent to this model's upstream; send a chat.", job.media[0].param)
     body: dict[str, Any] = {"model": model, "prompt": job.prompt}
     body.update(_sampling(job))
     if job.echo:
@@ -167,9 +167,9 @@ def answered_ids(turns: tuple[ChatMessage, ...]) -> list[ChatMessage]:
 
 def _message(m: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.media:  # text and image_url parts, in the order the client sent them
+    if m.media:  # text, image_url and input_audio parts, in the order the client sent them
         out["content"] = [
-            {"type": "text", "text": p} if isinstance(p, str) else {"type": "image_url", "image_url": {"url": media.data_uri(p)}}
+            {"type": "text", "text": p} if isinstance(p, str) else media.openai_part(p)
             for p in media.pieces(m.content, m.media)
         ]
     if m.name is not None:

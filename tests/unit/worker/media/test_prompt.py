@@ -1,17 +1,20 @@
-"""worker/media/prompt.py and worker/prompts.py: a prompt with images, prepared in the
-preparing threads with a fake projector (no libmtmd): what is refused before any image is
-decoded, and what the request holds after (issue 42, items 2 and 3)."""
+"""worker/media/prompt.py and worker/prompts.py: a prompt with images or audio, prepared in
+the preparing threads with a fake projector (no libmtmd): what is refused before anything is
+decoded, and what the request holds after (issue 42, items 2, 3 and 6)."""
 
 from __future__ import annotations
 
 import io
 from typing import Sequence
 
+import numpy as np
 import pytest
+import soundfile as sf
 from PIL import Image
 
 from tests.unit.worker.test_prompts import VocabModel
 from worker.media.pictures import Pixels
+from worker.media.sounds import Sound
 from worker.media.spans import ImageSpan, placeholders
 from worker.prompts import texts_for
 from worker.protocol import MEDIA_MARKER, ChatMessage, Generate, Media, SamplingParams
@@ -21,20 +24,26 @@ from worker.request import Request
 PNG = io.BytesIO()
 Image.new("RGB", (8, 8), "red").save(PNG, "PNG")
 IMAGE = PNG.getvalue()
+WAV = io.BytesIO()
+sf.write(WAV, np.zeros(8000, np.float32), 8000, format="WAV", subtype="FLOAT")  # 1 s at 8 kHz
+SOUND = WAV.getvalue()
 
 
 class FakeProjector:
     """Text a token a byte; each marker an image of 4 positions, wrapped in tokens 7 and 8
     as gemma-3's projector wraps its images. `end_on_image`: no text after the last."""
 
-    vision = True
+    sample_rate = 16_000
 
-    def __init__(self, end_on_image: bool = False) -> None:
+    def __init__(self, end_on_image: bool = False, vision: bool = True, audio: bool = False) -> None:
         self.end_on_image = end_on_image
+        self.vision, self.audio = vision, audio
         self.tokenized: list[str] = []
+        self.items: list[Pixels | Sound] = []
 
-    def tokenize(self, text: str, pictures: Sequence[Pixels], params: Sequence[str]) -> tuple[list[int], list[ImageSpan]]:
+    def tokenize(self, text: str, pictures: Sequence[Pixels | Sound], params: Sequence[str]) -> tuple[list[int], list[ImageSpan]]:
         self.tokenized.append(text)
+        self.items += pictures
         tokens: list[int] = [2]
         spans = []
         pieces = text.split(MEDIA_MARKER)
@@ -125,3 +134,43 @@ def test_images_count_against_the_context() -> None:
     with pytest.raises(RequestRejected) as info:
         prepare_chat(chat(Media(data=IMAGE, param="messages[0].content[1]")), FakeProjector(), n_ctx_slot=20)
     assert info.value.code == "context_length_exceeded"
+
+
+def test_a_sound_is_decoded_at_the_projectors_rate_and_stands_where_its_marker_does() -> None:
+    p = FakeProjector(vision=False, audio=True)
+    r = prepare_chat(chat(Media(data=SOUND, param="messages[0].content[1].input_audio.data", kind="audio")), p)
+    (sound,) = p.items
+    assert isinstance(sound, Sound) and sound.rate == 16_000 and len(sound.samples) == 16_000  # resampled
+    (span,) = r.images
+    assert span.param == "messages[0].content[1].input_audio.data"
+
+
+@pytest.mark.parametrize(
+    ("projector", "kind", "says"),
+    [
+        (None, "audio", "does not take audio"),
+        (FakeProjector(), "audio", "does not take audio"),  # vision only
+        (FakeProjector(vision=False, audio=True), "image", "does not take images"),
+    ],
+)
+def test_a_kind_the_projector_has_no_encoder_for_is_refused_naming_the_part(
+    projector: FakeProjector | None, kind: str, says: str
+) -> None:
+    data = SOUND if kind == "audio" else IMAGE
+    with pytest.raises(RequestRejected) as info:
+        prepare_chat(chat(Media(data=data, param="messages[0].content[1]", kind=kind)), projector)  # type: ignore[arg-type]
+    assert info.value.param == "messages[0].content[1]" and says in info.value.message
+    assert projector is None or projector.tokenized == []
+
+
+def test_an_image_and_a_sound_in_one_prompt_each_decode_their_way() -> None:
+    p = FakeProjector(audio=True)
+    text = f"look {MEDIA_MARKER} and hear {MEDIA_MARKER} now"
+    prepare_chat(chat(Media(data=IMAGE, param="a"), Media(data=SOUND, param="b", kind="audio"), text=text), p)
+    assert [type(i) for i in p.items] == [Pixels, Sound]
+
+
+def test_bad_audio_is_refused_naming_its_part() -> None:
+    with pytest.raises(RequestRejected) as info:
+        prepare_chat(chat(Media(data=b"RIFF....WAVE cut", param="p", kind="audio")), FakeProjector(audio=True))
+    assert info.value.param == "p" and "Invalid audio at 'p'" in info.value.message

@@ -462,8 +462,51 @@ def test_an_http_image_url_is_kept_for_the_fetch_that_the_operator_allows_or_ref
     assert m.media == [Media(data=b"", param="messages[0].content[0].image_url.url", url="https://cdn.example/a.png")]
 
 
-def test_audio_part_refused_naming_position() -> None:
-    r = chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}])
+WAV_HEAD = b"RIFF\x24\x00\x00\x00WAVEfmt "  # enough for the router, which never decodes
+MP3_HEAD = b"ID3\x04\x00\x00\x00\x00\x00\x00"
+
+
+def test_an_input_audio_part_becomes_audio_media_where_it_stands() -> None:
+    data = base64.b64encode(WAV_HEAD).decode()
+    r = chat(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Hear "}, {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+        {"type": "text", "text": " now"}]}])
+    (m,) = rf.chat_messages(r)
+    assert m.content == f"Hear {MEDIA_MARKER} now"
+    assert m.media == [Media(data=WAV_HEAD, param="messages[0].content[1].input_audio.data", kind="audio")]
+
+
+@pytest.mark.parametrize(
+    ("value", "param", "says"),
+    [
+        ({"data": "", "format": "wav"}, "messages[0].content[0].input_audio.data", "the audio is empty"),
+        ({"format": "wav"}, "messages[0].content[0].input_audio.data", "Missing required parameter"),
+        ({"data": "AAAA"}, "messages[0].content[0].input_audio.format", "Missing required parameter"),
+        ({"data": "AAAA", "format": "flac"}, "messages[0].content[0].input_audio.format", "expected one of ['wav', 'mp3']"),
+        ({"data": "!!", "format": "wav"}, "messages[0].content[0].input_audio.data", "not valid base64 audio"),
+        ({"data": 5, "format": "mp3"}, "messages[0].content[0].input_audio.data", "expected a base64 string"),
+        ({"data": base64.b64encode(MP3_HEAD).decode(), "format": "wav"}, "messages[0].content[0].input_audio.format",
+         "the data is MP3, not WAV"),
+        ("a string", "messages[0].content[0].input_audio", "expected an object"),
+    ],
+)
+def test_input_audio_that_is_refused_names_the_field(value: object, param: str, says: str) -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": value}]}])
+    with pytest.raises(InvalidRequest) as info:
+        rf.chat_messages(r)
+    assert info.value.param == param and says in info.value.message, info.value.message
+
+
+def test_audio_is_taken_in_user_messages_only() -> None:
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(WAV_HEAD).decode(), "format": "wav"}}
+    r = chat(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": [part]}])
+    with pytest.raises(InvalidRequest) as info:
+        rf.chat_messages(r)
+    assert info.value.param == "messages[1].content[0].input_audio.data" and "audio is taken in user messages only" in info.value.message
+
+
+def test_file_parts_are_refused_naming_position() -> None:
+    r = chat(messages=[{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}])
     with pytest.raises(Unsupported) as info:
         rf.chat_messages(r)
     assert info.value.param == "messages[0].content[0]"

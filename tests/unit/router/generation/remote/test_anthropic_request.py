@@ -23,7 +23,7 @@ from router.generation.remote.anthropic_request import DEFAULT_MAX_TOKENS, messa
 from router.generation.remote.outbound import sent_fields
 from router.generation.tool_schemas import ToolRequest
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import ChatMessage, Constraint, SamplingParams, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Constraint, Media, SamplingParams, ToolCall
 
 SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "stop_sequences"}
 
@@ -247,3 +247,10 @@ def test_what_extended_thinking_refuses_beside_it_is_refused_here_naming_it() ->
         assert refused.value.param == param, fields
     ok = messages_body(_openai(reasoning_effort="low", temperature=1, top_p=0.97, tools=[fn]), "c")
     assert ok["thinking"]["budget_tokens"] == 1024 and ok["temperature"] == 1
+
+
+def test_audio_cannot_go_to_an_anthropic_upstream() -> None:
+    turn = ChatMessage(role="user", content=f"hear {MEDIA_MARKER}", media=[Media(data=b"RIFF", param="messages[0].content[1].input_audio.data", kind="audio")])
+    with pytest.raises(Unsupported) as info:
+        messages_body(GenerationJob(model="m", params=SamplingParams(), messages=(turn,), sent=frozenset()), "up")
+    assert info.value.param == "messages[0].content[1].input_audio.data" and "takes no audio" in info.value.message

@@ -23,7 +23,7 @@ from router.generation.job import GenerationJob
 from router.generation.tool_schemas import ToolRequest
 from router.generation.remote.outbound import chat_body, completion_body, sent_fields
 from supervisor.errors import Unsupported
-from worker.protocol import ChatMessage, Constraint, SamplingParams, ToolCall
+from worker.protocol import MEDIA_MARKER, ChatMessage, Constraint, Media, SamplingParams, ToolCall
 
 SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty",
                  "repeat_last_n", "presence_penalty", "frequency_penalty", "ignore_eos"}
@@ -180,3 +180,17 @@ def test_a_clients_schema_that_is_any_object_goes_as_its_schema() -> None:
     assert fmt == {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}
     r = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "format": "json"}, OllamaChatRequest)
     assert chat_body(sent_fields(partial(ollama_chat_job, r, "m")), "up")["response_format"] == {"type": "json_object"}
+
+
+def test_images_and_audio_go_as_openai_parts_and_audio_it_cannot_take_is_refused() -> None:
+    wav, flac = b"RIFF\x24\x00\x00\x00WAVEfmt ", b"fLaC\x00\x00\x00\x22"
+    turn = ChatMessage(role="user", content=f"a{MEDIA_MARKER}b", media=[Media(data=wav, param="p", kind="audio")])
+    body = chat_body(GenerationJob(model="m", params=SamplingParams(), messages=(turn,), sent=frozenset()), "up")
+    assert body["messages"][0]["content"] == [
+        {"type": "text", "text": "a"}, {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZFZm10IA==", "format": "wav"}},
+        {"type": "text", "text": "b"},
+    ]
+    turn = ChatMessage(role="user", content=f"a{MEDIA_MARKER}", media=[Media(data=flac, param="file", kind="audio")])
+    with pytest.raises(Unsupported) as info:
+        chat_body(GenerationJob(model="m", params=SamplingParams(), messages=(turn,), sent=frozenset()), "up")
+    assert info.value.param == "file" and "FLAC" in info.value.message
