@@ -137,7 +137,7 @@ class Admission:
         if n <= 0:
             self.kv.drop(slot)
             return 0
-        self.kv.copy_prefix(source, slot, n)
+        n = self.kv.copy_prefix(source, slot, n)
         if source in self.entries.parked:
             self.entries.used(source, n, self.clock)
         return n
@@ -162,8 +162,7 @@ class Admission:
         so nothing is decoded again."""
         assert f.slot is not None and leader.slot is not None
         n = len(leader.prompt)
-        self.kv.copy_prefix(leader.slot, f.slot, n)
-        self._copied(f, n)
+        self._copied(f, self.kv.copy_prefix(leader.slot, f.slot, n))
         f.follows = None
 
     def copy_awaited(self, f: Request) -> None:
@@ -183,8 +182,7 @@ class Admission:
             return
         if wants_anchor([e for e in self.entries.parked if e.scope == f.scope], f.tokens, n):
             self.entries.anchor(source, n, self.clock)
-        self.kv.copy_prefix(source, f.slot, n)
-        self._copied(f, n)
+        self._copied(f, self.kv.copy_prefix(source, f.slot, n))
 
     def _copied(self, f: Request, n: int) -> None:
         """`f`, admitted with `f.cached` tokens from the cache, got `n` at a step."""

@@ -97,16 +97,17 @@ class KvCache:
         del slot.cache[kept:]
         return kept
 
-    def copy_prefix(self, source: Slot[R], target: Slot[R], n: int) -> None:
+    def copy_prefix(self, source: Slot[R], target: Slot[R], n: int) -> int:
         """Make `target`'s sequence the first `n` tokens of `source`'s. In a unified KV
         cache a copy only tags the same cells with a second sequence id. The caller has
-        checked `usable(source, n)`."""
+        checked `usable(source, n)`. Returns how many were copied."""
         if self.attention.mrope:
             n = whole(source.cache, n)
         llama_cpp.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
         llama_cpp.llama_memory_seq_cp(self.memory, source.seq_id, target.seq_id, 0, self.position(source.cache, n))
         target.cache[:] = source.cache[:n]
         target.scope = source.scope
+        return n  # less than asked only where `n` would have cut an M-RoPE image
 
     def restore(self, slot: Slot[R], tokens: Sequence[int], write: Callable[[int], bool], scope: str = "") -> bool:
         """Make `slot`'s sequence a saved one: `write(seq_id)` puts the saved cells into the

@@ -172,7 +172,7 @@ def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmpr
         if how == "in place":
             images.encoder.beside = None
         elif how == "refused":
-            images.encoder.beside.decode = lambda span, prefix: b"not a state"  # type: ignore[method-assign]
+            images.encoder.beside.decode = lambda span, prefix, tail: b"not a state"  # type: ignore[method-assign]
         answers.append(logprobs(done(d.generate([], 6, prompt=LONG, media=[picture(3)], logprobs=2)[1])))
         if how == "beside":
             assert images.encoder.beside is not None and images.encoder.beside.decoded == 1
@@ -187,10 +187,10 @@ def test_a_stream_steps_on_while_an_image_is_decoded_beside(engine: EngineDriver
     real = beside.decode
     release = time.monotonic() + 3.0
 
-    def slow(span, prefix):  # type: ignore[no-untyped-def]
+    def slow(span, prefix, tail):  # type: ignore[no-untyped-def]
         while time.monotonic() < release:
             time.sleep(0.01)
-        return real(span, prefix)
+        return real(span, prefix, tail)
 
     beside.decode = slow  # type: ignore[method-assign]
     try:

@@ -134,7 +134,7 @@ def test_decoded_beside_the_engine_or_in_place_the_same_answer(pair: tuple[Path,
         answers.append(answer(d, ASK, 4))
         if beside:
             assert images.encoder.beside is not None and images.encoder.beside.decoded == 1
-    assert answers[0] == answers[1]
+    assert same(answers[0], answers[1])  # beside, the text after the image is a batch of its own
 
 
 asks = st.lists(

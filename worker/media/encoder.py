@@ -42,8 +42,9 @@ class Encoder:
         # takes milliseconds and the copies would cross the bus (worker/media/beside.py).
         self.beside = Beside(projector, n_ctx_slot, projector.n_threads) if n_ctx_slot > 0 and not projector.use_gpu else None
         self._wake = wake  # puts a no-op into the engine's inbox: the engine looks again
-        # An image to encode, with the cells to decode it after beside the engine (or None).
-        self._todo: queue.SimpleQueue[tuple[ImageSpan, bytes | None] | None] = queue.SimpleQueue()
+        # An image to encode, with the cells to decode it after beside the engine and the
+        # text to decode after it (or None: encode only).
+        self._todo: queue.SimpleQueue[tuple[ImageSpan, tuple[bytes, list[int]] | None] | None] = queue.SimpleQueue()
         self._kept: OrderedDict[tuple[str, bytes], Any] = OrderedDict()
         self._kept_bytes = 0
         self._keep_bytes = keep_bytes
@@ -63,15 +64,15 @@ class Encoder:
             return
         self._put(span, scope, None)
 
-    def want_decoded(self, span: ImageSpan, scope: str, prefix: bytes) -> None:
+    def want_decoded(self, span: ImageSpan, scope: str, prefix: bytes, tail: list[int]) -> None:
         """Have `span` decoded beside the engine after `prefix`, the cells of its request's
-        sequence up to it (engine thread; `beside` is set); never blocks. Its embeddings
-        are made first if no cache holds them."""
+        sequence up to it, and the text `tail` after it (engine thread; `beside` is set);
+        never blocks. Its embeddings are made first if no cache holds them."""
         if span.busy or span.failed:
             return
         if span.embd is None:
             self._reuse(span, scope)
-        self._put(span, scope, prefix)
+        self._put(span, scope, (prefix, tail))
 
     def _reuse(self, span: ImageSpan, scope: str) -> bool:
         key = (scope, span.digest)
@@ -85,10 +86,10 @@ class Encoder:
         self.reused += 1
         return True
 
-    def _put(self, span: ImageSpan, scope: str, prefix: bytes | None) -> None:
+    def _put(self, span: ImageSpan, scope: str, beside: tuple[bytes, list[int]] | None) -> None:
         span.busy = True
         span.scope = scope
-        self._todo.put((span, prefix))
+        self._todo.put((span, beside))
 
     def stop(self) -> None:
         self._todo.put(None)
@@ -106,7 +107,7 @@ class Encoder:
             # of CPU and memory that every running stream's step felt (worker/media/beside.py).
             self.beside.open()
         while (job := self._todo.get()) is not None:
-            span, prefix = job
+            span, beside = job
             try:
                 if span.embd is None:
                     embd = self.projector.encode(span)
@@ -115,9 +116,11 @@ class Encoder:
             except Exception as exc:  # costs this request, never the worker
                 log.exception("encoding an image or a sound failed")
                 span.failed = f"the image or sound could not be encoded: {exc}"
-            if prefix is not None and self.beside is not None and span.embd is not None:
+            if beside is not None and self.beside is not None and span.embd is not None:
+                prefix, tail = beside
                 try:
-                    span.cells = self.beside.decode(span, prefix)
+                    span.cells = self.beside.decode(span, prefix, tail)
+                    span.tail = tail
                 except Exception:  # the engine's context still can
                     log.exception("decoding an image beside the engine failed: decoding it in place")
                 span.in_place = span.cells is None

@@ -22,7 +22,7 @@ image step (worker/media/steps.py) decodes them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
@@ -73,6 +73,7 @@ class ImageSpan:
     # engine thread, cleared by the encoder's after its results.
     busy: bool = False
     cells: bytes | None = None
+    tail: list[int] = field(default_factory=list)  # the text after it that `cells` hold too
     in_place: bool = False  # decode it in the engine's context, not beside (that failed once)
     param: str = ""
     scope: str = ""  # the cache scope it was encoded for (worker/media/encoder.py)
@@ -97,6 +98,12 @@ def text_ahead(spans: Sequence[ImageSpan], n_cached: int, n_tokens: int) -> int:
         if s.end > n_cached:
             return max(0, s.start - n_cached)
     return n_tokens - n_cached
+
+
+def text_after(spans: Sequence[ImageSpan], span: ImageSpan, n_tokens: int) -> int:
+    """Where the text after `span` ends: at the next image, or at the last of `n_tokens`
+    (left for the engine to decode, for its logits)."""
+    return min([s.start for s in spans if s.start >= span.end] + [max(n_tokens - 1, span.end)])
 
 
 def image_at(spans: Sequence[ImageSpan], n_cached: int) -> ImageSpan | None:

@@ -29,7 +29,7 @@ import llama_cpp
 from worker.kv_cache import KvCache
 from worker.kv_room import KvRoom
 from worker.media.encoder import Encoder
-from worker.media.spans import ImageSpan, image_at
+from worker.media.spans import ImageSpan, image_at, text_after
 from worker.outcomes import Requests
 from worker.request import Request
 from worker.seq_state import read_state, write_state
@@ -64,9 +64,11 @@ class ImageSteps:
                         break  # its sequence is empty now: its prompt is decoded again
                     continue
                 beside = self.encoder.beside
-                if beside is not None and not span.in_place and beside.fits(span):
+                end = text_after(req.images, span, len(req.tokens))
+                if beside is not None and not span.in_place and beside.fits(end):
                     if not span.busy:
-                        self.encoder.want_decoded(span, req.scope, read_state(self.ctx, slot.seq_id) if span.start else b"")
+                        prefix = read_state(self.ctx, slot.seq_id) if span.start else b""
+                        self.encoder.want_decoded(span, req.scope, prefix, req.tokens[span.end : end])
                     break
                 if span.embd is None:
                     self.encoder.want(span, req.scope)
@@ -84,13 +86,18 @@ class ImageSteps:
 
     def _put_in_place(self, slot: Slot[Request], span: ImageSpan) -> bool:
         """Make `slot`'s sequence the cells decoded beside the engine: its text up to
-        `span` (which it holds) and the image. False when the KV cache had no room for them
-        (or llama.cpp refused them): the sequence is then empty, and the request decodes its
-        prompt again, this image in place."""
+        `span` (which it holds), the image and the text after it. False when the KV cache
+        had no room for them (or llama.cpp refused them): the sequence is then empty, and
+        the request decodes its prompt again, this image in place."""
         cells, span.cells = span.cells, None
-        assert cells is not None
-        if self.kv.restore(slot, [*slot.cache, *span.tokens], lambda seq: write_state(self.ctx, seq, cells), slot.scope):
-            self.decoded_tokens += span.n
+        assert cells is not None and slot.request is not None
+        tokens = [*slot.cache, *span.tokens, *span.tail]
+        # The text after the image was the request's when it was asked for; it still is
+        # (a request waiting at an image adds none), which is checked, not assumed.
+        if tokens == slot.request.tokens[: len(tokens)] and self.kv.restore(
+            slot, tokens, lambda seq: write_state(self.ctx, seq, cells), slot.scope
+        ):
+            self.decoded_tokens += span.n + len(span.tail)
             return True
         log.info("slot %d: an image decoded beside the engine found no room in its cache: decoding it in place",
                  slot.seq_id)
