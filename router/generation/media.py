@@ -25,7 +25,7 @@ from typing import Any, Iterator, Literal, Sequence, Union
 import msgspec
 
 from supervisor.errors import InvalidRequest, Unsupported
-from worker.protocol import MEDIA_MARKER, Media
+from worker.protocol import MEDIA_MARKER, Media, audio_format
 
 # What a /completion prompt_string (llama-server's multimodal_data) marks each image with;
 # the router writes MEDIA_MARKER in its place.
@@ -84,18 +84,6 @@ def from_input_audio(value: object, param: str) -> Media:
             f"Invalid value for '{param}.format': the data is {found.upper()}, not {str(fmt).upper()}.", f"{param}.format"
         )
     return m
-
-
-def audio_format(data: bytes) -> str | None:
-    """"wav", "mp3" or "flac" by the first bytes, as libmtmd's is_audio_file (and the worker's
-    sounds.sniff) tell them; None: not audio."""
-    if data[:4] in (b"RIFF", b"RF64") and data[8:12] == b"WAVE":
-        return "wav"
-    if data.startswith(b"fLaC"):
-        return "flac"
-    if data.startswith(b"ID3") or (len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
-        return "mp3"
-    return None
 
 
 def from_url(url: object, param: str) -> Media:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from worker.protocol import audio_format
 from worker.rejected import RequestRejected
 
 if TYPE_CHECKING:
@@ -65,18 +66,6 @@ def refuse(param: str, why: str) -> RequestRejected:
     return RequestRejected("invalid_request", f"Invalid audio at '{param}': {why}", param)
 
 
-def sniff(data: bytes) -> str | None:
-    """"wav", "mp3" or "flac" by the first bytes (as libmtmd's is_audio_file tells them), or
-    None: not audio this worker decodes."""
-    if data[:4] in (b"RIFF", b"RF64") and data[8:12] == b"WAVE":
-        return "wav"
-    if data.startswith(b"fLaC"):
-        return "flac"
-    if data.startswith(b"ID3") or (len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
-        return "mp3"
-    return None
-
-
 def decode(data: bytes, param: str, rate: int, budget: Budget | None = None) -> Sound:
     """The mono samples of `data` at `rate` Hz, or a RequestRejected naming `param`."""
     import soundfile as sf
@@ -85,7 +74,7 @@ def decode(data: bytes, param: str, rate: int, budget: Budget | None = None) -> 
         raise refuse(param, "the audio is empty.")
     if len(data) > MAX_BYTES:
         raise refuse(param, f"the audio is {len(data)} bytes; at most {MAX_BYTES} are accepted.")
-    if sniff(data) is None:
+    if audio_format(data) is None:
         raise refuse(param, "not audio in a supported format (WAV, MP3 or FLAC).")
     left = MAX_SECONDS if budget is None else budget.left
     try:

@@ -111,6 +111,19 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 MEDIA_MARKER = "<\ue000image\ue001>"
 
 
+def audio_format(data: bytes) -> str | None:
+    """"wav", "mp3" or "flac" by a Media's first bytes, as libmtmd's is_audio_file tells them
+    (llama-server's /completion takes a sound where an image may be); None: not audio. The
+    router routes by it, the worker decodes by it (worker/media/sounds.py)."""
+    if data[:4] in (b"RIFF", b"RF64") and data[8:12] == b"WAVE":
+        return "wav"
+    if data.startswith(b"fLaC"):
+        return "flac"
+    if data.startswith(b"ID3") or (len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "mp3"
+    return None
+
+
 class Media(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """An image's or a sound's bytes as the client sent them (base64 decoded), and the
     parameter that carried it, which an error names. The worker decodes them

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.media import sounds
-from worker.media.sounds import MAX_SECONDS, Budget, decode, sniff
+from worker.media.sounds import MAX_SECONDS, Budget, decode
+from worker.protocol import audio_format as sniff
 from worker.rejected import RequestRejected
 
 RATE = 16_000
