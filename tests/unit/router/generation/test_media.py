@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 
-
 from router.generation import media
 from worker.protocol import MEDIA_MARKER
 
