@@ -12,23 +12,23 @@ decoded in place), so the image goes this way:
 1. the engine thread reads the request's sequence (its text up to the image) out of its
    context (`llama_state_seq_get_data`: a copy of the cells, a few ms for a short prompt);
 2. the encoder thread writes it into this context's one sequence, encodes the image if no
-   cache holds its embeddings, decodes them here, and reads the sequence back out;
-   It decodes the request's text after the image there too, up to the next image or the
-   prompt's last token: that text, decoded by the engine, made the step that followed the
-   image twice as long as the others (57 ms against 27, measured in-process);
-3. the engine thread puts those cells, text, image and text, in place of the request's
-   sequence (worker/media/steps.py), and decodes the prompt's last token itself (for its
-   logits) with everyone else's.
+   cache holds its embeddings, decodes them here, then the request's text after the image
+   up to the next image or the prompt's last token (decoded by the engine, that text made
+   the step after the image twice as long as the others: 57 ms against 27, in-process),
+   and reads the sequence back out;
+3. the engine thread puts those cells in place of the request's sequence
+   (worker/media/steps.py) and decodes the prompt's last token itself, for its logits,
+   with everyone else's.
 
 Only on a CPU: there the decode is what every stream waits for, and both copies are host
 memory. On a GPU the decode takes milliseconds and the copies would cross the bus twice, so
 the engine decodes in place. The context is made as the model loads, on the encoder thread
-(made at the first image, it cost every running stream a 100 ms step): its KV cache holds one
-request's longest prompt, `n_ctx_slot` cells, and with its compute buffers it took 148 MiB
-for the demo model at 8,192 cells. A prompt longer than that, or cells the engine's cache has no room for, is
-decoded in place as before; so is one of a model loaded with `swa_full`, whose
-sliding-window cells for a long prompt outnumber this context's (llama.cpp refuses the
-copy, and nothing is lost but the time).
+(made at the first image, it cost every running stream a 100 ms step): its KV cache holds
+one request's longest prompt, `n_ctx_slot` cells, and with its compute buffers it took
+148 MiB for the demo model at 8,192 cells. A longer prompt, or cells the engine's cache has
+no room for, is decoded in place as before; so is one of a model loaded with `swa_full`,
+whose sliding-window cells for a long prompt outnumber this context's (llama.cpp refuses
+the copy, and nothing is lost but the time).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Beside:
         self.ctx: llama_cpp.llama_context_p | None = None
         self.batch: BatchBuffer | None = None  # for the text after an image
         self.broken = False  # the context could not be made: every image is decoded in place
-        self.decoded = 0  # images decoded here (Pong: images_decoded_beside)
+        self.decoded = 0  # images decoded here
 
     def fits(self, end: int) -> bool:
         """Whether a sequence of `end` tokens fits this context."""
