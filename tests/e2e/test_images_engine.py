@@ -133,30 +133,34 @@ def test_another_keys_request_encodes_the_same_image_itself(engine: EngineDriver
     assert other.cached[0] < 12  # at most what the text before the image shares, never the image
 
 
-def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDriver) -> None:
-    """While an image is encoded on its own thread, a text stream's steps go on: its
-    tokens keep arriving (the encoder is held back here, so that the wait is long)."""
+@pytest.mark.parametrize("held", ["encode", "decode beside"])
+def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDriver, held: str) -> None:
+    """While an image is encoded, or decoded beside the engine, on the encoder thread, a
+    text stream's steps go on: its tokens keep arriving (that work is held back here, so
+    that the wait is long)."""
     images = engine.engine.images
-    assert images is not None
-    real = images.encoder.projector.encode
+    assert images is not None and images.encoder.beside is not None
+    owner: object = images.encoder.projector if held == "encode" else images.encoder.beside
+    name = "encode" if held == "encode" else "decode"
+    real = getattr(owner, name)
     release = time.monotonic() + 3.0
 
-    def slow(span):  # type: ignore[no-untyped-def]
+    def slow(*args):  # type: ignore[no-untyped-def]
         while time.monotonic() < release:
             time.sleep(0.01)
-        return real(span)
+        return real(*args)
 
-    images.encoder.projector.encode = slow  # type: ignore[method-assign]
+    setattr(owner, name, slow)
     try:
-        rid, text = engine.generate(engine.model.tokenize(TEXT), 24)
+        _, text = engine.generate(engine.model.tokenize(TEXT), 24)
         time.sleep(0.3)
-        _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(21)])
+        _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(21 if held == "encode" else 22)])
         done(text)
-        assert not image.done.is_set(), "the image request finished before its image was encoded"
-        assert time.monotonic() < release, "the text stream waited for the image"
+        assert not image.done.is_set(), f"the image request finished before its {held}"
+        assert time.monotonic() < release, f"the text stream waited for the image's {held}"
         done(image)
     finally:
-        images.encoder.projector.encode = real  # type: ignore[method-assign]
+        setattr(owner, name, real)
 
 
 def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmproj: str) -> None:
@@ -178,31 +182,6 @@ def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmpr
             assert images.encoder.beside is not None and images.encoder.beside.decoded == 1
         assert d.cell_problems() == []
     assert answers[0] == answers[1] == answers[2]
-
-
-def test_a_stream_steps_on_while_an_image_is_decoded_beside(engine: EngineDriver) -> None:
-    images = engine.engine.images
-    assert images is not None and images.encoder.beside is not None
-    beside = images.encoder.beside
-    real = beside.decode
-    release = time.monotonic() + 3.0
-
-    def slow(span, prefix, tail):  # type: ignore[no-untyped-def]
-        while time.monotonic() < release:
-            time.sleep(0.01)
-        return real(span, prefix, tail)
-
-    beside.decode = slow  # type: ignore[method-assign]
-    try:
-        _, text = engine.generate(engine.model.tokenize(TEXT), 24)
-        time.sleep(0.3)
-        _, image = engine.generate([], 2, prompt=PROMPT, media=[picture(22)])
-        done(text)
-        assert not image.done.is_set(), "the image request finished before its image was decoded"
-        assert time.monotonic() < release, "the text stream waited for the image's decode"
-        done(image)
-    finally:
-        beside.decode = real  # type: ignore[method-assign]
 
 
 def whole_images(cache: list[int], spans: dict[int, list[int]]) -> list[str]:
