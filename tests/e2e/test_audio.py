@@ -118,6 +118,7 @@ def encoded(server: Server) -> float:
 def test_models_props_and_show_say_which_model_hears_audio(hearing: Server, oa: openai.OpenAI) -> None:
     models = {m.id: m.model_extra or {} for m in oa.models.list().data}
     assert models["gemma-audio"]["modalities"] == {"vision": False, "audio": True}
+    assert models["gemma-audio"]["architecture"]["input_modalities"] == ["text", "audio"]
     assert models["vision-only"]["modalities"] == {"vision": True, "audio": False}
     ask(oa, None)  # loaded: /props speaks for the worker
     props = httpx.get(hearing.url + "/props", params={"model": "gemma-audio"}).json()

@@ -124,6 +124,8 @@ def settled(server: Server, name: str, at_least: float = 0.0) -> float:
 def test_models_props_and_show_say_which_model_sees_images(vision: Server, oa: openai.OpenAI) -> None:
     models = {m.id: m.model_extra for m in oa.models.list().data}
     assert models["gemma-vision"]["modalities"] == {"vision": True, "audio": False}
+    # llama-server's router mode (tools/server/server-models.cpp): what the pi coding agent reads.
+    assert models["gemma-vision"]["architecture"] == {"input_modalities": ["text", "image"], "output_modalities": ["text"]}
     assert models["text-only"]["modalities"] == {"vision": False, "audio": False}
     ask(oa, None)  # loaded: /props speaks for the worker
     props = httpx.get(vision.url + "/props", params={"model": "gemma-vision"}).json()

@@ -73,6 +73,7 @@ def register(app: Blueprint, server: Server) -> None:
     def model_entry(h: ModelHandle) -> dict[str, object]:
         """OpenAI's model object, with Corral's state and llama-server's router-mode
         fields: every name it answers to, its tags, its status."""
+        kinds = projector.modalities(h.spec.mmproj)
         entry: dict[str, object] = {
             "id": h.name,
             "object": "model",
@@ -83,7 +84,13 @@ def register(app: Blueprint, server: Server) -> None:
             "state": h.state.value,
             "status": llama_status(h.state, h.sleeping),
             # What its prompts may hold besides text, as GET /props says (its projector).
-            "modalities": {m: m in projector.modalities(h.spec.mmproj) for m in ("vision", "audio")},
+            "modalities": {m: m in kinds for m in ("vision", "audio")},
+            # llama-server's router mode says it this way too (server-models.cpp, for the
+            # pi coding agent; OpenRouter's model list has the same field).
+            "architecture": {
+                "input_modalities": ["text", *(["image"] if "vision" in kinds else []), *(["audio"] if "audio" in kinds else [])],
+                "output_modalities": ["text"],
+            },
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first
