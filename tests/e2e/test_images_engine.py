@@ -133,6 +133,34 @@ def test_another_keys_request_encodes_the_same_image_itself(engine: EngineDriver
     assert other.cached[0] < 12  # at most what the text before the image shares, never the image
 
 
+def test_an_image_after_a_prompt_longer_than_the_sliding_window_is_decoded_beside(mmproj: str) -> None:
+    """Past gemma-3's 512-position window the engine holds only the prompt's last
+    sliding-window cells; the copy beside the engine carries those, and the cells it brings
+    back (text, image, text after it) must pass the KV invariant: every full-attention
+    position, and the sliding window the next token needs.
+
+    Their values are not compared with a decode in place here: past a few hundred
+    positions, this model with the random projector's large embeddings answers differently
+    from the cells' mere layout (37 other tokens in the cache moved a logit by 2.8 and the
+    greedy token), and two engines cannot be given the same layout. A standalone run with
+    one layout (two contexts, the same cells) gave bit-identical logits at 14 and 304
+    positions, and at 704 a difference no larger than that layout noise."""
+    story = " ".join(f"line {i}: the fox crossed the river again." for i in range(70))
+    prompt = f"<start_of_turn>user\n{story}\nNow look:{MEDIA_MARKER} What is it?<end_of_turn>\n<start_of_turn>model\n"
+    d = driver(mmproj, slots=2, n_ctx=2048, spec_type="none")
+    images = d.engine.images
+    assert images is not None and images.encoder.beside is not None
+    first = done(d.generate([], 4, prompt=prompt, media=[picture(7)])[1])
+    assert images.encoder.beside.decoded == 1 and len(first.tokens[0]) == 4
+    d.wait_idle()
+    books = [s for s in d.engine.slots if s.cache]
+    assert books and len(books[0].cache) > 600 and d.engine.kv.span(books[0])[0] > 0  # the window has moved on
+    assert d.cell_problems() == []
+    # The same prompt again reads its cells back, image and all, and answers as before.
+    again = done(d.generate([], 4, prompt=prompt, media=[picture(7)])[1])
+    assert again.cached[0] > 600 and again.tokens[0] == first.tokens[0]
+
+
 @pytest.mark.parametrize("held", ["encode", "decode beside"])
 def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDriver, held: str) -> None:
     """While an image is encoded, or decoded beside the engine, on the encoder thread, a
