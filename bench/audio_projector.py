@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import gguf_out
+
 N_MEL = 80  # whisper's (128 for large-v3)
 HIDDEN = 64  # the encoder's width
 FFN = 96  # must differ from HIDDEN: clip.cpp swaps ffn_up/ffn_down when they are equal
@@ -61,8 +63,6 @@ def tokens_per_window(stack: int = STACK) -> int:
 def write(path: str | os.PathLike[str], width: int = 640, seed: int = 0, scale: float = 30.0, stack: int = STACK) -> int:
     """Write an `ultravox` projector for a text model `width` wide to `path` (atomically);
     returns the tokens one 30 s window makes."""
-    import gguf  # a test and bench dependency, not the server's
-
     rng = np.random.default_rng(seed)
 
     def w(*shape: int, std: float = 0.02) -> np.ndarray:
@@ -74,9 +74,7 @@ def write(path: str | os.PathLike[str], width: int = 640, seed: int = 0, scale: 
     def zeros(*shape: int) -> np.ndarray:
         return np.zeros(shape, dtype=np.float32)
 
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "clip")
+    writer = gguf_out.start(path, "clip")
     writer.add_string("general.name", "corral-test-audio-projector")
     writer.add_string("clip.projector_type", "ultravox")
     writer.add_bool("clip.has_audio_encoder", True)
@@ -116,11 +114,7 @@ def write(path: str | os.PathLike[str], width: int = 640, seed: int = 0, scale: 
     writer.add_tensor("mm.a.mlp.1.weight", w(MLP, HIDDEN * stack))
     writer.add_tensor("mm.a.norm_mid.weight", ones(MLP // 2))
     writer.add_tensor("mm.a.mlp.2.weight", w(width, MLP // 2, std=0.02 * scale))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
+    gguf_out.finish(writer)
     return tokens_per_window(stack)
 
 

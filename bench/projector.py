@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import gguf_out
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -56,8 +58,6 @@ SIZES = {
 
 def write(path: str | os.PathLike[str], size: str = "tiny", width: int = 640, seed: int = 0, scale: float = 30.0) -> Shape:
     """Write a `gemma3` projector for a text model `width` wide to `path` (atomically)."""
-    import gguf  # a test and bench dependency, not the server's
-
     s = SIZES[size]
     rng = np.random.default_rng(seed)
 
@@ -74,9 +74,7 @@ def write(path: str | os.PathLike[str], size: str = "tiny", width: int = 640, se
         return np.zeros(n, dtype=np.float32)
 
     n_patches = (s.image_size // s.patch_size) ** 2
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "clip")
+    writer = gguf_out.start(path, "clip")
     writer.add_string("general.name", f"corral-test-projector-{size}")
     writer.add_string("clip.projector_type", "gemma3")
     writer.add_bool("clip.has_vision_encoder", True)
@@ -113,11 +111,7 @@ def write(path: str | os.PathLike[str], size: str = "tiny", width: int = 640, se
     # transposed: a (vision width, text width) matrix here.
     writer.add_tensor("mm.soft_emb_norm.weight", ones(s.hidden))
     writer.add_tensor("mm.input_projection.weight", w(s.hidden, width, std=0.02 * scale))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
+    gguf_out.finish(writer)
     return s
 
 

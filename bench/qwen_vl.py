@@ -26,6 +26,8 @@ from pathlib import Path
 import gguf  # a test and bench dependency, not the server's
 import numpy as np
 
+from bench import gguf_out
+
 # --- text model shape
 N_EMBD = 64
 N_HEAD = 4
@@ -78,14 +80,6 @@ def vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, [int(t) for t in types], merges
 
 
-def _finish(writer: gguf.GGUFWriter, tmp: Path, out: Path) -> None:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
-
-
 def write_text(path: str | os.PathLike[str], seed: int = 0) -> int:
     rng = np.random.default_rng(seed)
 
@@ -94,9 +88,7 @@ def write_text(path: str | os.PathLike[str], seed: int = 0) -> int:
 
     tokens, types, merges = vocab()
     n_vocab = len(tokens)
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    wr = gguf.GGUFWriter(str(tmp), "qwen2vl")
+    wr = gguf_out.start(path, "qwen2vl")
     wr.add_name("mrope-test-text")
     wr.add_context_length(N_CTX)
     wr.add_embedding_length(N_EMBD)
@@ -136,7 +128,7 @@ def write_text(path: str | os.PathLike[str], seed: int = 0) -> int:
         wr.add_tensor(f"blk.{i}.ffn_gate.weight", w(N_FF, N_EMBD, std=0.15))
         wr.add_tensor(f"blk.{i}.ffn_up.weight", w(N_FF, N_EMBD, std=0.15))
         wr.add_tensor(f"blk.{i}.ffn_down.weight", w(N_EMBD, N_FF, std=0.15))
-    _finish(wr, tmp, out)
+    gguf_out.finish(wr)
     return n_vocab
 
 
@@ -152,9 +144,7 @@ def write_projector(path: str | os.PathLike[str], seed: int = 1, width: int = N_
     def zeros(n: int) -> np.ndarray:
         return np.zeros(n, dtype=np.float32)
 
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    wr = gguf.GGUFWriter(str(tmp), "clip")
+    wr = gguf_out.start(path, "clip")
     wr.add_string("general.name", "mrope-test-projector")
     wr.add_string("clip.projector_type", kind)
     wr.add_bool("clip.has_vision_encoder", True)
@@ -196,7 +186,7 @@ def write_projector(path: str | os.PathLike[str], seed: int = 1, width: int = N_
     wr.add_tensor("mm.0.bias", zeros(4 * V_EMBD))
     wr.add_tensor("mm.2.weight", w(width, 4 * V_EMBD, std=0.5))
     wr.add_tensor("mm.2.bias", zeros(width))
-    _finish(wr, tmp, out)
+    gguf_out.finish(wr)
 
 
 def write_pair(folder: str | os.PathLike[str], kind: str = "qwen2vl_merger") -> tuple[Path, Path]:
