@@ -20,8 +20,8 @@ def images(doc: Doc, png: Path) -> Path:
     )
     colours = tuple(COLOURS.get("Corral" if n == "corral" else n, COLOURS["other"]) for n in names)
     bars(
-        left, ["median gap", "worst gap while\nan image was in"],
-        {n: [results[n]["median_gap_ms"], results[n]["worst_gap_ms"]] for n in names},
+        left, ["median gap", "worst gap while\nan image was in", "worst gap, as long\nwith no image"],
+        {n: [results[n]["median_gap_ms"], results[n]["worst_gap_ms"], results[n].get("worst_gap_after_ms", 0.0)] for n in names},
         "ms between two tokens of a stream (log)", colours=colours, log=True, label=lambda v: f"{v:,.0f} ms",
     )
     left.set_title("streams' gaps between tokens")
