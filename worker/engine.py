@@ -136,7 +136,7 @@ class Engine:
         # Images: encoded on a thread of their own, decoded into each request's sequence by
         # the image step (worker/media/steps.py).
         self.images = None if projector is None else ImageSteps(
-            m.ctx, Encoder(projector, lambda: self.inbox.put(Wake()), n_ctx_slot=self.n_ctx_slot), self.kv, self.room, self.requests
+            m.ctx, Encoder(projector, lambda: self.inbox.put(Wake()), n_ctx_slot=self.n_ctx_slot, options=m.options), self.kv, self.room, self.requests
         )
         # An embedding model's jobs, a batch per loop (worker/embeddings.py).
         self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None

@@ -28,6 +28,7 @@ from worker.model import LoadedModel
 from worker.preparer import Work
 from worker.prompt_cache import CacheOptions
 from worker.prompt_store import fingerprint
+from worker.protocol.load_options import CELL_OPTIONS
 from worker.request import slot_states
 from worker.protocol import (
     Cancel,
@@ -295,6 +296,10 @@ def cache_options(spec: WorkerSpec, model: LoadedModel) -> CacheOptions:
         folder = Path(spec.prompt_cache_dir) / safe
     att = model.attention
     layout = f"n_ctx={model.n_ctx} swa_full={spec.swa_full} n_swa={att.n_swa} gpu={spec.n_gpu_layers}"
+    # Cells saved under other KV types or flash attention (which stores V transposed or
+    # not) do not read back; under other RoPE values or metadata they would read back and
+    # be silently wrong (keys are stored rotated).
+    layout += " " + " ".join(f"{k}={getattr(spec, k)}" for k in CELL_OPTIONS)
     return CacheOptions(
         ram_bytes=spec.prompt_cache_bytes,
         folder=folder,

@@ -17,10 +17,16 @@ from typing import Callable
 import llama_cpp
 
 from worker import chat_formats
-from worker.chat_template import BuiltinTemplate, ChatTemplate, JinjaTemplate, builtin_names
+from worker.chat_template import BuiltinTemplate, ChatTemplate
 from worker.fim_tokens import FimTokens
 from worker.kv_rules import Attention
+from worker.llama_log import collecting, quiet_llama_logs
+from worker.load_error import LoadError
+from worker.load_log import KvCache
+from worker.load_params import OptionError, context_options, mlock_warning, model_params
+from worker.model_template import bos_eos, model_template
 from worker.protocol import WorkerSpec, sequences
+from worker.protocol.load_options import LoadOptions
 from worker.text_limits import RerankShape
 
 _POOLING = {
@@ -32,39 +38,9 @@ _POOLING = {
 }
 
 
-class LoadError(Exception):
-    """A load that failed for a reason a user can act on.
-
-    `message` reaches clients (through the supervisor's 503s), so it names no local path:
-    the server's file layout is not theirs to see. `detail` goes to the log, path and all.
-    """
-
-    def __init__(self, message: str, detail: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail or message
-
+__all__ = ["LoadError", "LoadedModel", "load", "model_attention"]  # LoadError: worker/load_error.py
 
 log = logging.getLogger("worker.model")
-_llama_log = logging.getLogger("llama.cpp")
-_GGML_LOG_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
-
-
-def _on_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    if level in (_GGML_LOG_WARN, _GGML_LOG_WARN + 1):
-        msg = text.decode("utf-8", errors="replace").rstrip()
-        if msg:
-            _llama_log.log(logging.WARNING if level == _GGML_LOG_WARN else logging.ERROR, msg)
-
-
-# Module-level so the ctypes thunk outlives every call into llama.cpp; a collected callback
-# is a segfault on the next log line.
-_LOG_CALLBACK = llama_cpp.llama_log_callback(_on_llama_log)
-
-
-def quiet_llama_logs() -> None:
-    """Forward only llama.cpp's warnings and errors; its info output is hundreds of lines."""
-    llama_cpp.llama_log_set(_LOG_CALLBACK, None)
 
 
 @dataclass
@@ -92,6 +68,14 @@ class LoadedModel:
     attention: Attention = field(default_factory=Attention)
     n_cls_out: int = 1  # a reranker's scores per input
     fim: FimTokens = field(default_factory=FimTokens)  # llama-server's /infill
+    # How it was loaded (worker/protocol/load_options.py): every context whose cells are
+    # copied into this one's takes the same context options (worker/media/beside.py).
+    options: LoadOptions = field(default_factory=LoadOptions)
+    threads_batch: int | None = None  # prompt batches' threads, when set apart from `threads`
+    # What llama.cpp said it allocated: the KV caches at their types, and the tensors an
+    # override_tensor or cpu_moe moved (worker/load_log.py).
+    kv_caches: list[KvCache] = field(default_factory=list)
+    overridden: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -115,8 +99,9 @@ class LoadedModel:
         return int(llama_cpp.llama_n_threads(self.ctx))
 
     def set_threads(self, n: int) -> None:
-        """Threads for every later decode. Only between decodes: the engine thread calls it."""
-        llama_cpp.llama_set_n_threads(self.ctx, n, n)
+        """Threads for every later decode (prompt batches: threads_batch, when set). Only
+        between decodes: the engine thread calls it."""
+        llama_cpp.llama_set_n_threads(self.ctx, n, self.threads_batch or n)
 
     # ---- vocabulary ---------------------------------------------------------------------------
 
@@ -234,9 +219,15 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     """Load the GGUF and create its context. Raises LoadError with a message for the user."""
     quiet_llama_logs()
     llama_cpp.llama_backend_init()
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = spec.n_gpu_layers if spec.n_gpu_layers >= 0 else 0x7FFFFFFF
-    mparams.use_extra_bufts = spec.repack
+    if not Path(spec.path).is_file():
+        raise LoadError("the model file does not exist", f"model file not found: {spec.path}")
+    try:
+        params = model_params(spec, spec.n_gpu_layers, spec.repack)
+    except OptionError as exc:
+        raise LoadError(str(exc)) from None
+    mparams = params.model
+    if (why := mlock_warning(spec, Path(spec.path).stat().st_size)) is not None:
+        log.warning("%s", why)
 
     def on_progress(p: float, _user: ctypes.c_void_p) -> bool:
         progress(float(p))
@@ -245,14 +236,11 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     # Keep the ctypes callback referenced for as long as llama.cpp may call it.
     cb = llama_cpp.llama_progress_callback(on_progress)
     mparams.progress_callback = cb
-    if not Path(spec.path).is_file():
-        raise LoadError("the model file does not exist", f"model file not found: {spec.path}")
-    model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
+    with collecting() as said:
+        model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
     if not model:
-        raise LoadError(
-            "llama.cpp could not load the model file (not a valid GGUF?)",
-            f"llama.cpp could not load {spec.path} (not a valid GGUF?)",
-        )
+        why = said.why() or "not a valid GGUF?"
+        raise LoadError(f"llama.cpp could not load the model file ({why})", f"llama.cpp could not load {spec.path}: {why}")
 
     vocab = llama_cpp.llama_model_get_vocab(model)
     threads = spec.threads or default_threads()
@@ -260,9 +248,10 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
     cparams.n_ctx = spec.n_ctx
     cparams.n_seq_max = sequences(spec)
     cparams.n_threads = threads
-    cparams.n_threads_batch = threads
+    cparams.n_threads_batch = spec.threads_batch or threads
     cparams.kv_unified = True
     cparams.swa_full = spec.swa_full
+    context_options(cparams, spec)
     pooling = None
     if spec.embeddings:
         # Non-causal models need a whole input in one ubatch.
@@ -272,16 +261,24 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         cparams.pooling_type = _POOLING[pooling]
     else:
         cparams.n_batch = min(spec.n_batch, spec.n_ctx)
-        cparams.n_ubatch = min(cparams.n_batch, 512)
+        cparams.n_ubatch = min(cparams.n_batch, spec.n_ubatch or 512)
     if cparams.n_batch < cparams.n_seq_max:  # llama.cpp would abort the process (output_reserve)
         llama_cpp.llama_model_free(model)
         raise LoadError(f"n_batch ({cparams.n_batch}) must be at least the model's sequences ({cparams.n_seq_max})")
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    with collecting() as made:
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         llama_cpp.llama_model_free(model)
-        raise LoadError("llama.cpp could not create a context (n_ctx too large for memory?)")
+        # llama.cpp's own reason when it gave one: "quantized V cache requires flash_attn",
+        # a K type whose blocks do not divide the heads, a buffer it could not allocate.
+        raise LoadError(f"llama.cpp could not create a context ({made.why() or 'n_ctx too large for memory?'})")
+    if said.overridden:
+        log.info("%d tensors placed by override_tensor/cpu_moe, e.g. %s on %s", len(said.overridden), *said.overridden[0])
+    for cache in made.caches:
+        log.info("KV cache: %d cells, K %s %.1f MiB, V %s %.1f MiB", cache.cells, cache.type_k,
+                 cache.k_bytes / 2**20, cache.type_v, cache.v_bytes / 2**20)
 
-    template, template_source = _template(spec, model, vocab)
+    template, template_source = model_template(spec, model, vocab)
     if template is not None and template.format.tools == "generic" and spec.tool_format == "auto":
         # Said once, at load: requests with tools get a system message describing them and
         # are asked for a JSON reply, which a model not trained for it follows less well.
@@ -290,7 +287,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
             "the %s chat template has no tool-call format of its own: tools are offered in the "
             "generic JSON format (set tool_format to choose another)", which,
         )
-    bos_text, eos_text = _bos_eos(vocab)
+    bos_text, eos_text = bos_eos(vocab)
     desc = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, desc, 256)
     return LoadedModel(
@@ -314,6 +311,10 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         eos_text=eos_text,
         attention=model_attention(model),
         n_cls_out=max(1, int(llama_cpp.llama_model_n_cls_out(model))),
+        options=spec,
+        threads_batch=spec.threads_batch,
+        kv_caches=made.caches,
+        overridden=said.overridden,
         fim=FimTokens(
             pre=int(llama_cpp.llama_vocab_fim_pre(vocab)),
             suf=int(llama_cpp.llama_vocab_fim_suf(vocab)),
@@ -361,40 +362,3 @@ def _model_pooling(model: llama_cpp.llama_model_p) -> str:
     names = {str(v): k for k, v in _POOLING.items()}
     name = names.get(declared or "", "mean")
     return "mean" if name == "none" else name
-
-
-def _template(
-    spec: WorkerSpec, model: llama_cpp.llama_model_p, vocab: llama_cpp.llama_vocab_p
-) -> tuple[ChatTemplate | None, str]:
-    """The chat template, and its source as GET /props shows it: the Jinja text, or a
-    built-in's name (never the path of a template file)."""
-    if spec.chat_template is not None:
-        if spec.chat_template in builtin_names():
-            return BuiltinTemplate(spec.chat_template, spec.tool_format), spec.chat_template
-        try:
-            source = Path(spec.chat_template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise LoadError(
-                f"the chat template file cannot be read ({exc.strerror or type(exc).__name__})",
-                f"cannot read chat template {spec.chat_template}: {exc}",
-            ) from exc
-        return JinjaTemplate(source, *_bos_eos(vocab), spec.tool_format, spec.reasoning, spec.chat_template_kwargs), source
-    raw = llama_cpp.llama_model_chat_template(model, None)
-    if not raw:
-        return None, ""
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        return JinjaTemplate(text, *_bos_eos(vocab), spec.tool_format, spec.reasoning, spec.chat_template_kwargs), text
-    except ValueError as exc:
-        raise LoadError(str(exc)) from exc
-
-
-def _bos_eos(vocab: llama_cpp.llama_vocab_p) -> tuple[str, str]:
-    def text(tok: int) -> str:
-        if tok < 0:
-            return ""
-        buf = ctypes.create_string_buffer(128)
-        n = llama_cpp.llama_token_to_piece(vocab, tok, buf, 128, 0, True)
-        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
-
-    return text(llama_cpp.llama_vocab_bos(vocab)), text(llama_cpp.llama_vocab_eos(vocab))

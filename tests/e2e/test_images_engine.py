@@ -191,14 +191,16 @@ def test_a_request_waiting_for_its_image_holds_no_other_stream(engine: EngineDri
         setattr(owner, name, real)
 
 
-def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmproj: str) -> None:
+@pytest.mark.parametrize("kv", [{}, {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"}], ids=["f16", "q8_0"])
+def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmproj: str, kv: dict[str, str]) -> None:
     """On a CPU the image's decode runs in a second context, on the encoder thread, and its
     cells are copied into the request's sequence (worker/media/beside.py): the answer is
     the one the engine's own decode gives, bit for bit. A copy the cache refuses falls back
-    to the decode in place, answering the same."""
+    to the decode in place, answering the same. With a quantized KV cache (issue 43) the
+    context beside takes the same types, or no copy would fit: the cells are put in place."""
     answers = []
     for how in ("beside", "in place", "refused"):
-        d = driver(mmproj, slots=2, n_ctx=1024, spec_type="none")
+        d = driver(mmproj, slots=2, n_ctx=1024, spec_type="none", **kv)
         images = d.engine.images
         assert images is not None and images.encoder.beside is not None
         if how == "in place":
@@ -208,6 +210,7 @@ def test_an_image_decoded_beside_the_engine_answers_as_one_decoded_in_place(mmpr
         answers.append(logprobs(done(d.generate([], 6, prompt=LONG, media=[picture(3)], logprobs=2)[1])))
         if how == "beside":
             assert images.encoder.beside is not None and images.encoder.beside.decoded == 1
+            assert images.placed == 1
         assert d.cell_problems() == []
     assert answers[0] == answers[1] == answers[2]
 

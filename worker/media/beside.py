@@ -39,8 +39,10 @@ import llama_cpp
 
 from worker.batch import BatchBuffer
 from worker.kv_positions import position
+from worker.load_params import context_options
 from worker.media.projector import Projector
 from worker.media.spans import ImageSpan
+from worker.protocol.load_options import LoadOptions
 from worker.seq_state import read_state, write_state
 
 log = logging.getLogger("worker.media")
@@ -49,8 +51,9 @@ log = logging.getLogger("worker.media")
 class Beside:
     """The encoder thread's context; every method but `fits` runs on that thread."""
 
-    def __init__(self, projector: Projector, n_ctx: int, n_threads: int) -> None:
+    def __init__(self, projector: Projector, n_ctx: int, n_threads: int, options: LoadOptions) -> None:
         self.projector = projector
+        self.options = options  # the engine context's: its KV types and RoPE, or no copy fits
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.ctx: llama_cpp.llama_context_p | None = None
@@ -103,6 +106,7 @@ class Beside:
             params.n_ctx = self.n_ctx
             params.n_seq_max = 1
             params.n_threads = params.n_threads_batch = self.n_threads
+            context_options(params, self.options)
             # An image is decoded in batches of the projector's n_ubatch (one, when it attends
             # both ways): the same sizes as the engine's context, so the same kernels.
             params.n_batch = params.n_ubatch = self.projector.n_ubatch

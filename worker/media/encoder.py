@@ -26,6 +26,7 @@ from worker.media.beside import Beside
 from worker.media.projector import Projector
 from worker.media.spans import ImageSpan
 from worker.preparer import NICE
+from worker.protocol.load_options import LoadOptions
 
 log = logging.getLogger("worker.media")
 
@@ -34,13 +35,17 @@ KEEP_BYTES = 64 * 1024 * 1024
 
 class Encoder:
     def __init__(
-        self, projector: Projector, wake: Callable[[], None], keep_bytes: int = KEEP_BYTES, n_ctx_slot: int = 0
+        self, projector: Projector, wake: Callable[[], None], keep_bytes: int = KEEP_BYTES, n_ctx_slot: int = 0,
+        options: LoadOptions | None = None,
     ) -> None:
         self.projector = projector
         # Where images are decoded off the engine thread: beside it, in a context for one
         # request's longest prompt, on a CPU; nowhere (in place) on a GPU, where the decode
         # takes milliseconds and the copies would cross the bus (worker/media/beside.py).
-        self.beside = Beside(projector, n_ctx_slot, projector.n_threads) if n_ctx_slot > 0 and not projector.use_gpu else None
+        self.beside = (
+            Beside(projector, n_ctx_slot, projector.n_threads, options or LoadOptions())
+            if n_ctx_slot > 0 and not projector.use_gpu else None
+        )
         self._wake = wake  # puts a no-op into the engine's inbox: the engine looks again
         # An image to encode, with the cells to decode it after beside the engine and the
         # text to decode after it (or None: encode only).

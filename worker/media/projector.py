@@ -36,17 +36,18 @@ import numpy as np
 from llama_cpp import mtmd_cpp as mt
 
 from worker.kv_positions import position
+from worker.llama_log import on_llama_log
 from worker.media.pictures import Pixels
 from worker.media.sounds import Sound
 from worker.media.spans import ImageSpan, placeholders
-from worker.model import LoadError, _on_llama_log
+from worker.model import LoadError
 from worker.protocol import MEDIA_MARKER
 from worker.rejected import RequestRejected
 
 log = logging.getLogger("worker.media")
 
 # Module-level, like worker/model.py's: the thunk must outlive every call into libmtmd.
-_LOG_CALLBACK = llama_cpp.llama_log_callback(_on_llama_log)
+_LOG_CALLBACK = llama_cpp.llama_log_callback(on_llama_log)
 _NO_CALLBACK = mt.mtmd_helper_post_decode_callback()
 _MARKER = MEDIA_MARKER.encode()  # referenced for the process's life: libmtmd reads it at init
 

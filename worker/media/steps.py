@@ -44,6 +44,7 @@ class ImageSteps:
     ) -> None:
         self.ctx, self.encoder, self.kv, self.room, self.requests = ctx, encoder, kv, room, requests
         self.decoded_tokens = 0  # image positions decoded (they count as prompt tokens decoded)
+        self.placed = 0  # images decoded beside the engine whose cells were put in place
 
     def step(self, slots: Sequence[Slot[Request]]) -> None:
         for slot in slots:
@@ -98,6 +99,7 @@ class ImageSteps:
             slot, tokens, lambda seq: write_state(self.ctx, seq, cells), slot.scope
         ):
             self.decoded_tokens += span.n + len(span.tail)
+            self.placed += 1
             return True
         log.info("slot %d: an image decoded beside the engine found no room in its cache: decoding it in place",
                  slot.seq_id)

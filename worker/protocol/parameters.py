@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from worker.protocol.load_options import LoadOptions
+
 
 class Constraint(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """A grammar the output must match, enforced token by token while sampling.
@@ -169,14 +171,16 @@ ToolFormat = Literal[
 TOOL_FORMATS: tuple[str, ...] = ToolFormat.__args__  # type: ignore[attr-defined]
 
 
-class ModelOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class ModelOptions(LoadOptions, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """A model's options that the worker applies, and their defaults; listed nowhere else.
 
     The config's `[models.NAME]` table, the supervisor's resolved spec and `WorkerSpec`
     all inherit these fields, and `options_of` copies them from one to the next, so a new
     option is declared here once and nothing names it on the way to the worker.
     Keyword-only, so that a subclass's own required fields (a name, a path) come first:
-    in `WorkerSpec`'s JSON that keeps the model's name at the start of a `ps` line.
+    in `WorkerSpec`'s JSON that keeps the model's name at the start of a `ps` line. How
+    llama.cpp loads the model (flash attention, KV cache types, mmap, GPU split, tensor
+    overrides, RoPE) is declared in `LoadOptions`, the base (worker/protocol/load_options.py).
     """
 
     slots: int = 4
