@@ -43,18 +43,19 @@ class Footprint:
         return self.estimate(spec)
 
     def estimate(self, spec: ModelSpec) -> int:
-        """The GGUF file's size plus its KV cache for n_ctx cells (and a draft model's, and a
+        """The GGUF file's size plus its KV cache for n_ctx cells at its types (and a draft model's, and a
         projector's: worker/media/beside.py), read once per spec.
         Reading stops at the last key it needs, a few hundred bytes in, so it is done
         inline."""
         if self._estimate is None or self._estimate[0] is not spec:
             try:
-                n = estimate_bytes(spec.path, spec.n_ctx, generates=not spec.embeddings)
+                kv_types = (spec.cache_type_k, spec.cache_type_v)
+                n = estimate_bytes(spec.path, spec.n_ctx, generates=not spec.embeddings, kv_types=kv_types)
                 if spec.draft_model is not None and spec.spec_type != "none":
                     n += draft_bytes(Path(spec.draft_model), spec.n_ctx)
                 if spec.mmproj is not None:
                     beside = 0 if spec.n_gpu_layers != 0 else min(spec.n_ctx_slot or spec.n_ctx, spec.n_ctx)
-                    n += projector_bytes(Path(spec.mmproj), Path(spec.path), beside)
+                    n += projector_bytes(Path(spec.mmproj), Path(spec.path), beside, kv_types)
             except OSError:
                 n = 0
             self._estimate = (spec, n)

@@ -15,6 +15,7 @@ from typing import Iterator
 from supervisor.capacity import parse_size
 from supervisor.config import gguf_meta, projector
 from supervisor.config.key_paths import quote
+from supervisor.config.load_checks import load_problems
 from supervisor.config.schema import ConfigFile, ModelConfig, listen_hosts
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
 from worker.protocol import MAX_STOP_STRINGS, SAMPLING_RANGES, TEMPLATE_OWN_VARIABLES, sequences
@@ -187,6 +188,8 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
+        model_file = resolve_path(m.path, base_dir) if m.path is not None else None
+        yield from load_problems(at, m, model_file, m.embeddings, m.n_batch)
         yield from _generation_problems(at, m)
         for key in TEMPLATE_OWN_VARIABLES:
             if key in m.chat_template_kwargs:

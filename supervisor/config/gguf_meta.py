@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from worker.protocol.load_options import kv_row_bytes
+
 GGUF_MAGIC = b"GGUF"
 # value type id -> struct format of one scalar (bench/gguf_edit.py reads them too)
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -188,19 +190,40 @@ def _whole(f: BinaryIO, size: int) -> str | None:
     return None
 
 
-def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, bytes_per_value: int = 2) -> int:
-    """The K and V cache for `n_ctx` cells (F16 by default), from the architecture's layer
-    count, KV heads and head sizes. 0 when the header does not say."""
+def head_sizes(meta: dict[str, Value]) -> tuple[int, int] | None:
+    """A KV head's K and V sizes (key_length, value_length, else the embedding over the
+    heads), or None when the header does not say."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
+        return None
+    embd, heads = _num(meta, arch, "embedding_length"), _num(meta, arch, "attention.head_count")
+    if not embd or not heads:
+        return None
+    return (_num(meta, arch, "attention.key_length") or embd // heads, _num(meta, arch, "attention.value_length") or embd // heads)
+
+
+def uses_mla(meta: dict[str, Value]) -> bool:
+    """Multi-head latent attention (DeepSeek 2/3, Kimi): one latent cache whose K and V
+    llama.cpp requires at one type."""
+    arch = meta.get("general.architecture")
+    return isinstance(arch, str) and bool(_num(meta, arch, "attention.kv_lora_rank"))
+
+
+def _num(meta: dict[str, Value], arch: str, key: str) -> int | None:
+    v = meta.get(f"{arch}.{key}")
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
+    """The K and V cache for `n_ctx` cells at their types (cache_type_k, cache_type_v),
+    from the architecture's layer count, KV heads and head sizes. 0 when the header does
+    not say."""
+    arch = meta.get("general.architecture")
+    sizes = head_sizes(meta)
+    if not isinstance(arch, str) or sizes is None:
         return 0
-
-    def num(key: str) -> int | None:
-        v = meta.get(f"{arch}.{key}")
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    layers, embd, heads = num("block_count"), num("embedding_length"), num("attention.head_count")
-    if not layers or not embd or not heads:
+    layers, heads = _num(meta, arch, "block_count"), _num(meta, arch, "attention.head_count")
+    if not layers or not heads:
         return 0
     kv_heads: list[int]
     raw = meta.get(f"{arch}.attention.head_count_kv")
@@ -208,12 +231,12 @@ def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, bytes_per_value: int = 2)
         kv_heads = [int(x) for x in raw][:layers]
     else:
         kv_heads = [int(raw) if isinstance(raw, (int, float)) else heads] * layers
-    k = num("attention.key_length") or embd // heads
-    v = num("attention.value_length") or embd // heads
-    return n_ctx * sum(h * (k + v) for h in kv_heads) * bytes_per_value
+    k, v = sizes
+    # A cell's row in a layer is its KV heads' values side by side, quantized as one row.
+    return n_ctx * sum(kv_row_bytes(type_k, h * k) + kv_row_bytes(type_v, h * v) for h in kv_heads if h)
 
 
-def _has_kv_shape(meta: dict[str, Value]) -> bool:
+def has_kv_shape(meta: dict[str, Value]) -> bool:
     """True once the keys kv_cache_bytes needs are in. Converters write the architecture's
     keys before the tokenizer's, so this usually stops before the vocabulary; head sizes
     are optional (they default from the embedding), but a file that has them lists them
@@ -240,15 +263,16 @@ WORKER_BASE_BYTES = 96 * 1024 * 1024
 VOCABULARY_BYTES = 112 * 1024 * 1024
 
 
-def projector_bytes(mmproj: Path, model: Path, n_ctx_beside: int) -> int:
+def projector_bytes(mmproj: Path, model: Path, n_ctx_beside: int, kv_types: tuple[str, str] = ("f16", "f16")) -> int:
     """A projector's share of a worker's memory: its file, and on a CPU the context its
     images are decoded in beside the engine (worker/media/beside.py), a KV cache of the
-    model's for `n_ctx_beside` cells (0 on a GPU, where images are decoded in place)."""
+    model's for `n_ctx_beside` cells at the model's KV types (0 on a GPU, where images are
+    decoded in place)."""
     size = mmproj.stat().st_size
     if n_ctx_beside <= 0:
         return size
     try:
-        return size + kv_cache_bytes(read_metadata(model, _has_kv_shape), n_ctx_beside)
+        return size + kv_cache_bytes(read_metadata(model, has_kv_shape), n_ctx_beside, *kv_types)
     except (NotGGUF, OSError):
         return size
 
@@ -257,19 +281,22 @@ def draft_bytes(path: Path, n_ctx: int) -> int:
     """A draft model's share of a worker's memory: its file and its KV cache."""
     size = path.stat().st_size
     try:
-        return size + kv_cache_bytes(read_metadata(path, _has_kv_shape), n_ctx)
+        return size + kv_cache_bytes(read_metadata(path, has_kv_shape), n_ctx)
     except (NotGGUF, OSError):
         return size
 
 
-def estimate_bytes(path: Path, n_ctx: int, generates: bool = False) -> int:
+def estimate_bytes(
+    path: Path, n_ctx: int, generates: bool = False, kv_types: tuple[str, str] = ("f16", "f16")
+) -> int:
     """A model's memory before it has ever loaded: the file (weights are mapped and all
-    touched), its KV cache and a worker's fixed overhead, and for a model that generates
+    touched), its KV cache at its types (cache_type_k, cache_type_v) and a worker's fixed
+    overhead, and for a model that generates
     (not an embedding model) the structured-output vocabulary. A file that is not GGUF
     counts its size alone."""
     size = path.stat().st_size
     try:
-        meta = read_metadata(path, _has_kv_shape)
+        meta = read_metadata(path, has_kv_shape)
     except (NotGGUF, OSError):
         return size
-    return size + kv_cache_bytes(meta, n_ctx) + WORKER_BASE_BYTES + (VOCABULARY_BYTES if generates else 0)
+    return size + kv_cache_bytes(meta, n_ctx, *kv_types) + WORKER_BASE_BYTES + (VOCABULARY_BYTES if generates else 0)
