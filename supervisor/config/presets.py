@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -63,6 +64,24 @@ def _words(v: str) -> list[str]:
     return [w.strip() for w in v.split(",") if w.strip()]
 
 
+def _flash(v: str) -> str:
+    """-fa's on/off/auto, and the truthy and falsey words llama-server also takes."""
+    v = v.strip().lower()
+    if v in ("auto", "-1"):
+        return "auto"
+    return "on" if _bool(v) else "off"
+
+
+def _floats(v: str) -> list[float]:
+    """--tensor-split's "3,1" or "3/1" (common/arg.cpp splits on [,/]+)."""
+    return [float(x) for x in re.split(r"[,/]+", v.strip()) if x]
+
+
+def _inverse(v: str) -> float:
+    """--rope-scale N is rope_freq_scale 1/N."""
+    return 1.0 / float(v)
+
+
 # llama-server's argument (long form without dashes) -> Corral's model key.
 _KEYS: dict[str, _Key] = {
     "model": _Key("path", _str),
@@ -97,6 +116,42 @@ _KEYS: dict[str, _Key] = {
     "cram": _Key("prompt_cache_bytes", _mib),
     "load-on-startup": _Key("preload", _bool),
     "chat-template-kwargs": _Key("chat_template_kwargs", json.loads),
+    # Load options (worker/protocol/load_options.py).
+    "flash-attn": _Key("flash_attn", _flash),
+    "cache-type-k": _Key("cache_type_k", _str),
+    "cache-type-v": _Key("cache_type_v", _str),
+    "mmap": _Key("mmap", _bool),
+    "mlock": _Key("mlock", _bool),
+    "direct-io": _Key("direct_io", _bool),
+    "threads-batch": _Key("threads_batch", _int),
+    "ubatch-size": _Key("n_ubatch", _int),
+    "split-mode": _Key("split_mode", _str),
+    "tensor-split": _Key("tensor_split", _floats),
+    "main-gpu": _Key("main_gpu", _int),
+    "device": _Key("devices", _words),
+    "kv-offload": _Key("kv_offload", _bool),
+    "op-offload": _Key("op_offload", _bool),
+    "override-tensor": _Key("override_tensor", _words),
+    "cpu-moe": _Key("cpu_moe", _bool),
+    "n-cpu-moe": _Key("n_cpu_moe", _int),
+    "rope-scaling": _Key("rope_scaling", _str),
+    "rope-scale": _Key("rope_freq_scale", _inverse),
+    "rope-freq-base": _Key("rope_freq_base", _float),
+    "rope-freq-scale": _Key("rope_freq_scale", _float),
+    "yarn-orig-ctx": _Key("yarn_orig_ctx", _int),
+    "yarn-ext-factor": _Key("yarn_ext_factor", _float),
+    "yarn-attn-factor": _Key("yarn_attn_factor", _float),
+    "yarn-beta-slow": _Key("yarn_beta_slow", _float),
+    "yarn-beta-fast": _Key("yarn_beta_fast", _float),
+    "check-tensors": _Key("check_tensors", _bool),
+    "override-kv": _Key("override_kv", _words),
+    "repack": _Key("repack", _bool),
+}
+# --load-mode (llama.cpp since --mmap/--mlock/--direct-io gave way to it) -> those keys.
+_LOAD_MODES = {
+    "auto": {"mmap": True, "mlock": False}, "mmap": {"mmap": True, "mlock": False},
+    "none": {"mmap": False, "mlock": False}, "mlock": {"mmap": False, "mlock": True},
+    "mmap+mlock": {"mmap": True, "mlock": True}, "dio": {"mmap": False, "mlock": False, "direct_io": True},
 }
 # Other names llama-server takes for them: short forms, older names, LLAMA_ARG_* variables.
 _ALIASES = {
@@ -110,6 +165,22 @@ _ALIASES = {
     "LLAMA_ARG_CHAT_TEMPLATE": "chat-template", "LLAMA_ARG_CHAT_TEMPLATE_FILE": "chat-template-file",
     "LLAMA_ARG_N_PREDICT": "n-predict", "LLAMA_ARG_EMBEDDINGS": "embedding", "LLAMA_ARG_POOLING": "pooling",
     "LLAMA_ARG_ALIAS": "alias", "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "chat-template-kwargs",
+    "fa": "flash-attn", "ctk": "cache-type-k", "ctv": "cache-type-v", "tb": "threads-batch", "ub": "ubatch-size",
+    "sm": "split-mode", "ts": "tensor-split", "mg": "main-gpu", "dev": "device", "nkvo": "no-kv-offload",
+    "kvo": "kv-offload", "ot": "override-tensor", "cmoe": "cpu-moe", "ncmoe": "n-cpu-moe", "nr": "no-repack",
+    "dio": "direct-io", "lm": "load-mode",
+    "LLAMA_ARG_FLASH_ATTN": "flash-attn", "LLAMA_ARG_CACHE_TYPE_K": "cache-type-k",
+    "LLAMA_ARG_CACHE_TYPE_V": "cache-type-v", "LLAMA_ARG_MMAP": "mmap", "LLAMA_ARG_NO_MMAP": "no-mmap",
+    "LLAMA_ARG_MLOCK": "mlock", "LLAMA_ARG_DIO": "direct-io", "LLAMA_ARG_LOAD_MODE": "load-mode",
+    "LLAMA_ARG_UBATCH": "ubatch-size", "LLAMA_ARG_SPLIT_MODE": "split-mode", "LLAMA_ARG_TENSOR_SPLIT": "tensor-split",
+    "LLAMA_ARG_MAIN_GPU": "main-gpu", "LLAMA_ARG_DEVICE": "device", "LLAMA_ARG_KV_OFFLOAD": "kv-offload",
+    "LLAMA_ARG_NO_KV_OFFLOAD": "no-kv-offload", "LLAMA_ARG_OVERRIDE_TENSOR": "override-tensor",
+    "LLAMA_ARG_CPU_MOE": "cpu-moe", "LLAMA_ARG_N_CPU_MOE": "n-cpu-moe", "LLAMA_ARG_ROPE_SCALING_TYPE": "rope-scaling",
+    "LLAMA_ARG_ROPE_SCALE": "rope-scale", "LLAMA_ARG_ROPE_FREQ_BASE": "rope-freq-base",
+    "LLAMA_ARG_ROPE_FREQ_SCALE": "rope-freq-scale", "LLAMA_ARG_YARN_ORIG_CTX": "yarn-orig-ctx",
+    "LLAMA_ARG_YARN_EXT_FACTOR": "yarn-ext-factor", "LLAMA_ARG_YARN_ATTN_FACTOR": "yarn-attn-factor",
+    "LLAMA_ARG_YARN_BETA_SLOW": "yarn-beta-slow", "LLAMA_ARG_YARN_BETA_FAST": "yarn-beta-fast",
+    "LLAMA_ARG_REPACK": "repack", "LLAMA_ARG_NO_REPACK": "no-repack",
 }
 # Keys a table may not take in [model_defaults] (Corral's rule: set per model).
 _PER_MODEL = ("path", "aliases")
@@ -150,9 +221,18 @@ def import_preset(text: str, source: str) -> str:
 
 
 def _translate(table: Table, key: str, value: str, where: str, defaults: bool) -> None:
-    name = _ALIASES.get(key, key.removeprefix("no-") if key.startswith("no-") and key[3:] in _KEYS else key)
+    name = _ALIASES.get(key, key)
+    negated = name.startswith("no-") and name[3:] in _KEYS  # no-mmap, nkvo (no-kv-offload)
+    name = name[3:] if negated else name
     if name in ("reasoning", "LLAMA_ARG_REASONING") and value.strip() in ("on", "off"):
         _put(table, "chat_template_kwargs", {"enable_thinking": value.strip() == "on"}, f"{key} = {value} ({where})")
+        return
+    if name == "load-mode":
+        mode = _LOAD_MODES.get(value.strip())
+        if mode is None:
+            raise PresetError(f"{where}: {key} = {value}: must be one of {', '.join(_LOAD_MODES)}")
+        for corral, v in mode.items():
+            _put(table, corral, v, f"{key} = {value} ({where})")
         return
     if name in ("reranking", "rerank") and _bool(value):
         _put(table, "embeddings", True, f"{key} = {value} ({where})")
@@ -174,7 +254,7 @@ def _translate(table: Table, key: str, value: str, where: str, defaults: bool) -
         converted = spec.convert(value)
     except ValueError as exc:
         raise PresetError(f"{where}: {key} = {value}: {exc}") from None
-    if key.startswith("no-") and isinstance(converted, bool):
+    if negated and isinstance(converted, bool):
         converted = not converted
     _put(table, spec.corral, converted, f"{key} = {value} ({where})")
     if spec.corral == "n_predict" and converted > 0:
