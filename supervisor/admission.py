@@ -38,6 +38,8 @@ class Loadable(Protocol):
 
     def estimated_cost(self) -> int: ...
 
+    def estimated_gpu(self) -> dict[str, int]: ...
+
     def resident(self) -> Resident: ...
 
     def request_unload(self, force: bool = False, reason: str = "") -> None: ...
@@ -81,7 +83,7 @@ class Admission:
                     return False
                 if self._queue[0] is handle:
                     cost = handle.estimated_cost()
-                    decision = plan(handle.name, cost, self._residents(handle), self._limits())
+                    decision = plan(handle.name, cost, self._residents(handle), self._limits(), handle.estimated_gpu())
                     if isinstance(decision, Admit):
                         return True
                     if isinstance(decision, Evict):

@@ -4,11 +4,23 @@ estimate from its GGUF file."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import psutil
 
 from supervisor.config import ModelSpec
-from supervisor.config.gguf_meta import draft_bytes, estimate_bytes, projector_bytes
+from supervisor.config.gguf_meta import (
+    NotGGUF,
+    draft_bytes,
+    estimate_bytes,
+    has_kv_shape,
+    kv_layer_bytes,
+    projector_bytes,
+    read_metadata,
+    tensor_bytes,
+)
+from supervisor.gpu_memory import gpu_bytes
+from worker.protocol.load_options import BadOption
 
 
 def process_rss(pid: int | None) -> int | None:
@@ -25,6 +37,31 @@ class Footprint:
     def __init__(self) -> None:
         self.rss: int | None = None  # the running worker's, measured at load and every ping
         self._estimate: tuple[ModelSpec, int] | None = None
+        self._gpu: tuple[ModelSpec, tuple[str, ...], dict[str, int]] | None = None
+
+    def gpu(
+        self, spec: ModelSpec, budget: int | str | Mapping[str, int | str] = 0, measured: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Bytes the model holds or will hold on each GPU: what llama.cpp said it allocated
+        (`measured`, from a running worker's Ready) or else the estimate
+        (supervisor/gpu_memory.py), read once per spec from its GGUF's tensor table, over
+        the GPUs the gpu_memory_budget table names; {} when nothing is offloaded."""
+        if measured:
+            return dict(measured)
+        if spec.n_gpu_layers == 0 or spec.devices == ["none"]:
+            return {}
+        gpus = list(budget) if isinstance(budget, dict) else []
+        if self._gpu is None or self._gpu[0] is not spec or self._gpu[1] != tuple(gpus):
+            try:
+                meta = read_metadata(spec.path, has_kv_shape)
+                n_layer = meta.get(f"{meta.get('general.architecture')}.block_count")
+                kv = kv_layer_bytes(meta, spec.n_ctx, spec.cache_type_k, spec.cache_type_v)
+                tensors = tensor_bytes(spec.path)
+                placed = gpu_bytes(tensors, int(n_layer), kv, spec.n_gpu_layers, spec, gpus) if isinstance(n_layer, int) else {}
+            except (NotGGUF, OSError, BadOption):
+                placed = {}
+            self._gpu = (spec, tuple(gpus), placed)
+        return self._gpu[2]
 
     def measure(self, pid: int | None) -> None:
         rss = process_rss(pid)

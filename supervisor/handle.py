@@ -129,14 +129,10 @@ class ModelHandle:
         pong = conn.stats if conn is not None else None
         return ModelStats(
             name=self.name, aliases=tuple(self.spec.aliases), modalities=projector.modalities(self.spec.mmproj),
-            state=self.state,
-            pid=pid,
-            rss_bytes=process_rss(pid),
+            state=self.state, pid=pid, rss_bytes=process_rss(pid),
             slots=ready.slots if ready is not None else self.spec.slots,
-            slots_busy=conn.active if conn is not None else 0,
-            queued=conn.queued if conn is not None else 0,
-            waiting=self.slot_queue.waiting,
-            in_flight=self.in_flight,
+            slots_busy=conn.active if conn is not None else 0, queued=conn.queued if conn is not None else 0,
+            waiting=self.slot_queue.waiting, in_flight=self.in_flight,
             last_used=self.last_used_wall,
             load_seconds=self.load_seconds,
             restarts=max(self.starts - 1, 0),
@@ -350,6 +346,10 @@ class ModelHandle:
     def estimated_cost(self) -> int:
         return self.footprint.estimate(self.spec)
 
+    def estimated_gpu(self) -> dict[str, int]:  # bytes on each GPU (supervisor/gpu_memory.py)
+        ready = self.conn.ready if self.conn is not None and self.holds_memory else None
+        return self.footprint.gpu(self.spec, self.settings.gpu_memory_budget, ready.device_bytes if ready else None)
+
     def resident(self) -> Resident:
         return Resident(
             name=self.name,
@@ -360,6 +360,7 @@ class ModelHandle:
                 and not self.leaving
             ),
             leaving=self.leaving,
+            gpu=self.estimated_gpu(),
         )
 
     def _poke(self) -> None:

@@ -19,7 +19,7 @@ from typing import Sequence
 import trio
 
 from supervisor.admission import Admission
-from supervisor.capacity import Limits, parse_size
+from supervisor.capacity import Limits, gpu_budget, parse_size
 from supervisor.config import models_dir
 from supervisor.config import (
     Config, ConfigError, ModelSpec, SupervisorConfig, from_bytes, read_bytes, with_server, without_file,
@@ -101,7 +101,7 @@ class Supervisor:
 
     def _limits(self) -> Limits:
         s = self.config.supervisor
-        return Limits(s.max_loaded_models, parse_size(s.memory_budget))
+        return Limits(s.max_loaded_models, parse_size(s.memory_budget), gpu_budget(s.gpu_memory_budget))
 
     def _replan(self) -> None:
         """A handle changed state or finished a request: re-plan the load queue and

@@ -224,6 +224,7 @@ async def serve(fd: int, spec: WorkerSpec) -> None:
                 fim_missing=model.fim.missing(),
                 vision=projector is not None and projector.vision,
                 audio=projector is not None and projector.audio,
+                device_bytes=model.device_bytes,
             )
         )
         log.info("%s ready: n_ctx=%d slots=%d n_batch=%d", spec.name, model.n_ctx, len(engine.slots), model.n_batch)

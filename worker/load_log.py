@@ -7,8 +7,9 @@ is C++ and returns a std::map); its log line does say them, at info level
 
     llama_kv_cache: size =  256.00 MiB (  8192 cells,  18 layers,  4/ 4 seqs), K (f16): 128.00 MiB, V (f16): 128.00 MiB
 
-An iSWA model prints one such line per cache. An override prints, at debug level
-(llama-model-loader.cpp):
+An iSWA model prints one such line per cache. Each buffer is logged by its type's name,
+"CUDA0 model buffer size = 1234.56 MiB", which is what a GPU holds. An override prints, at
+debug level (llama-model-loader.cpp):
 
     tensor blk.0.ffn_up.weight (1 MiB q4_K) buffer type overridden to CPU
 
@@ -24,6 +25,9 @@ _KV = re.compile(
     r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers.*?K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"
 )
 _OVERRIDE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
+# "load_tensors:        CUDA0 model buffer size =  1234.56 MiB" (llama-model.cpp), and the
+# same for "KV buffer" (llama-kv-cache.cpp) and "compute buffer" (llama-context.cpp).
+_BUFFER = re.compile(r"(\S+) (?:model|KV|compute) buffer size = +([\d.]+) MiB")
 _MIB = 1 << 20
 
 
@@ -42,6 +46,7 @@ class LoadLog:
     caches: list[KvCache] = field(default_factory=list)
     overridden: list[tuple[str, str]] = field(default_factory=list)  # (tensor, buffer type)
     errors: list[str] = field(default_factory=list)
+    buffers: dict[str, int] = field(default_factory=dict)  # bytes by buffer type (CPU, CUDA0, ...)
 
     def feed(self, level: int, text: str) -> None:
         """One line of llama.cpp's log (ggml_log_level: 2 info, 3 warn, 4 error)."""
@@ -52,6 +57,8 @@ class LoadLog:
             ))
         elif (m := _OVERRIDE.search(text)) is not None:
             self.overridden.append((m[1], m[2]))
+        elif (m := _BUFFER.search(text)) is not None:
+            self.buffers[m[1]] = self.buffers.get(m[1], 0) + round(float(m[2]) * _MIB)
         elif level == 4 and text.strip():
             self.errors.append(text.strip())
 
@@ -59,6 +66,12 @@ class LoadLog:
     def kv_bytes(self) -> int:
         """The KV caches' bytes, every cache of the context (0 when none was logged)."""
         return sum(c.k_bytes + c.v_bytes for c in self.caches)
+
+    @property
+    def device_bytes(self) -> dict[str, int]:
+        """What the GPUs hold, by device: every buffer but host memory's (CPU, CPU_Mapped,
+        CPU_REPACK, and a GPU backend's pinned host buffers, CUDA_Host)."""
+        return {name: n for name, n in self.buffers.items() if not name.startswith("CPU") and not name.endswith("_Host")}
 
     def why(self) -> str:
         """llama.cpp's own last error, for a load that failed ("" when it said none)."""

@@ -76,6 +76,7 @@ class LoadedModel:
     # override_tensor or cpu_moe moved (worker/load_log.py).
     kv_caches: list[KvCache] = field(default_factory=list)
     overridden: list[tuple[str, str]] = field(default_factory=list)
+    device_bytes: dict[str, int] = field(default_factory=dict)  # what each GPU holds (Ready)
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -315,6 +316,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         threads_batch=spec.threads_batch,
         kv_caches=made.caches,
         overridden=said.overridden,
+        device_bytes={d: said.device_bytes.get(d, 0) + made.device_bytes.get(d, 0) for d in {**said.device_bytes, **made.device_bytes}},
         fim=FimTokens(
             pre=int(llama_cpp.llama_vocab_fim_pre(vocab)),
             suf=int(llama_cpp.llama_vocab_fim_suf(vocab)),

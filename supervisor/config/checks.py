@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from supervisor.capacity import parse_size
+from supervisor.capacity import gpu_budget, parse_size
 from supervisor.config import gguf_meta, projector
 from supervisor.config.key_paths import quote
 from supervisor.config.load_checks import load_problems
@@ -85,6 +85,10 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             parse_size(getattr(sup, key))
         except ValueError as exc:
             yield f"supervisor.{key}: {exc}"
+    try:
+        gpu_budget(sup.gpu_memory_budget)
+    except ValueError as exc:
+        yield f"supervisor.gpu_memory_budget.{exc}" if isinstance(sup.gpu_memory_budget, dict) else f"supervisor.gpu_memory_budget: {exc}"
     pinned = [name for name, m in file.models.items() if m.pinned]
     if sup.max_loaded_models > 0 and len(pinned) > sup.max_loaded_models:
         yield (

@@ -150,7 +150,23 @@ def _problem_of_version(path: Path, size: int, mtime_ns: int) -> str | None:
         return _whole(f, size)
 
 
-def _whole(f: BinaryIO, size: int) -> str | None:
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """Each tensor's bytes, by name, from the header's tensor table (what llama.cpp places
+    layer by layer: supervisor/gpu_memory.py). Empty when a tensor's type is newer than
+    this table knows. Raises NotGGUF or OSError."""
+    st = path.stat()
+    return dict(_tensors_of_version(path, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _tensors_of_version(path: Path, size: int, mtime_ns: int) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    with open(path, "rb") as f:
+        _whole(f, size, out)
+    return tuple(out)
+
+
+def _whole(f: BinaryIO, size: int, tensors: list[tuple[str, int]] | None = None) -> str | None:
     if f.read(4) != GGUF_MAGIC:
         raise NotGGUF("no GGUF magic")
     version, n_tensors, n_kv = _read(f, "IQQ")
@@ -171,7 +187,7 @@ def _whole(f: BinaryIO, size: int) -> str | None:
             raise NotGGUF("truncated header")
     end = 0
     for _ in range(n_tensors):
-        _string(f)
+        name = _string(f)
         (n_dims,) = _read(f, "I")
         assert isinstance(n_dims, int)
         if n_dims > 8:
@@ -180,10 +196,14 @@ def _whole(f: BinaryIO, size: int) -> str | None:
         ttype, offset = _read(f, "IQ")
         assert isinstance(ttype, int) and isinstance(offset, int)
         if ttype not in _BLOCKS:
+            if tensors is not None:
+                tensors.clear()
             return None  # a type newer than this table: let llama.cpp judge the rest
         elements = math.prod(int(d) for d in dims)  # type: ignore[call-overload]
         per_block, block_bytes = _BLOCKS[ttype]
         end = max(end, offset + elements // per_block * block_bytes)
+        if tensors is not None:
+            tensors.append((name, elements // per_block * block_bytes))
     data_start = -(-f.tell() // alignment) * alignment
     if f.tell() > size or (n_tensors and data_start + end > size):
         return f"truncated: {size:,} bytes where its header describes {data_start + end:,}"
@@ -218,13 +238,18 @@ def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, type_k: str = "f16", type
     """The K and V cache for `n_ctx` cells at their types (cache_type_k, cache_type_v),
     from the architecture's layer count, KV heads and head sizes. 0 when the header does
     not say."""
+    return sum(kv_layer_bytes(meta, n_ctx, type_k, type_v))
+
+
+def kv_layer_bytes(meta: dict[str, Value], n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> list[int]:
+    """kv_cache_bytes layer by layer (each layer's cache sits on its layer's device)."""
     arch = meta.get("general.architecture")
     sizes = head_sizes(meta)
     if not isinstance(arch, str) or sizes is None:
-        return 0
+        return []
     layers, heads = _num(meta, arch, "block_count"), _num(meta, arch, "attention.head_count")
     if not layers or not heads:
-        return 0
+        return []
     kv_heads: list[int]
     raw = meta.get(f"{arch}.attention.head_count_kv")
     if isinstance(raw, list):
@@ -233,7 +258,7 @@ def kv_cache_bytes(meta: dict[str, Value], n_ctx: int, type_k: str = "f16", type
         kv_heads = [int(raw) if isinstance(raw, (int, float)) else heads] * layers
     k, v = sizes
     # A cell's row in a layer is its KV heads' values side by side, quantized as one row.
-    return n_ctx * sum(kv_row_bytes(type_k, h * k) + kv_row_bytes(type_v, h * v) for h in kv_heads if h)
+    return [n_ctx * (kv_row_bytes(type_k, h * k) + kv_row_bytes(type_v, h * v)) if h else 0 for h in kv_heads]
 
 
 def has_kv_shape(meta: dict[str, Value]) -> bool:

@@ -151,6 +151,11 @@ class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # has loaded, then its worker's resident memory.
     max_loaded_models: int = 0  # 0: no limit
     memory_budget: int | str = 0  # bytes, or "12GiB", "8GB", ...; 0: no limit
+    # GPU memory the loaded models may hold: one size for all GPUs together, or a table
+    # of sizes by device name as llama.cpp names them ({ CUDA0 = "22GiB", CUDA1 = "22GiB" }).
+    # A model's share is estimated from its GGUF's layers and its load options until its
+    # worker reports what llama.cpp allocated (supervisor/gpu_memory.py). 0: no limit.
+    gpu_memory_budget: int | str | dict[str, int | str] = 0
     # Host memory for every loaded model's saved prompts together (each model's own bound is
     # its prompt_cache_bytes): shared among the models loaded together, re-divided as they
     # load and unload (supervisor/cache_shares.py). Bytes or "4GiB"; 0: no global bound.

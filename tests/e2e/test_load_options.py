@@ -7,6 +7,7 @@ overridden, and the options a CPU build cannot honour refused with a LoadError n
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Iterator
 
 import llama_cpp
@@ -101,6 +102,8 @@ def test_options_this_build_cannot_honour_name_themselves() -> None:
     with pytest.raises(LoadError, match=r"devices: this llama.cpp has no GPU device named 'CUDA0'"):
         _load(devices=["CUDA0"])
     m = _load(devices=["none"])  # no GPU at all: loads on the CPU
+    m.close()
+    m = _load(mmap=False, mlock=True, check_tensors=True)  # pinned where allowed, else a warning
     m.close()
 
 
@@ -200,3 +203,22 @@ async def test_workers_rss_follows_the_kv_type_and_mmap() -> None:
     weights = DEMO_MODEL.stat().st_size
     assert read["RssAnon"] - f16["RssAnon"] > 0.8 * weights
     assert f16["RssFile"] - read["RssFile"] > 0.8 * weights
+
+
+def test_the_footprint_reads_a_real_gguf_tensor_table(tmp_path: Path) -> None:
+    """The supervisor's GPU estimate (supervisor/gpu_memory.py) on the demo model's own
+    tensor table, all layers offloaded: every tensor lands on the GPU, the token embeddings
+    as the output's copy (gemma ties them; the input's stay home), with the KV cache."""
+    from supervisor.config import parse
+    from supervisor.config.gguf_meta import tensor_bytes
+    from supervisor.footprint import Footprint
+    from supervisor.gpu_memory import COMPUTE_BYTES
+
+    spec = parse(f'[models.a]\npath = "{DEMO_MODEL}"\nn_gpu_layers = -1\nn_ctx = 1024\n', tmp_path).models["a"]
+    t = tensor_bytes(DEMO_MODEL)
+    on_gpu = Footprint().gpu(spec, {"CUDA0": "24GiB"})
+    kv = 18 * 1024 * 1024  # 18 layers x 1 KV head x 256 x (K + V) x f16 x 1024 cells
+    assert "output.weight" not in t
+    assert on_gpu == {"CUDA0": sum(t.values()) + kv + COMPUTE_BYTES}
+    assert Footprint().gpu(parse(f'[models.a]\npath = "{DEMO_MODEL}"\n', tmp_path).models["a"], {"CUDA0": "24GiB"}) == {}
+    assert Footprint().gpu(spec, {"CUDA0": "24GiB"}, measured={"CUDA0": 5}) == {"CUDA0": 5}

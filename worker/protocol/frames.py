@@ -215,6 +215,10 @@ class Ready(Frame):
     # What its projector (mmproj) lets prompts hold besides text.
     vision: bool = False
     audio: bool = False
+    # What llama.cpp allocated on each GPU (model, KV and compute buffers, by its device
+    # names: CUDA0, Vulkan1), read from its load log: the supervisor's gpu_memory_budget
+    # counts it instead of its estimate once the model runs. Empty on a CPU.
+    device_bytes: dict[str, int] = {}
 
 
 def fewest_tokens(n_bytes: int, max_token_bytes: int | None) -> int:

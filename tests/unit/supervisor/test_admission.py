@@ -32,6 +32,9 @@ class FakeModel:
     def estimated_cost(self) -> int:
         return self.cost
 
+    def estimated_gpu(self) -> dict[str, int]:
+        return {}
+
     def resident(self) -> Resident:
         leaving = bool(self.unloads)
         return Resident(self.name, self.cost, self.last_used, evictable=not self.busy and not leaving, leaving=leaving)
