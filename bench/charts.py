@@ -29,6 +29,7 @@ import matplotlib
 
 from bench.chart_drawing import RESULTS, STYLE, Doc
 from bench.chart_images import images
+from bench.chart_load_options import load_options
 from bench.chart_kinds import (
     agents, choices, constraint_engines, first_constraint, hostile_prompt, overhead, speculative,
     structured_throughput, throughput, throughput_pairs, upstream,
@@ -49,6 +50,7 @@ KINDS: list[tuple[str, Callable[[Doc, Path], Path]]] = [
     ("agents", agents),
     ("upstream", upstream),
     ("images", images),
+    ("load_options", load_options),
 ]
 
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from bench.charts import write_chart
 from bench.throughput import DEFAULT_MODEL, OUT, SLOTS, bench_http, free_port, serve_corral, wait_healthy
 
 N_CTX = 4096
@@ -52,7 +53,10 @@ def llama_server(binary: Path, model: Path, kv: str, fa: str) -> Iterator[tuple[
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(binary), "-m", str(model), "--port", str(port), "-np", str(SLOTS), "-c", str(N_CTX), "-kvu", "-nr",
-             "-t", str(os.cpu_count()), "--no-webui", "-fa", fa, "-ctk", kv, "-ctv", kv],
+             "-t", str(os.cpu_count()), "--no-webui", "-fa", fa, "-ctk", kv, "-ctv", kv,
+             # Corral's default swa_full (its sliding-window cache as large as n_ctx), and
+             # the log level that prints llama.cpp's KV cache lines.
+             "--swa-full", "-lv", "4"],
             stdout=log, stderr=subprocess.STDOUT,
         )
     try:
@@ -119,6 +123,7 @@ def main() -> int:
             f"| {r['cache']} | {r['flash_attn']} | {kvb['corral']:,.0f} / {kvb['llama-server']:,.0f} | {pair('1')} | {pair('4')} |"
         )
     (OUT / "load_options.md").write_text("\n".join(lines) + "\n")
+    write_chart(OUT / "load_options.json")
     print("\n".join(lines))
     return 0
 
