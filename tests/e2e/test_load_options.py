@@ -222,3 +222,29 @@ def test_the_footprint_reads_a_real_gguf_tensor_table(tmp_path: Path) -> None:
     assert on_gpu == {"CUDA0": sum(t.values()) + kv + COMPUTE_BYTES}
     assert Footprint().gpu(parse(f'[models.a]\npath = "{DEMO_MODEL}"\n', tmp_path).models["a"], {"CUDA0": "24GiB"}) == {}
     assert Footprint().gpu(spec, {"CUDA0": "24GiB"}, measured={"CUDA0": 5}) == {"CUDA0": 5}
+
+
+def test_a_gpu_the_machine_lacks_is_a_503_naming_the_option(tmp_path: Path) -> None:
+    """What the config check cannot know (this machine's GPUs) reaches a client as the
+    model's load error, naming the option and what the build has; the server stays up and
+    `corral config check` passed the file."""
+    import httpx
+
+    from tests.e2e.conftest import start_server, stop_server
+
+    config = (
+        '[server]\nport = {PORT}\n'
+        '[models.gpu]\npath = "{MODEL}"\nchat_template = "gemma"\nn_ctx = 512\nn_gpu_layers = -1\ndevices = ["CUDA0"]\n'
+        '[models.cpu]\npath = "{MODEL}"\nchat_template = "gemma"\nn_ctx = 512\n'
+    )
+    srv = start_server(tmp_path, config)
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                       json={"model": "gpu", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert r.status_code == 503, r.text
+        assert "devices: this llama.cpp has no GPU device named 'CUDA0'" in r.text
+        ok = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                        json={"model": "cpu", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert ok.status_code == 200, ok.text
+    finally:
+        assert stop_server(srv) == 0

@@ -132,3 +132,27 @@ def test_without_a_slot_save_path_the_actions_are_501(tmp_path: Path) -> None:
         assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
     finally:
         assert stop_server(srv) == 0
+
+
+def test_a_slot_saved_under_other_kv_types_is_refused_not_restored(tmp_path: Path) -> None:
+    """A careless operator's order: save slots, switch the model to a q8_0 cache (issue 43),
+    restart, restore. llama.cpp's reader refuses the f16 rows (mismatched key type) without
+    harm: a 400, and the slot stays empty and usable."""
+    (tmp_path / "slots").mkdir()
+    srv = start_server(tmp_path, CONFIG)
+    try:
+        complete(srv)
+        saved = [act(srv, s, "save", {"filename": f"slot{s}.bin"}).json() for s in (0, 1)]
+        held = max(saved, key=lambda r: r["n_saved"])
+        assert held["n_saved"] > 10
+    finally:
+        assert stop_server(srv) == 0
+    quantized = CONFIG + 'cache_type_k = "q8_0"\ncache_type_v = "q8_0"\nflash_attn = "on"\n'
+    srv = start_server(tmp_path, quantized)
+    try:
+        r = act(srv, 0, "restore", {"filename": held["filename"]})
+        assert r.status_code == 400 and "Unable to restore slot" in r.json()["error"]["message"], r.text
+        assert act(srv, 0, "erase").json()["n_erased"] == 0
+        assert complete(srv)["content"]
+    finally:
+        assert stop_server(srv) == 0
