@@ -12,7 +12,7 @@ from typing import AsyncIterator
 
 import trio
 
-from supervisor.config import Config, parse
+from supervisor.config import Config, ConfigError, parse
 from supervisor.supervisor import Supervisor
 
 
@@ -102,3 +102,13 @@ async def running(sup: Supervisor) -> AsyncIterator[Supervisor]:
             with trio.move_on_after(10):
                 await sup.stop()
             nursery.cancel_scope.cancel()
+
+
+def config_problems(text: str, base: Path) -> list[str]:
+    """The problems `corral config check` finds in `text` (read relative to `base`); the
+    text must have some."""
+    try:
+        parse(text, base)
+    except ConfigError as exc:
+        return exc.problems
+    raise AssertionError("the config has no problem")

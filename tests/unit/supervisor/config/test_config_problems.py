@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError, parse
+from supervisor.config import parse
 from supervisor.config.convert import parse_duration
+from tests.harness import config_problems as _problems
 from tests.harness import write_gguf
 from supervisor.config.upstreams import MISSING_PATH
 
@@ -54,12 +55,6 @@ def test_seven_mistakes_of_seven_kinds_give_seven_lines_from_one_check(tmp_path:
         "server.port: must be 0..65535, got 70000",
         f"models.b.path: {tmp_path / 'notes.gguf'}: not a GGUF model file (no GGUF magic)",
     ]), done.stderr
-
-
-def _problems(text: str, base: Path) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        parse(text, base)
-    return info.value.problems
 
 
 @pytest.fixture

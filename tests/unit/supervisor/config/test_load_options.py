@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError, parse
+from supervisor.config import parse
 from supervisor.config.gguf_meta import estimate_bytes, kv_cache_bytes
 from supervisor.config.presets import import_preset
+from tests.harness import config_problems as _problems
 from tests.harness import write_gguf
 from worker.protocol.load_options import (
     EXPERTS_PATTERN,
@@ -26,12 +27,6 @@ from worker.protocol.load_options import (
 )
 
 MINIMAL = '[models.a]\npath = "m.gguf"\n'
-
-
-def _problems(text: str, base: Path) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        parse(text, base)
-    return info.value.problems
 
 
 @pytest.fixture
