@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from worker.protocol.load_options import LoadOptions, tensor_overrides
@@ -56,18 +57,34 @@ def layer_devices(n_layer: int, n_gpu_layers: int, o: LoadOptions, gpus: Sequenc
     return out
 
 
+@dataclass(frozen=True)
+class Placement:
+    gpu: dict[str, int]  # bytes each GPU holds: weights, KV cache, compute allowance
+    moved: int  # bytes of weights and KV cache that go to a GPU instead of host memory
+
+
 def gpu_bytes(
     tensors: Mapping[str, int], n_layer: int, kv_per_layer: Sequence[int], n_gpu_layers: int,
     o: LoadOptions, gpus: Sequence[str],
 ) -> dict[str, int]:
     """Bytes each GPU will hold for this model: its layers' weights, their KV cache and a
     compute allowance. Empty when nothing is offloaded."""
+    return place(tensors, n_layer, kv_per_layer, n_gpu_layers, o, gpus).gpu
+
+
+def place(
+    tensors: Mapping[str, int], n_layer: int, kv_per_layer: Sequence[int], n_gpu_layers: int,
+    o: LoadOptions, gpus: Sequence[str],
+) -> Placement:
+    """gpu_bytes, and how much of it leaves host memory (not the copy of tied embeddings,
+    nor the compute buffers)."""
     if o.devices == ["none"]:
-        return {}
+        return Placement({}, 0)
     gpus = list(o.devices) if o.devices else list(gpus) or [POOL]
     where = layer_devices(n_layer, n_gpu_layers, o, gpus)
     overrides = [(re.compile(p), b) for p, b in tensor_overrides(o)]
     out: dict[str, int] = {}
+    moved = 0
     for name, size in tensors.items():
         dev = _tensor_device(name, where, n_layer)
         for pattern, buffer in overrides:
@@ -76,6 +93,7 @@ def gpu_bytes(
                 break
         if dev is not None:
             out[dev] = out.get(dev, 0) + size
+            moved += size
     if "output.weight" not in tensors and (dev := where[n_layer]) is not None:
         # Tied embeddings (gemma, many small models): llama.cpp copies token_embd to the
         # output layer's device as its output matrix (TENSOR_DUPLICATED).
@@ -84,9 +102,10 @@ def gpu_bytes(
         for il, kv in enumerate(kv_per_layer[:n_layer]):
             if (dev := where[il]) is not None:
                 out[dev] = out.get(dev, 0) + kv
+                moved += kv
     for dev in out:
         out[dev] += COMPUTE_BYTES
-    return out
+    return Placement(out, moved)
 
 
 def _tensor_device(name: str, where: Sequence[str | None], n_layer: int) -> str | None:

@@ -222,6 +222,10 @@ def test_the_footprint_reads_a_real_gguf_tensor_table(tmp_path: Path) -> None:
     assert on_gpu == {"CUDA0": sum(t.values()) + kv + COMPUTE_BYTES}
     assert Footprint().gpu(parse(f'[models.a]\npath = "{DEMO_MODEL}"\n', tmp_path).models["a"], {"CUDA0": "24GiB"}) == {}
     assert Footprint().gpu(spec, {"CUDA0": "24GiB"}, measured={"CUDA0": 5}) == {"CUDA0": 5}
+    # What goes to the GPU leaves the host's estimate (memory_budget): every layer and the
+    # KV cache; the input embeddings stay (the GPU's copy of them is extra, not moved).
+    on_cpu = parse(f'[models.a]\npath = "{DEMO_MODEL}"\nn_ctx = 1024\n', tmp_path).models["a"]
+    assert Footprint().estimate(on_cpu) - Footprint().estimate(spec) == sum(t.values()) - t["token_embd.weight"] + kv
 
 
 def test_a_gpu_the_machine_lacks_is_a_503_naming_the_option(tmp_path: Path) -> None:
