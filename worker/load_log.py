@@ -28,6 +28,7 @@ _OVERRIDE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
 # "load_tensors:        CUDA0 model buffer size =  1234.56 MiB" (llama-model.cpp), and the
 # same for "KV buffer" (llama-kv-cache.cpp) and "compute buffer" (llama-context.cpp).
 _BUFFER = re.compile(r"(\S+) (?:model|KV|compute) buffer size = +([\d.]+) MiB")
+_FUNCTION = re.compile(r"^\w+: ")  # "gguf_init_from_reader: ", "llama_init_from_model: "
 _MIB = 1 << 20
 
 
@@ -74,5 +75,7 @@ class LoadLog:
         return {name: n for name, n in self.buffers.items() if not name.startswith("CPU") and not name.endswith("_Host")}
 
     def why(self) -> str:
-        """llama.cpp's own last error, for a load that failed ("" when it said none)."""
-        return self.errors[-1].removeprefix("llama_init_from_model: ") if self.errors else ""
+        """llama.cpp's own reason for a load that failed: its first error line, the cause
+        (the later ones say "failed to load model"), without the function's name; "" when
+        it said none."""
+        return _FUNCTION.sub("", self.errors[0], count=1) if self.errors else ""

@@ -241,7 +241,9 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
     if not model:
         why = said.why() or "not a valid GGUF?"
-        raise LoadError(f"llama.cpp could not load the model file ({why})", f"llama.cpp could not load {spec.path}: {why}")
+        # The client's message names no local path (LoadError); llama.cpp's may.
+        told = why.replace(spec.path, "the model file").replace(str(Path(spec.path).parent), "the models' folder")
+        raise LoadError(f"llama.cpp could not load the model file ({told})", f"llama.cpp could not load {spec.path}: {why}")
 
     vocab = llama_cpp.llama_model_get_vocab(model)
     threads = spec.threads or default_threads()

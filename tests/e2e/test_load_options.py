@@ -252,3 +252,15 @@ def test_a_gpu_the_machine_lacks_is_a_503_naming_the_option(tmp_path: Path) -> N
         assert ok.status_code == 200, ok.text
     finally:
         assert stop_server(srv) == 0
+
+
+def test_llama_cpps_reason_for_a_failed_load_names_no_local_path(tmp_path: Path) -> None:
+    """A load error reaches clients in the 503 (worker/load_error.py): llama.cpp's own
+    reason is given, with the file's path taken out (it stays in the log's detail)."""
+    broken = tmp_path / "secret-folder" / "broken.gguf"
+    broken.parent.mkdir()
+    broken.write_bytes(DEMO_MODEL.read_bytes()[: 1 << 20])  # a header, then nothing
+    with pytest.raises(LoadError) as info:
+        load(WorkerSpec(name="t", path=str(broken), slots=1, n_ctx=256), lambda p: None)
+    assert "llama.cpp could not load the model file (" in info.value.message
+    assert "secret-folder" not in info.value.message and str(broken) in info.value.detail
