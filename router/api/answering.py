@@ -26,6 +26,7 @@ from router.server import access_log, sse
 from router.upstream.remote import RemoteModel
 from supervisor.config import projector
 from supervisor.errors import Unsupported
+from supervisor.group import ModelGroup, Served
 from supervisor.handle import ModelHandle
 from worker.protocol import EmbedResult, Media, SamplingParams
 
@@ -33,7 +34,7 @@ Whole = Callable[[AsyncIterator[Event]], Awaitable[bytes]]
 Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
 # What a route that generates runs its job on: a local model, or one served elsewhere that
 # the request reaches through translation (router/upstream/remote.py).
-Target = Union[ModelHandle, RemoteModel]
+Target = Union[Served, RemoteModel]
 
 
 def job_for(
@@ -83,7 +84,7 @@ async def answer(
 async def _images_fetched(target: Target, job: GenerationJob) -> GenerationJob:
     """`job` with its image URLs fetched; a local model without a projector that takes its
     images or its audio refuses them first, before it loads or anything is fetched."""
-    if job.images and isinstance(target, ModelHandle):
+    if job.images and isinstance(target, (ModelHandle, ModelGroup)):
         _check_takes(job.images, target.spec.mmproj)
     return await image_urls.fetched(job)
 
@@ -99,7 +100,7 @@ def _check_takes(media: Sequence[Media], mmproj: str | None) -> None:
             raise Unsupported(f"This model does not take {what}: {why}.", m.param)
 
 
-async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
+async def started(handle: Served, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
     """The job started, and its events, for a dialect that needs the worker's answer (its
     `Ready`) to shape the response; the caller closes the Generation."""
     gen = await Generation.start(handle, await _images_fetched(handle, job))
@@ -107,7 +108,7 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
 
 
 async def embed(
-    handle: ModelHandle,
+    handle: Served,
     inputs: Sequence[Prompt],
     truncate: bool = False,
     rank_query: str | None = None,

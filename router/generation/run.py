@@ -26,7 +26,7 @@ from router.server import access_log, auth
 from router.server.cache_scope import cache_scope
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import Unsupported
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.lease import Lease
 from supervisor.slot_queue import Ticket
 from worker.protocol import SamplingParams, TokenEvent, ToolFormat, Usage
@@ -97,7 +97,7 @@ class Generation:
         self.params = SamplingParams()
 
     @classmethod
-    async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
+    async def start(cls, handle: Served, job: GenerationJob) -> Generation:
         """Take a lease (loading the model if needed), send the job, and wait for its first
         event, so that an error such as context_length_exceeded raises here, before a
         response has committed to a status."""

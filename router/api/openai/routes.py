@@ -32,6 +32,7 @@ from router.upstream.pool import replica_view
 from supervisor.config import projector
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import Unsupported
+from supervisor.group import ModelGroup, Served
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 
@@ -70,7 +71,7 @@ def llama_status(state: State, sleeping: bool = False) -> dict[str, object]:
 def register(app: Blueprint, server: Server) -> None:
     resolve = server.resolve
 
-    def model_entry(h: ModelHandle) -> dict[str, object]:
+    def model_entry(h: Served) -> dict[str, object]:
         """OpenAI's model object, with Corral's state and llama-server's router-mode
         fields: every name it answers to, its tags, its status."""
         kinds = projector.modalities(h.spec.mmproj)
@@ -147,7 +148,7 @@ def register(app: Blueprint, server: Server) -> None:
         # A translated request's errors name the token limit the client sent.
         names = {"max_tokens": "max_completion_tokens"} if r.max_completion_tokens is not None else None
         job = job_for(target, partial(chat_job, r, r.model or target.name), names)
-        if not isinstance(target, ModelHandle):  # served elsewhere, through translation
+        if not isinstance(target, (ModelHandle, ModelGroup)):  # served elsewhere, through translation
             return await _answer(target, job)
         handle = target
         verbose = r.verbose if r.verbose is not None else server.supervisor.config.server.verbose_responses
