@@ -41,6 +41,7 @@ class ModelGroup:
         # (instance label, that instance's worker start). A hint, never trusted past a
         # restart, which lost the worker's cache (router/generation/instances.py).
         self.served_on: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self.failed_over = 0  # requests retried on another instance
 
     @property
     def name(self) -> str:

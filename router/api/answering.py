@@ -14,7 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
 from quart import Response
 
 from router.generation.events import Event
-from router.generation import image_urls
+from router.generation import image_urls, instances
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, is_tokens
 from router.generation.remote.count import count_tokens
@@ -119,7 +119,24 @@ async def embed(
     at its end, rather than refuse it; `normalize`, `native`: as worker/protocol's Embed). In the model's slot line like a generation
     (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them. A client
     that leaves is dropped from the line, or its job is cancelled in the worker within one
-    batch."""
+    batch. A model of several instances embeds on the least busy, failing over as a
+    generation does (router/generation/instances.py)."""
+    if isinstance(handle, ModelGroup):
+        return await instances.run_on_instance(
+            handle, None, lambda h, attempt: _embed(h, inputs, truncate, rank_query, normalize, native, attempt)
+        )
+    return await _embed(handle, inputs, truncate, rank_query, normalize, native)
+
+
+async def _embed(
+    handle: ModelHandle,
+    inputs: Sequence[Prompt],
+    truncate: bool,
+    rank_query: str | None,
+    normalize: int,
+    native: bool,
+    attempt: instances.Attempt | None = None,
+) -> EmbedResult:
     record = access_log.current()
     asked = time.monotonic()
     async with handle.lease() as conn:
@@ -128,6 +145,8 @@ async def embed(
         if record is not None:
             record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
         try:
+            if attempt is not None:
+                attempt.sent = True  # the worker holds it from here on
             texts = [x for x in inputs if isinstance(x, str)]
             if rank_query is not None:  # a rerank: texts, each scored against the query
                 return await conn.embed(texts, rank_query=rank_query)
