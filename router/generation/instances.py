@@ -10,6 +10,12 @@ without one goes to one of the least busy. On top, the group remembers where eac
 conversation was served last (`ModelGroup.served_on`), valid while that worker still
 runs, and prefers it: the instance that holds its prefix in its cache.
 
+Failover (as router/upstream/relay.py's, before any output): a request an instance could
+not start (its worker gone before the request reached it, or before its first token; the
+instance stopped or failed while it waited) is retried on another instance not tried yet.
+Once Generation.start has returned, the first event is out and nothing is retried. A
+request that the worker already held when it died may have killed it (model_loop.py
+presumes so), so it is retried once at most, never on every instance in turn.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from router.upstream.choice import Replica, pick
+from supervisor.errors import WorkerCrashed, WorkerUnavailable
 from supervisor.group import ModelGroup
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
@@ -79,13 +86,40 @@ def remember(group: ModelGroup, key: str, h: ModelHandle) -> None:
         group.served_on.popitem(last=False)
 
 
+def may_retry(exc: Exception, h: ModelHandle, attempt: Attempt, held_before: bool) -> bool:
+    """Whether a request that failed this way on `h` goes to another instance."""
+    if isinstance(exc, WorkerCrashed):
+        return not (attempt.sent and held_before)  # a possible killer: once at most
+    # An instance that stopped, failed or backs off; not a full line or a queue timeout on
+    # one that serves (the request's own wait, which another line would only repeat).
+    return isinstance(exc, WorkerUnavailable) and h.state is not State.READY
+
+
 async def run_on_instance(
     group: ModelGroup, key: str | None, run: Callable[[ModelHandle, Attempt], Awaitable[T]]
 ) -> T:
     """`run` the request on the instance chosen for session key `key` (None: any of the
-    least busy)."""
+    least busy), and on another while it fails to start as `may_retry` allows."""
     key = key or f"random:{random.random()}"
-    h = choose(group, key) or group.least_busy()  # none is healthy: its own error is the answer
-    result = await run(h, Attempt())
-    remember(group, key, h)
-    return result
+    tried: set[str] = set()
+    held = False  # a worker already died holding it
+    last: Exception | None = None
+    while True:
+        h = choose(group, key, frozenset(tried))
+        if h is None:
+            if last is not None:
+                raise last
+            h = group.least_busy()  # none is healthy: its own error is the answer
+        attempt = Attempt()
+        try:
+            result = await run(h, attempt)
+        except (WorkerCrashed, WorkerUnavailable) as exc:
+            if h.name in tried or not may_retry(exc, h, attempt, held):
+                raise
+            held = held or (isinstance(exc, WorkerCrashed) and attempt.sent)
+            tried.add(h.name)
+            group.failed_over += 1
+            last = exc
+            continue
+        remember(group, key, h)
+        return result
