@@ -12,7 +12,7 @@ from __future__ import annotations
 from quart import has_request_context, request
 from quart_trio import QuartTrio
 
-from router.server import bodies, json_body
+from router.server import auth, bodies, json_body
 from router.upstream.affinity import session_key
 from supervisor.errors import CorralError
 from supervisor.group import ModelGroup
@@ -24,7 +24,9 @@ SCOPE_KEY = "corral.instance_key"
 def install(app: QuartTrio, supervisor: Supervisor) -> None:
     @app.before_request
     async def read_instance_key() -> None:
-        if request.method != "POST" or not any(isinstance(s, ModelGroup) for s in supervisor.handles.values()):
+        if request.method != "POST" or auth.access_of(request.path) is not auth.Access.API:
+            return
+        if not any(isinstance(s, ModelGroup) for s in supervisor.handles.values()):
             return
         body = await bodies.read_body()
         try:
