@@ -95,9 +95,18 @@ def register(app: Blueprint, server: Server) -> None:
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first
+        if isinstance(h, ModelGroup):  # its workers, as `upstream.replicas` shows replicas
+            entry["instances"] = [instance_view(i) for i in h.instances]
         if (up := server.supervisor.config.upstreams.get(h.name)) is not None and server.upstreams is not None:
             entry["upstream"] = {"model": up.model, "replicas": replica_view(server.upstreams, up, operator())}
         return entry
+
+    def instance_view(h: ModelHandle) -> dict[str, object]:
+        conn = h.conn
+        return {
+            "instance": h.name, "state": h.state.value, "in_flight": h.in_flight,
+            "slots_busy": conn.active if conn is not None else 0,
+        }
 
     def operator() -> bool:
         """Whether the request comes from the operator's side: an admin key, or a server
