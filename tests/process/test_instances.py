@@ -20,6 +20,7 @@ from router.generation import instances
 from supervisor.group import ModelGroup
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
+from tests.harness import make_config
 from tests.process.support import StartLog, expected_text, make_supervisor, running, serving_http, wait_for
 
 
@@ -178,3 +179,24 @@ async def test_one_instance_killed_under_load_loses_no_request_that_had_not_star
             assert len(done) + len(broken) == 8
             assert group.failed_over >= 1  # those in line on m#1 went to m
             await wait_for(lambda: second.state is not State.READY, 5, "the crash noticed")
+
+
+async def test_a_reload_that_changes_instances_keeps_the_worker_both_configs_have(
+    tmp_path: Path, start_log: StartLog
+) -> None:
+    sup = make_supervisor(tmp_path, {"m": {"preload": True, "aliases": ["a"]}})
+    h = sup.handles["m"]
+    assert isinstance(h, ModelHandle)
+    with trio.fail_after(20):
+        async with running(sup):
+            await wait_for(lambda: h.state is State.READY, 10, "m ready")
+            pid = h.pid
+            sup.reload(make_config(tmp_path, {"m": {"preload": True, "aliases": ["a"], "instances": 2}}))
+            group = _group(sup)
+            assert group.instances[0] is h and sup.resolve("a") is group
+            await wait_for(lambda: group.instances[1].state is State.READY, 10, "m#1 preloaded")
+            sup.reload(make_config(tmp_path, {"m": {"preload": True, "aliases": ["a"]}}))
+            assert sup.handles["m"] is h
+            await wait_for(lambda: group.instances[1].finished.is_set(), 10, "m#1 retired")
+            assert h.pid == pid and h.state is State.READY  # never restarted
+            assert start_log.names() == ["m", "m#1"]
