@@ -13,6 +13,7 @@ runs, and prefers it: the instance that holds its prefix in its cache.
 Failover (as router/upstream/relay.py's, before any output): a request an instance could
 not start (its worker gone before the request reached it, or before its first token; the
 instance stopped or failed while it waited) is retried on another instance not tried yet.
+A request one instance's full line refused (max_queue's 429) goes to another too, at once.
 Once Generation.start has returned, the first event is out and nothing is retried. A
 request that the worker already held when it died may have killed it (model_loop.py
 presumes so), so it is retried once at most, never on every instance in turn.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from router.upstream.choice import Replica, pick
-from supervisor.errors import WorkerCrashed, WorkerUnavailable
+from supervisor.errors import Overloaded, WorkerCrashed, WorkerUnavailable
 from supervisor.group import ModelGroup
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
@@ -90,6 +91,8 @@ def may_retry(exc: Exception, h: ModelHandle, attempt: Attempt, held_before: boo
     """Whether a request that failed this way on `h` goes to another instance."""
     if isinstance(exc, WorkerCrashed):
         return not (attempt.sent and held_before)  # a possible killer: once at most
+    if isinstance(exc, Overloaded):
+        return True  # refused at once, past max_queue: another instance's line may have room
     # An instance that stopped, failed or backs off; not a full line or a queue timeout on
     # one that serves (the request's own wait, which another line would only repeat).
     return isinstance(exc, WorkerUnavailable) and h.state is not State.READY
@@ -113,7 +116,7 @@ async def run_on_instance(
         attempt = Attempt()
         try:
             result = await run(h, attempt)
-        except (WorkerCrashed, WorkerUnavailable) as exc:
+        except (WorkerCrashed, WorkerUnavailable, Overloaded) as exc:
             if h.name in tried or not may_retry(exc, h, attempt, held):
                 raise
             held = held or (isinstance(exc, WorkerCrashed) and attempt.sent)

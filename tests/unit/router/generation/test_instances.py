@@ -12,7 +12,7 @@ import trio
 
 from router.upstream.choice import rank
 from router.generation.instances import Attempt, choose, may_retry, remember, run_on_instance
-from supervisor.errors import WorkerCrashed, WorkerUnavailable
+from supervisor.errors import Overloaded, WorkerCrashed, WorkerUnavailable
 from supervisor.group import ModelGroup
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
@@ -117,3 +117,10 @@ def test_a_queue_timeout_on_a_serving_instance_is_the_requests_own_answer(tmp_pa
     assert may_retry(WorkerUnavailable("unavailable"), h, Attempt(), False)
     assert may_retry(WorkerCrashed("gone"), h, Attempt(sent=True), False)
     assert not may_retry(WorkerCrashed("gone"), h, Attempt(sent=True), True)
+
+
+def test_a_request_one_full_line_refused_tries_the_others(tmp_path: Path) -> None:
+    group = _group(tmp_path)
+    h = group.instances[0]
+    _ready(h)
+    assert may_retry(Overloaded("model 'm' is at capacity", retry_after=1.0), h, Attempt(), False)
