@@ -204,20 +204,19 @@ def workers_of(served: Iterable[Served]) -> list[ModelHandle]:
 
 def regroup(
     old: Served, spec: ModelSpec, make: Callable[[ModelSpec], ModelHandle]
-) -> tuple[Served, list[ModelHandle], list[ModelHandle]]:
-    """A reload's `spec` for a model served as `old`: what serves it now, the handles to
-    start, and the handles to retire. The instances both configs have are kept and respec'd
-    (each restarts only if its own spec changed); the first keeps the model's name, so
-    turning `instances` on or off keeps its worker serving."""
+) -> tuple[Served, list[ModelHandle]]:
+    """A reload's `spec` for a model served as `old`: what serves it now (instances it did
+    not have made by `make`), and the handles to retire. The instances both configs have
+    are kept and respec'd (each restarts only if its own spec changed); the first keeps the
+    model's name, so turning `instances` on or off keeps its worker serving."""
     kept = old.instances if isinstance(old, ModelGroup) else [old]
     keep, leave = kept[: spec.instances], kept[spec.instances :]
-    added = [make(instance_spec(spec, i)) for i in range(len(keep), spec.instances)]
     for i, h in enumerate(keep):
         h.respec(instance_spec(spec, i) if spec.instances > 1 else spec)
     for h in leave:
         h.retire()
-    handles = keep + added
+    handles = keep + [make(instance_spec(spec, i)) for i in range(len(keep), spec.instances)]
     served: Served = handles[0] if spec.instances <= 1 else ModelGroup(spec, handles)
     if isinstance(old, ModelGroup) and isinstance(served, ModelGroup):
         served.served_on = old.served_on
-    return served, added, leave
+    return served, leave

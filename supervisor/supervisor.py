@@ -258,22 +258,15 @@ class Supervisor:
             retired = self.handles.pop(name)
             retired.retire()
             self._retired.extend(workers_of([retired]))
+        fresh: list[ModelHandle] = []  # handles whose run loop starts now
         for name in d.changed:
             # Instances both configs have keep their workers unless their own spec changed.
-            served, added, left = regroup(self.handles[name], new.models[name], lambda s: self._worker(s, new.supervisor))
-            self.handles[name] = served
+            self.handles[name], left = regroup(self.handles[name], new.models[name], lambda s: self._instance(s, new.supervisor, fresh))
             self._retired.extend(left)
-            for handle in added:
-                self._nursery.start_soon(run_model, handle)
         for name in d.added:
-            revived = self._revive(name) if new.models[name].instances <= 1 else None
-            if revived is not None:  # removed by an earlier reload, and still draining
-                self.handles[name] = revived
-                revived.respec(new.models[name])
-                continue
-            self.handles[name] = self._handle(new.models[name], new.supervisor)
-            for handle in workers_of([self.handles[name]]):
-                self._nursery.start_soon(run_model, handle)
+            self.handles[name] = served_for(new.models[name], lambda s: self._instance(s, new.supervisor, fresh))
+        for handle in fresh:
+            self._nursery.start_soon(run_model, handle)
         self.config = new
         for served in self.handles.values():
             served.adopt_settings(new.supervisor)
@@ -286,6 +279,17 @@ class Supervisor:
             unloadable=d.unloadable,
         )
         return d
+
+    def _instance(self, spec: ModelSpec, settings: SupervisorConfig, fresh: list[ModelHandle]) -> ModelHandle:
+        """A reload's handle for `spec` (a model, or one instance): one removed by an earlier
+        reload and still draining, taken back (two run loops under one name would share one
+        entry in the load queue and the core shares); else a new one, added to `fresh`."""
+        revived = self._revive(spec.name)
+        if revived is not None:
+            revived.respec(spec)
+            return revived
+        fresh.append(self._worker(spec, settings))
+        return fresh[-1]
 
     def _revive(self, name: str) -> ModelHandle | None:
         """A retired handle for `name` whose run loop has not ended yet, taken back."""

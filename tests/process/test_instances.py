@@ -200,3 +200,24 @@ async def test_a_reload_that_changes_instances_keeps_the_worker_both_configs_hav
             await wait_for(lambda: group.instances[1].finished.is_set(), 10, "m#1 retired")
             assert h.pid == pid and h.state is State.READY  # never restarted
             assert start_log.names() == ["m", "m#1"]
+
+
+async def test_an_instance_removed_and_added_back_while_it_drains_is_taken_back(
+    tmp_path: Path, start_log: StartLog
+) -> None:
+    """Not a second run loop under the same label beside the draining one: the load queue
+    and the core shares are keyed by it."""
+    sup = make_supervisor(tmp_path, {"m": {"preload": True, "instances": 2}})
+    group = _group(sup)
+    with trio.fail_after(20):
+        async with running(sup):
+            await _all_ready(group)
+            second = group.instances[1]
+            pid = second.pid
+            async with second.lease():  # a request in flight: the removed instance drains
+                sup.reload(make_config(tmp_path, {"m": {"preload": True}}))
+                await wait_for(lambda: second.state is State.DRAINING, 5, "m#1 draining")
+                sup.reload(make_config(tmp_path, {"m": {"preload": True, "instances": 2}}))
+                assert _group(sup).instances[1] is second
+            await wait_for(lambda: second.state is State.READY, 5, "m#1 serving again")
+            assert second.pid == pid and start_log.names() == ["m", "m#1"]
