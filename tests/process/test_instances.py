@@ -220,4 +220,4 @@ async def test_an_instance_removed_and_added_back_while_it_drains_is_taken_back(
                 sup.reload(make_config(tmp_path, {"m": {"preload": True, "instances": 2}}))
                 assert _group(sup).instances[1] is second
             await wait_for(lambda: second.state is State.READY, 5, "m#1 serving again")
-            assert second.pid == pid and start_log.names() == ["m", "m#1"]
+            assert second.pid == pid and sorted(start_log.names()) == ["m", "m#1"]  # no start since
