@@ -24,7 +24,8 @@ from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
 from router.generation import image_urls
 from router.server import (
-    access_log, admin, auth, bodies, connections, cors, dashboard, metrics, openapi, readiness, site_guard,
+    access_log, admin, auth, bodies, connections, cors, dashboard, instance_key, metrics, openapi, readiness,
+    site_guard,
 )
 from router.server.errors import Rendered, http_problem
 from router.upstream import relay
@@ -91,6 +92,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     image_urls.install(app, lambda: supervisor.config.server.image_url_hosts)
     # After the key check: a request for a model served elsewhere is relayed from here.
     upstreams = upstream_service.install(app, supervisor, lambda path: dialect_of(path).name)
+    # And a request for a model of several instances has its session key read here.
+    instance_key.install(app, supervisor)
 
     @app.errorhandler(CorralError)
     async def on_corral_error(exc: CorralError) -> Response:

@@ -29,6 +29,7 @@ from supervisor.cores import divide_cores
 from supervisor.launcher import Launcher, ProcessLauncher
 from supervisor.events import EventBus
 from supervisor.errors import InvalidRequest, ModelNotFound
+from supervisor.group import Served, regroup, served_for, workers_of
 from supervisor.handle import ModelHandle
 from supervisor.model_loop import run_model
 from supervisor.lifecycle import State
@@ -74,7 +75,7 @@ class Supervisor:
         self.events = EventBus()  # lifecycle events of every model (GET /admin/events)
         self.admission = Admission(self._every_handle, self._limits)
         self.planner = Replanner(self._replan)
-        self.handles: dict[str, ModelHandle] = {
+        self.handles: dict[str, Served] = {
             name: self._handle(spec, config.supervisor) for name, spec in config.models.items()
         }
         self._nursery: trio.Nursery | None = None
@@ -92,12 +93,15 @@ class Supervisor:
         self._reloader_scope = trio.CancelScope()
         self._planner_scope = trio.CancelScope()
 
-    def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
+    def _handle(self, spec: ModelSpec, settings: SupervisorConfig) -> Served:
+        return served_for(spec, lambda s: self._worker(s, settings))
+
+    def _worker(self, spec: ModelSpec, settings: SupervisorConfig) -> ModelHandle:
         return ModelHandle(spec, settings, self._launcher, self.admission, self.planner, self.events)
 
     def _every_handle(self) -> list[ModelHandle]:
         """Configured models and removed ones that are still draining: both hold memory."""
-        return [*self.handles.values(), *(h for h in self._retired if not h.finished.is_set())]
+        return [*workers_of(self.handles.values()), *(h for h in self._retired if not h.finished.is_set())]
 
     def _limits(self) -> Limits:
         s = self.config.supervisor
@@ -253,21 +257,19 @@ class Supervisor:
         for name in d.removed:
             retired = self.handles.pop(name)
             retired.retire()
-            self._retired.append(retired)
+            self._retired.extend(workers_of([retired]))
+        fresh: list[ModelHandle] = []  # handles whose run loop starts now
         for name in d.changed:
-            self.handles[name].respec(new.models[name])
+            # Instances both configs have keep their workers unless their own spec changed.
+            self.handles[name], left = regroup(self.handles[name], new.models[name], lambda s: self._instance(s, new.supervisor, fresh))
+            self._retired.extend(left)
         for name in d.added:
-            revived = self._revive(name)
-            if revived is not None:  # removed by an earlier reload, and still draining
-                self.handles[name] = revived
-                revived.respec(new.models[name])
-                continue
-            handle = self._handle(new.models[name], new.supervisor)
-            self.handles[name] = handle
+            self.handles[name] = served_for(new.models[name], lambda s: self._instance(s, new.supervisor, fresh))
+        for handle in fresh:
             self._nursery.start_soon(run_model, handle)
         self.config = new
-        for handle in self.handles.values():
-            handle.adopt_settings(new.supervisor)
+        for served in self.handles.values():
+            served.adopt_settings(new.supervisor)
         self.config_error = None
         self.needs_restart = d.needs_restart
         self.planner.changed()  # limits or fixed threads may differ: re-plan the queue, re-divide
@@ -277,6 +279,17 @@ class Supervisor:
             unloadable=d.unloadable,
         )
         return d
+
+    def _instance(self, spec: ModelSpec, settings: SupervisorConfig, fresh: list[ModelHandle]) -> ModelHandle:
+        """A reload's handle for `spec` (a model, or one instance): one removed by an earlier
+        reload and still draining, taken back (two run loops under one name would share one
+        entry in the load queue and the core shares); else a new one, added to `fresh`."""
+        revived = self._revive(spec.name)
+        if revived is not None:
+            revived.respec(spec)
+            return revived
+        fresh.append(self._worker(spec, settings))
+        return fresh[-1]
 
     def _revive(self, name: str) -> ModelHandle | None:
         """A retired handle for `name` whose run loop has not ended yet, taken back."""
@@ -291,7 +304,7 @@ class Supervisor:
         the only model of a config of one (resolve's rule)."""
         return self.config.server.default_model is not None or len(self.config.models) == 1
 
-    def resolve(self, model: str | None) -> ModelHandle:
+    def resolve(self, model: str | None) -> Served:
         """The handle for a model name or alias, or for `[server] default_model` when a
         request names none (or, with `unknown_model = "default"`, one it does not serve);
         a server of one model needs no default_model, as llama-server serving one model
@@ -349,7 +362,7 @@ class Supervisor:
         self._reloader_scope.cancel()
         if self._reloads_served < self._reloads_asked:  # nobody waits on a reload forever
             self._finish_reloads(self._reloads_asked, ConfigError(["(reload): the server is stopping"]))
-        every = [*self.handles.values(), *self._retired]
+        every = [*workers_of(self.handles.values()), *self._retired]
         for handle in every:
             handle.request_shutdown()
         for handle in every:
@@ -361,7 +374,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._plan_until_stopped)
-            for handle in self.handles.values():
+            for handle in workers_of(self.handles.values()):
                 await nursery.start(run_model, handle)
             nursery.start_soon(self._reloader)
             task_status.started()

@@ -14,7 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
 from quart import Response
 
 from router.generation.events import Event
-from router.generation import image_urls
+from router.generation import image_urls, instances
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, is_tokens
 from router.generation.remote.count import count_tokens
@@ -26,6 +26,7 @@ from router.server import access_log, sse
 from router.upstream.remote import RemoteModel
 from supervisor.config import projector
 from supervisor.errors import Unsupported
+from supervisor.group import ModelGroup, Served
 from supervisor.handle import ModelHandle
 from worker.protocol import EmbedResult, Media, SamplingParams
 
@@ -33,7 +34,7 @@ Whole = Callable[[AsyncIterator[Event]], Awaitable[bytes]]
 Streamed = Callable[[AsyncIterator[Event]], AsyncIterator[bytes]]
 # What a route that generates runs its job on: a local model, or one served elsewhere that
 # the request reaches through translation (router/upstream/remote.py).
-Target = Union[ModelHandle, RemoteModel]
+Target = Union[Served, RemoteModel]
 
 
 def job_for(
@@ -83,7 +84,7 @@ async def answer(
 async def _images_fetched(target: Target, job: GenerationJob) -> GenerationJob:
     """`job` with its image URLs fetched; a local model without a projector that takes its
     images or its audio refuses them first, before it loads or anything is fetched."""
-    if job.images and isinstance(target, ModelHandle):
+    if job.images and isinstance(target, (ModelHandle, ModelGroup)):
         _check_takes(job.images, target.spec.mmproj)
     return await image_urls.fetched(job)
 
@@ -99,7 +100,7 @@ def _check_takes(media: Sequence[Media], mmproj: str | None) -> None:
             raise Unsupported(f"This model does not take {what}: {why}.", m.param)
 
 
-async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
+async def started(handle: Served, job: GenerationJob) -> tuple[Generation, AsyncIterator[Event]]:
     """The job started, and its events, for a dialect that needs the worker's answer (its
     `Ready`) to shape the response; the caller closes the Generation."""
     gen = await Generation.start(handle, await _images_fetched(handle, job))
@@ -107,7 +108,7 @@ async def started(handle: ModelHandle, job: GenerationJob) -> tuple[Generation, 
 
 
 async def embed(
-    handle: ModelHandle,
+    handle: Served,
     inputs: Sequence[Prompt],
     truncate: bool = False,
     rank_query: str | None = None,
@@ -118,7 +119,24 @@ async def embed(
     at its end, rather than refuse it; `normalize`, `native`: as worker/protocol's Embed). In the model's slot line like a generation
     (max_queue's 429, queue_timeout's 503): an input a slot, up to all of them. A client
     that leaves is dropped from the line, or its job is cancelled in the worker within one
-    batch."""
+    batch. A model of several instances embeds on the least busy, failing over as a
+    generation does (router/generation/instances.py)."""
+    if isinstance(handle, ModelGroup):
+        return await instances.run_on_instance(
+            handle, None, lambda h, attempt: _embed(h, inputs, truncate, rank_query, normalize, native, attempt)
+        )
+    return await _embed(handle, inputs, truncate, rank_query, normalize, native)
+
+
+async def _embed(
+    handle: ModelHandle,
+    inputs: Sequence[Prompt],
+    truncate: bool,
+    rank_query: str | None,
+    normalize: int,
+    native: bool,
+    attempt: instances.Attempt | None = None,
+) -> EmbedResult:
     record = access_log.current()
     asked = time.monotonic()
     async with handle.lease() as conn:
@@ -127,6 +145,8 @@ async def embed(
         if record is not None:
             record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
         try:
+            if attempt is not None:
+                attempt.sent = True  # the worker holds it from here on
             texts = [x for x in inputs if isinstance(x, str)]
             if rank_query is not None:  # a rerank: texts, each scored against the query
                 return await conn.embed(texts, rank_query=rank_query)

@@ -10,7 +10,7 @@ from quart import request
 
 from router.api.dialect import Resolve
 from supervisor.errors import InvalidRequest
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
 
@@ -25,7 +25,7 @@ def may_load(configured: bool, asked: str | None) -> bool:
     return asked.lower() in ("true", "1")
 
 
-def available(handle: ModelHandle) -> bool:
+def available(handle: Served) -> bool:
     """Running, loading, or asleep: a request reaches it without a load of its own."""
     return handle.state in _RUNNING or handle.sleeping
 
@@ -33,7 +33,7 @@ def available(handle: ModelHandle) -> bool:
 def gated(resolve: Resolve, supervisor: Supervisor) -> Resolve:
     """`resolve`, refusing a model that is not loaded when nothing may load it."""
 
-    def resolve_loadable(model: str | None) -> ModelHandle:
+    def resolve_loadable(model: str | None) -> Served:
         handle = resolve(model)
         if not available(handle) and not may_load(
             supervisor.config.server.models_autoload, request.args.get("autoload")

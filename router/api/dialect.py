@@ -21,12 +21,12 @@ from router.upstream import remote
 from router.upstream.pool import Upstreams
 from router.upstream.remote import RemoteModel
 from supervisor.errors import CorralError, Unsupported
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.supervisor import Supervisor
 
 # A request's `model` (None: it names none) to the model's handle, within what the
 # request's key may use; raises the 400 or 404 that names `model`.
-Resolve = Callable[[str | None], ModelHandle]
+Resolve = Callable[[str | None], Served]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Server:
     find: Resolve
     upstreams: Upstreams | None = None  # models served elsewhere (router/upstream/)
 
-    def generating(self, model: str | None, hint: str = "; use /v1/embeddings") -> ModelHandle:
+    def generating(self, model: str | None, hint: str = "; use /v1/embeddings") -> Served:
         """`resolve`, for a route that generates text: a model that serves embeddings
         only is a 400 naming `model` (`hint` says where to go instead)."""
         handle = self.resolve(model)
@@ -49,7 +49,7 @@ class Server:
             raise Unsupported(f"The model `{model or handle.name}` serves embeddings only{hint}.", "model")
         return handle
 
-    def target(self, model: str | None, hint: str = "; use /v1/embeddings") -> ModelHandle | RemoteModel:
+    def target(self, model: str | None, hint: str = "; use /v1/embeddings") -> Served | RemoteModel:
         """`generating`, for a route that can also answer through translation: the model
         served elsewhere that the upstream hook chose for this request, if it chose one."""
         chosen = remote.current()

@@ -15,17 +15,18 @@ from typing import Any
 
 import msgspec
 
-from router.generation import owners
+from router.generation import instances, owners
 from router.generation.job import GenerationJob
 from router.generation.prompt_bound import bounded_text, refuse_if_too_long
 from router.generation.prompts import Prompt, is_tokens
 from router.generation.sampling import capped
 from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
-from router.server import access_log, auth
+from router.server import access_log, auth, instance_key
 from router.server.cache_scope import cache_scope
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import Unsupported
+from supervisor.group import ModelGroup, Served
 from supervisor.handle import ModelHandle
 from supervisor.lease import Lease
 from supervisor.slot_queue import Ticket
@@ -97,10 +98,23 @@ class Generation:
         self.params = SamplingParams()
 
     @classmethod
-    async def start(cls, handle: ModelHandle, job: GenerationJob) -> Generation:
+    async def start(cls, handle: Served, job: GenerationJob) -> Generation:
         """Take a lease (loading the model if needed), send the job, and wait for its first
         event, so that an error such as context_length_exceeded raises here, before a
-        response has committed to a status."""
+        response has committed to a status. A model of several instances runs it on the one
+        router/generation/instances.py chooses, and on another if that one cannot start it."""
+        if isinstance(handle, ModelGroup):
+            group = handle
+            return await instances.run_on_instance(
+                group, instance_key.current(), lambda h, attempt: cls._start(h, job, attempt, group)
+            )
+        return await cls._start(handle, job)
+
+    @classmethod
+    async def _start(
+        cls, handle: ModelHandle, job: GenerationJob, attempt: instances.Attempt | None = None,
+        model: Served | None = None,
+    ) -> Generation:
         record = access_log.current()
         asked = time.monotonic()
         gen = cls(await handle.acquire())
@@ -115,7 +129,7 @@ class Generation:
         )
         gen.params = job.params
         if job.keep_alive is not None:  # set while it holds the model: no unload between
-            handle.set_keep_alive(job.keep_alive.seconds)
+            (model or handle).set_keep_alive(job.keep_alive.seconds)
         try:
             leased = time.monotonic()
             # Each choice of each prompt runs in a slot of its own.
@@ -124,6 +138,8 @@ class Generation:
                 record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
             await gen._begin(job)
         except BaseException:
+            if attempt is not None:
+                attempt.sent = bool(gen._streams)
             gen.close()
             raise
         return gen

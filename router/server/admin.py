@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 
 from router.server import sse
 from supervisor.errors import InvalidRequest
+from supervisor.group import workers_of
 from supervisor.supervisor import Supervisor
 
 _json = msgspec.json.Encoder()
@@ -59,14 +60,16 @@ def register(
 
     @app.get("/admin/models")
     async def admin_models() -> Response:
+        workers = {h.name: h for h in workers_of(supervisor.handles.values())}
         return reply(
             {
                 "models": [h.statistics() for h in supervisor.handles.values()],
                 # Models waiting for room to load, first in line first, and why.
+                # An instance of a model with several is named by its label (`name#i`).
                 "load_queue": [
-                    {"model": name, "reason": supervisor.admission.waiting_reason(supervisor.handles[name])}
+                    {"model": name, "reason": supervisor.admission.waiting_reason(workers[name])}
                     for name in supervisor.admission.queued()
-                    if name in supervisor.handles
+                    if name in workers
                 ],
                 "config_error": supervisor.config_error,
                 "needs_restart": list(supervisor.needs_restart),

@@ -30,7 +30,7 @@ from quart_trio import QuartTrio
 
 from router.server import access_log
 from supervisor.errors import Forbidden, Unauthorized
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.config.keys import Key, Keyring
 from supervisor.supervisor import Supervisor, no_model, unknown_model
 
@@ -118,11 +118,11 @@ def current_key() -> Key | None:
     return key
 
 
-def scoped_resolve(supervisor: Supervisor) -> Callable[[str | None], ModelHandle]:
+def scoped_resolve(supervisor: Supervisor) -> Callable[[str | None], Served]:
     """supervisor.resolve, as the current request's key sees the models: one outside its
     scope answers exactly as one that does not exist."""
 
-    def resolve(model: str | None) -> ModelHandle:
+    def resolve(model: str | None) -> Served:
         handle = supervisor.resolve(model)
         key = current_key()
         if key is not None and not key.may_use(handle.name):
@@ -134,7 +134,7 @@ def scoped_resolve(supervisor: Supervisor) -> Callable[[str | None], ModelHandle
     return resolve
 
 
-def visible(handle: ModelHandle) -> bool:
+def visible(handle: Served) -> bool:
     """Whether the current request's key may see `handle` (in /v1/models)."""
     key = current_key()
     return key is None or key.may_use(handle.name)

@@ -57,9 +57,14 @@ def rank(key: str, names: Sequence[str]) -> list[str]:
     return sorted(names, key=weight, reverse=True)
 
 
-def pick(replicas: Sequence[Replica], key: str, tried: frozenset[str] = frozenset()) -> Replica | None:
+def pick(
+    replicas: Sequence[Replica], key: str, tried: frozenset[str] = frozenset(), prefer: str | None = None
+) -> Replica | None:
     """The replica that serves a request with session key `key`, or None when no replica
-    can take it (all down, tried, or at their limit)."""
+    can take it (all down, tried, or at their limit). `prefer` names the replica known to
+    hold the conversation's cache (a local instance that served it last): it comes first,
+    under the same bound, ahead of the rendezvous order, which a replica that was cold when
+    the conversation began would otherwise win back and so lose the cache."""
     able = [r for r in replicas if r.healthy and r.name not in tried and r.has_room()]
     spill = [r for r in able if not (r.local and r.line_full)]
     pool = spill or able
@@ -69,6 +74,8 @@ def pick(replicas: Sequence[Replica], key: str, tried: frozenset[str] = frozense
     bound = math.ceil(SLACK * (sum(r.in_flight for r in pool) + 1) / len(pool))
     by_name = {r.name: r for r in pool}
     order = [by_name[n] for n in rank(key, list(by_name))]
+    if prefer in by_name:
+        order.sort(key=lambda r: r.name != prefer)  # stable: the rest keep their rank
     # One always qualifies: the least busy replica is at or below the average, and the bound
     # is above it (the test checks that a pick exists whenever a replica can take it).
     return next(r for r in order if r.in_flight + 1 <= bound)

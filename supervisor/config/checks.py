@@ -90,10 +90,13 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
     except ValueError as exc:
         yield f"supervisor.gpu_memory_budget.{exc}" if isinstance(sup.gpu_memory_budget, dict) else f"supervisor.gpu_memory_budget: {exc}"
     pinned = [name for name, m in file.models.items() if m.pinned]
-    if sup.max_loaded_models > 0 and len(pinned) > sup.max_loaded_models:
+    # Each instance is a worker of its own, and max_loaded_models counts workers.
+    held = sum(max(m.instances, 1) for m in file.models.values() if m.pinned)
+    if sup.max_loaded_models > 0 and held > sup.max_loaded_models:
         yield (
             f"supervisor.max_loaded_models: {len(pinned)} models are pinned "
-            f"({', '.join(pinned)}), more than max_loaded_models = {sup.max_loaded_models}"
+            f"({', '.join(pinned)}), {held} workers with their instances, "
+            f"more than max_loaded_models = {sup.max_loaded_models}"
         )
     if sup.start_retries < 0:
         yield f"supervisor.start_retries: must be >= 0, got {sup.start_retries}"
@@ -190,6 +193,10 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
             )
         if m.threads is not None and not 1 <= m.threads <= 1024:
             yield f"{at}.threads: must be 1..1024, got {m.threads}"
+        if not 1 <= m.instances <= 64:
+            yield f"{at}.instances: must be 1..64, got {m.instances}"
+        elif m.instances > 1 and m.path is None:
+            yield f"{at}.instances: only a local model (with a path) runs instances, got {m.instances}"
         if m.n_gpu_layers < -1:
             yield f"{at}.n_gpu_layers: must be -1 (all) or more, got {m.n_gpu_layers}"
         model_file = resolve_path(m.path, base_dir) if m.path is not None else None

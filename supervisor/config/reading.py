@@ -86,6 +86,7 @@ def parse(
             idle_timeout=default_idle if m.idle_timeout is None else m.idle_timeout,
             preload=m.preload,
             pinned=m.pinned,
+            instances=m.instances,
             max_queue=m.max_queue,
             queue_timeout=m.queue_timeout,
             **generation_defaults(m),

@@ -224,6 +224,7 @@ class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
     idle_timeout: Seconds | None = None  # overrides [supervisor] idle_timeout
     preload: bool = False  # load at start instead of on the first request
     pinned: bool = False  # never unloaded for idleness
+    instances: int = 1  # worker processes of this model, served as one name (supervisor/group.py)
     # Requests waiting for a slot (supervisor/slot_queue.py): beyond max_queue a request
     # gets 429 at once (None: no bound); after queue_timeout seconds in line, 503 (0: no
     # limit).
@@ -295,6 +296,7 @@ class ModelSpec(GenerationDefaults, frozen=True):
     tags: tuple[str, ...] = ()
     preload: bool = False
     pinned: bool = False
+    instances: int = 1
     max_queue: int | None = None
     queue_timeout: float = 0.0
 

@@ -46,7 +46,7 @@ from router.upstream.remote import RemoteModel
 from supervisor.config import Config
 from supervisor.connection import WorkerConnection
 from supervisor.errors import InternalError, InvalidRequest, NotServed, Unsupported, WorkerUnavailable
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.lifecycle import State
 from worker.protocol import Ready
 
@@ -72,7 +72,7 @@ def register(app: Blueprint, server: Server) -> None:
     """Add the routes."""
     resolve = server.resolve
 
-    def generating_model(model: str | None) -> ModelHandle:
+    def generating_model(model: str | None) -> Served:
         handle = resolve(model)
         if handle.spec.embeddings:
             raise Unsupported(f"The model `{handle.name}` serves embeddings only.", "model")
@@ -285,7 +285,7 @@ def _router_mode(config: Config) -> bool:
 
 
 async def _respond(
-    handle: ModelHandle, job: GenerationJob, r: NativeCompletionRequest, prompts: list[Prompt]
+    handle: Served, job: GenerationJob, r: NativeCompletionRequest, prompts: list[Prompt]
 ) -> Response:
     """Run `job` and answer as llama-server's /completion does, whole or streamed."""
     gen, events = await started(handle, job)

@@ -26,7 +26,7 @@ from typing import Any
 
 from supervisor.config import gguf_meta, projector
 from supervisor.config.templates import BUILTIN_CHAT_TEMPLATES
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.lifecycle import State
 
 # llama.cpp's llama_ftype (general.file_type) -> the quantization's name.
@@ -102,12 +102,12 @@ def _count_label(n: int) -> str:
     return str(n)
 
 
-def served_digest(h: ModelHandle, f: FileFacts) -> str:
+def served_digest(h: Served, f: FileFacts) -> str:
     """One served model's digest: its name's and its file's (see above)."""
     return hashlib.sha256(f"{h.name}\0{f.digest}".encode()).hexdigest() if f.digest else ""
 
 
-def context_length(h: ModelHandle) -> int:
+def context_length(h: Served) -> int:
     """The most one request may hold on this server: the loaded worker's figure, else the
     config's (a request may use every cell unless n_ctx_slot says less)."""
     ready = h.conn.ready if h.conn is not None else None
@@ -116,7 +116,7 @@ def context_length(h: ModelHandle) -> int:
     return min(h.spec.n_ctx, h.spec.n_ctx_slot or h.spec.n_ctx)
 
 
-def tag_entries(h: ModelHandle) -> list[dict[str, Any]]:
+def tag_entries(h: Served) -> list[dict[str, Any]]:
     """The model, then each of its aliases (what a client may name it by), one digest."""
     f = facts(h.spec.path)
     digest = served_digest(h, f)
@@ -139,7 +139,7 @@ def remote_tag_entry(name: str, upstream_model: str, started: int) -> dict[str, 
     }
 
 
-def capabilities(h: ModelHandle, template: str) -> list[str]:
+def capabilities(h: Served, template: str) -> list[str]:
     """What the model can do: from its worker when it is loaded; else read from its chat
     template's text (a template that mentions tools takes them; <think> reasons)."""
     if h.spec.embeddings:
@@ -157,7 +157,7 @@ def capabilities(h: ModelHandle, template: str) -> list[str]:
         ["audio"] if audio else [])
 
 
-def _template(h: ModelHandle, meta: dict[str, gguf_meta.Value]) -> str:
+def _template(h: Served, meta: dict[str, gguf_meta.Value]) -> str:
     """The chat template the model runs with: its worker's (Jinja text, or a llama.cpp
     built-in's name), else its config's built-in, else its file's. A config's Jinja file
     is shown once the worker has read it: its path on the server is never shown."""
@@ -170,7 +170,7 @@ def _template(h: ModelHandle, meta: dict[str, gguf_meta.Value]) -> str:
     return own if isinstance(own, str) and not h.spec.chat_template else ""
 
 
-def show(h: ModelHandle, verbose: bool) -> dict[str, Any]:
+def show(h: Served, verbose: bool) -> dict[str, Any]:
     f = facts(h.spec.path)
     template = _template(h, f.meta)
     info: dict[str, Any] = {
@@ -196,7 +196,7 @@ def show(h: ModelHandle, verbose: bool) -> dict[str, Any]:
     }
 
 
-def ps_entry(h: ModelHandle, expires_at: float | None) -> dict[str, Any] | None:
+def ps_entry(h: Served, expires_at: float | None) -> dict[str, Any] | None:
     """A loaded model; None when it is not. `expires_at`: when it unloads if left idle
     (Unix time), None for never."""
     if h.state not in (State.READY, State.DRAINING):

@@ -41,7 +41,7 @@ from router.upstream import remote
 from router.upstream.remote import RemoteModel
 from router.upstream.routing import translation
 from supervisor.errors import InvalidRequest, ModelNotFound, Unsupported
-from supervisor.handle import ModelHandle
+from supervisor.group import Served
 from supervisor.model_loop import idle_limit
 from worker.protocol import SamplingParams
 
@@ -59,7 +59,7 @@ def _json_response(obj: object) -> Response:
 
 
 def register(app: Blueprint, server: Server) -> None:
-    def resolve(name: str | None, generating: bool = True) -> ModelHandle:
+    def resolve(name: str | None, generating: bool = True) -> Served:
         """A model by its name, with or without Ollama's `:latest` tag; a 404 names the
         model as the client did."""
         if not name:
@@ -113,7 +113,7 @@ def register(app: Blueprint, server: Server) -> None:
         obj.update(done=True, done_reason=reason)
         return _json_response(obj)
 
-    async def load_or_unload(handle: ModelHandle, kept: KeepAlive) -> str:
+    async def load_or_unload(handle: Served, kept: KeepAlive) -> str:
         """Nothing to answer: Ollama's way to load a model, or with keep_alive 0 to unload
         it (once what is in flight is done). Returns the done_reason."""
         if kept.seconds == 0:
@@ -131,7 +131,7 @@ def register(app: Blueprint, server: Server) -> None:
                 "Unloading a model (keep_alive 0 with nothing to answer)", "keep_alive",
             )
 
-    def bounded(handle: ModelHandle, kept: KeepAlive) -> KeepAlive:
+    def bounded(handle: Served, kept: KeepAlive) -> KeepAlive:
         """`kept` as the request's key may set it: an admin key's (or any, with no key
         configured) as it came; an API key's held between the model's idle_timeout and
         [server] max_keep_alive, so that it neither unloads the model early nor pins it."""
@@ -141,7 +141,7 @@ def register(app: Blueprint, server: Server) -> None:
         seconds = steering.bounded_keep_alive(kept.seconds, handle.spec.idle_timeout, config.server.max_keep_alive)
         return KeepAlive(seconds)
 
-    async def hold(handle: ModelHandle, kept: KeepAlive) -> None:
+    async def hold(handle: Served, kept: KeepAlive) -> None:
         """Load the model if it is not loaded, and set its keep_alive while holding it."""
         async with handle.lease():
             handle.set_keep_alive(kept.seconds)
@@ -254,7 +254,7 @@ def register(app: Blueprint, server: Server) -> None:
         handle.set_keep_alive(kept.seconds)
         return _json_response({"embedding": result.data[0]})
 
-    def embedding_model(name: str) -> ModelHandle | RemoteModel:
+    def embedding_model(name: str) -> Served | RemoteModel:
         """The model to embed with: a local one that serves embeddings, or one served
         elsewhere that the request reaches translated (router/generation/remote/embed.py)."""
         elsewhere = remote.current()

@@ -32,6 +32,7 @@ from router.upstream.pool import replica_view
 from supervisor.config import projector
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import Unsupported
+from supervisor.group import ModelGroup, Served
 from supervisor.handle import ModelHandle
 from supervisor.lifecycle import State
 
@@ -70,7 +71,7 @@ def llama_status(state: State, sleeping: bool = False) -> dict[str, object]:
 def register(app: Blueprint, server: Server) -> None:
     resolve = server.resolve
 
-    def model_entry(h: ModelHandle) -> dict[str, object]:
+    def model_entry(h: Served) -> dict[str, object]:
         """OpenAI's model object, with Corral's state and llama-server's router-mode
         fields: every name it answers to, its tags, its status."""
         kinds = projector.modalities(h.spec.mmproj)
@@ -94,9 +95,18 @@ def register(app: Blueprint, server: Server) -> None:
         }
         if h.state in (State.FAILED, State.BACKOFF):
             entry["last_error"] = h.last_error  # why, where a client looks first
+        if isinstance(h, ModelGroup):  # its workers, as `upstream.replicas` shows replicas
+            entry["instances"] = [instance_view(i) for i in h.instances]
         if (up := server.supervisor.config.upstreams.get(h.name)) is not None and server.upstreams is not None:
             entry["upstream"] = {"model": up.model, "replicas": replica_view(server.upstreams, up, operator())}
         return entry
+
+    def instance_view(h: ModelHandle) -> dict[str, object]:
+        conn = h.conn
+        return {
+            "instance": h.name, "state": h.state.value, "in_flight": h.in_flight,
+            "slots_busy": conn.active if conn is not None else 0,
+        }
 
     def operator() -> bool:
         """Whether the request comes from the operator's side: an admin key, or a server
@@ -147,7 +157,7 @@ def register(app: Blueprint, server: Server) -> None:
         # A translated request's errors name the token limit the client sent.
         names = {"max_tokens": "max_completion_tokens"} if r.max_completion_tokens is not None else None
         job = job_for(target, partial(chat_job, r, r.model or target.name), names)
-        if not isinstance(target, ModelHandle):  # served elsewhere, through translation
+        if not isinstance(target, (ModelHandle, ModelGroup)):  # served elsewhere, through translation
             return await _answer(target, job)
         handle = target
         verbose = r.verbose if r.verbose is not None else server.supervisor.config.server.verbose_responses

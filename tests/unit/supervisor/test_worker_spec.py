@@ -17,7 +17,11 @@ from tests.harness import write_gguf
 
 # The keys of a [models.NAME] table that only the supervisor acts on. A new key that the
 # worker needs belongs in ModelOptions instead, where it reaches the worker by itself.
-SUPERVISOR_ONLY = {"path", "aliases", "tags", "idle_timeout", "preload", "pinned", "max_queue", "queue_timeout"} | (
+# `instances` too: the supervisor runs that many workers, each told its own spec, and a
+# change of it restarts none of them (issue 43).
+SUPERVISOR_ONLY = {
+    "path", "aliases", "tags", "idle_timeout", "preload", "pinned", "instances", "max_queue", "queue_timeout",
+} | (
     set(GenerationDefaults.__struct_fields__) - set(ModelOptions.__struct_fields__)  # the router applies these
 ) | set(UPSTREAM_KEYS)  # the router's relay reads these, from Config.upstreams
 

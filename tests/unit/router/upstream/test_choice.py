@@ -105,3 +105,17 @@ def test_requests_without_a_session_spread_evenly() -> None:
 def test_a_replica_at_its_limit_takes_nothing() -> None:
     assert pick([Replica(NAMES[0], in_flight=2, limit=2)], "k") is None
     assert pick([Replica(NAMES[0], in_flight=2, limit=2), Replica(NAMES[1], in_flight=9)], "k") == Replica(NAMES[1], in_flight=9)
+
+
+def test_a_preferred_replica_comes_first_within_the_bound_and_not_beyond_it() -> None:
+    """A local instance that served the conversation last holds its prefix (issue 43):
+    it is chosen over the rendezvous order while its load is within the bound."""
+    key = "conversation"
+    order = rank(key, NAMES[:2])
+    rs = [Replica(n) for n in NAMES[:2]]
+    assert pick(rs, key, prefer=order[1]).name == order[1]  # type: ignore[union-attr]
+    busy = [Replica(order[0]), Replica(order[1], in_flight=5)]
+    assert pick(busy, key, prefer=order[1]).name == order[0]  # type: ignore[union-attr]
+    # One that is tried, or gone, is no preference.
+    assert pick(rs, key, frozenset({order[1]}), prefer=order[1]).name == order[0]  # type: ignore[union-attr]
+    assert pick(rs, key, prefer="http://gone").name == order[0]  # type: ignore[union-attr]
