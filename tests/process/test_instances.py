@@ -221,3 +221,24 @@ async def test_an_instance_removed_and_added_back_while_it_drains_is_taken_back(
                 assert _group(sup).instances[1] is second
             await wait_for(lambda: second.state is State.READY, 5, "m#1 serving again")
             assert second.pid == pid and sorted(start_log.names()) == ["m", "m#1"]  # no start since
+
+
+async def test_slot_actions_on_a_model_of_several_instances_are_refused_naming_id_slot(tmp_path: Path) -> None:
+    """A slot id names one worker's slot; with two instances a save or restore could act on
+    the other one's (someone else's cache): a 400 naming id_slot, nothing written."""
+    from supervisor.config import parse
+    from supervisor.supervisor import Supervisor
+    from tests.harness import config_text, write_gguf
+    from tests.process.support import WORKER_COMMAND
+
+    write_gguf(tmp_path / "dummy.gguf")
+    (tmp_path / "slots").mkdir()
+    config = parse(config_text({"m": {"instances": 2, "slots": 1}}, {"slot_save_path": "slots"}), tmp_path)
+    sup = Supervisor(config, worker_command=WORKER_COMMAND)
+    client = create_app(sup, sup.config).test_client()
+    async with running(sup):
+        r = await client.post("/slots/0?action=save", json={"filename": "a.bin"})
+        assert r.status_code == 400
+        body = await r.get_json()
+        assert body["error"]["message"].startswith("Slot actions act on one worker's slots") and "2 instances" in body["error"]["message"]
+        assert list((tmp_path / "slots").iterdir()) == []

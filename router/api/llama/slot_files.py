@@ -28,7 +28,8 @@ from router.server.cache_scope import cache_scope
 from supervisor.config import Config
 from supervisor.config.checks import resolve_path
 from supervisor.config.keys import Key
-from supervisor.errors import Forbidden, InvalidRequest, NotServed
+from supervisor.errors import Forbidden, InvalidRequest, NotServed, Unsupported
+from supervisor.group import ModelGroup
 from worker.protocol import SlotFile
 
 Action = Literal["save", "restore", "erase"]
@@ -109,6 +110,15 @@ def register(app: Blueprint, server: Server) -> None:
         data = _body(await bodies.read_body(), strict=action != "erase")  # erase reads none
         model = data.get("model")
         handle = server.resolve(model if isinstance(model, str) else request.args.get("model"))
+        if isinstance(handle, ModelGroup):
+            # A slot id names one worker's slot; which of several instances holds a client's
+            # cache is not the client's to know, and a save or restore on another one would
+            # act on someone else's slot.
+            raise Unsupported(
+                f"Slot actions act on one worker's slots, and this model runs {len(handle.instances)} "
+                "instances (instances in its config): a slot id names no one slot here.",
+                "id_slot",
+            )
         filename = ""
         base = config.source.parent if config.source is not None else Path.cwd()
         root = folder = resolve_path(config.server.slot_save_path, base)
