@@ -50,7 +50,12 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
 
 
 def test_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
-    kw = dict(model="chat-a", messages=[{"role": "user", "content": "Tell me about cats."}], max_tokens=24, **GREEDY)
+    # Two separate requests' greedy answers are compared: a prompt whose every token wins
+    # by a wide margin (counting), since the cells' places in the unified cache move the
+    # logits a little ("Tell me about cats." flipped "mendatang\n" / "mendatanguser" at a
+    # near tie in a fresh-clone run).
+    count = "Continue counting, separated by commas: 1, 2, 3, 4, 5, 6, 7, 8,"
+    kw = dict(model="chat-a", messages=[{"role": "user", "content": count}], max_tokens=24, **GREEDY)
     whole = client.chat.completions.create(**kw).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     assert chunks[0].choices[0].delta.role == "assistant"
