@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable, Iterable, Union
+from contextlib import AbstractAsyncContextManager
+from typing import Callable, Iterable, Union
 
 import trio
 
@@ -26,7 +26,7 @@ from supervisor.connection import WorkerConnection
 from supervisor.errors import WorkerUnavailable
 from supervisor.handle import ModelHandle
 from supervisor.instances import group_state, instance_spec
-from supervisor.lease import Lease
+from supervisor.lease import Lease, leased
 from supervisor.lifecycle import State
 from supervisor.slot_queue import Ticket
 from supervisor.stats import ModelStats
@@ -119,13 +119,8 @@ class ModelGroup:
             return min(ready, key=lambda h: h.in_flight)
         return next((h for h in self.instances if h.state is not State.FAILED), self.instances[0])
 
-    @asynccontextmanager
-    async def lease(self) -> AsyncIterator[WorkerConnection]:
-        held = await self.acquire()
-        try:
-            yield held.conn
-        finally:
-            held.release()
+    def lease(self) -> AbstractAsyncContextManager[WorkerConnection]:
+        return leased(self.acquire)
 
     async def acquire(self) -> Lease:
         return await self.least_busy().acquire()

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import trio
 
@@ -25,7 +24,7 @@ from supervisor.config import ModelSpec, SupervisorConfig, projector
 from supervisor.connection import WorkerConnection
 from supervisor.footprint import Footprint, process_rss
 from supervisor.launcher import Launcher
-from supervisor.lease import Lease, LoadAttempt
+from supervisor.lease import Lease, LoadAttempt, leased
 from supervisor.errors import WorkerUnavailable
 from supervisor.events import EventBus
 from supervisor.lifecycle import State
@@ -152,14 +151,9 @@ class ModelHandle:
 
     # ---- clients --------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def lease(self) -> AsyncIterator[WorkerConnection]:
+    def lease(self) -> AbstractAsyncContextManager[WorkerConnection]:
         """`acquire()` for the duration of a block."""
-        held = await self.acquire()
-        try:
-            yield held.conn
-        finally:
-            held.release()
+        return leased(self.acquire)
 
     async def acquire(self) -> Lease:
         """The ready worker, counted in flight until `release()`.

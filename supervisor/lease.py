@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -41,3 +42,13 @@ class Lease:
         release, self._release = self._release, None
         if release is not None:
             release()
+
+
+@asynccontextmanager
+async def leased(acquire: Callable[[], Awaitable[Lease]]) -> AsyncIterator[WorkerConnection]:
+    """A lease from `acquire` for the duration of a block: its worker, released after."""
+    held = await acquire()
+    try:
+        yield held.conn
+    finally:
+        held.release()
