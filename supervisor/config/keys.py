@@ -4,10 +4,11 @@ Keys come from three places, all read when the config is loaded (so a reload re-
 keys file):
 
 - `[server] api_keys`: strings, or tables `{ key = "...", name = "...", models = [...],
-  cache_group = "...", max_tokens = N }`;
+  cache_group = "...", max_tokens = N }` with the quotas and priority of
+  supervisor/config/key_rules.py;
 - `[server] api_keys_file`: one key a line, optionally followed by `name=NAME`,
-  `models=A,B`, `cache_group=GROUP` and `max_tokens=N`; blank lines and `#` comments are
-  skipped;
+  `models=A,B`, `cache_group=GROUP`, `max_tokens=N` and those rules as `attr=value`; blank
+  lines and `#` comments are skipped;
 - the environment variable `CORRAL_API_KEYS`: keys separated by commas or whitespace.
 
 `[server] admin_keys` are strings. An admin key may do anything an API key may, on every
@@ -36,6 +37,9 @@ from typing import Iterable, Iterator
 
 import msgspec
 
+from supervisor.config import key_rules
+from supervisor.config.key_rules import KeyRules, Priority
+
 ENV = "CORRAL_API_KEYS"
 
 # A key is a token for an HTTP header: printable ASCII without spaces. Anything else could
@@ -57,6 +61,16 @@ class ApiKeyTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # The most tokens one request of this key may generate; a request asking more is cut
     # to it, as llama-server's -n cuts n_predict.
     max_tokens: int | None = None
+    # Quotas and the slot line's class (supervisor/config/key_rules.py).
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_in_flight: int | None = None
+    priority: Priority = "normal"
+    request_priority: bool = False
+
+    def rules(self) -> KeyRules:
+        return key_rules.from_fields({f: getattr(self, f) for f in key_rules.FIELDS})
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,7 @@ class Key:
     models: frozenset[str] | None = None
     cache_group: str | None = None  # ApiKeyTable.cache_group
     max_tokens: int | None = None  # ApiKeyTable.max_tokens
+    rules: KeyRules = key_rules.NONE  # quotas and priority
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -118,6 +133,7 @@ class KeySource:
     admin: bool = False
     cache_group: str | None = None
     max_tokens: int | None = None
+    rules: KeyRules = key_rules.NONE
 
 
 def from_config(api_keys: Iterable[str | ApiKeyTable], admin_keys: Iterable[str]) -> Iterator[KeySource]:
@@ -127,7 +143,10 @@ def from_config(api_keys: Iterable[str | ApiKeyTable], admin_keys: Iterable[str]
             yield KeySource(where, entry, None, None)
         else:
             models = None if entry.models is None else tuple(entry.models)
-            yield KeySource(where, entry.key, entry.name, models, cache_group=entry.cache_group, max_tokens=entry.max_tokens)
+            yield KeySource(
+                where, entry.key, entry.name, models, cache_group=entry.cache_group, max_tokens=entry.max_tokens,
+                rules=entry.rules(),
+            )
     for i, key in enumerate(admin_keys):
         yield KeySource(f"server.admin_keys[{i}]", key, None, None, admin=True)
 
@@ -139,10 +158,10 @@ def from_env(value: str | None) -> Iterator[KeySource]:
 
 class KeyFileError(ValueError):
     """A line of a keys file that is not `KEY [name=NAME] [models=A,B] [cache_group=G]
-    [max_tokens=N]`."""
+    [max_tokens=N]` and key_rules' `attr=value`."""
 
 
-_FILE_FIELDS = ("name", "models", "cache_group", "max_tokens")
+_FILE_FIELDS = ("name", "models", "cache_group", "max_tokens", *key_rules.FIELDS)
 
 
 def parse_file(text: str, label: str) -> Iterator[KeySource]:
@@ -158,8 +177,8 @@ def parse_file(text: str, label: str) -> Iterator[KeySource]:
             attr, sep, value = field.partition("=")
             if attr not in _FILE_FIELDS or not sep or not value:
                 raise KeyFileError(
-                    f"{label}:{n}: after the key, only name=NAME, models=A,B, cache_group=GROUP "
-                    "and max_tokens=N may follow"
+                    f"{label}:{n}: after the key, only name=NAME, models=A,B, cache_group=GROUP, "
+                    f"max_tokens=N and {', '.join(f + '=' for f in key_rules.FIELDS)} may follow"
                 )
             given[attr] = value
         models = tuple(m for m in given["models"].split(",") if m) if "models" in given else None
@@ -168,8 +187,13 @@ def parse_file(text: str, label: str) -> Iterator[KeySource]:
             if not given["max_tokens"].isdigit():
                 raise KeyFileError(f"{label}:{n}: max_tokens must be a whole number")
             max_tokens = int(given["max_tokens"])
+        try:
+            rules = key_rules.from_fields(dict(given))
+        except msgspec.ValidationError as exc:
+            raise KeyFileError(f"{label}:{n}: {exc}") from None
         yield KeySource(
-            f"{label}:{n}", key, given.get("name"), models, cache_group=given.get("cache_group"), max_tokens=max_tokens
+            f"{label}:{n}", key, given.get("name"), models, cache_group=given.get("cache_group"), max_tokens=max_tokens,
+            rules=rules,
         )
 
 
@@ -213,6 +237,7 @@ def problems(sources: Iterable[KeySource]) -> Iterator[str]:
             yield f"{s.where}.cache_group: must be printable and not empty"
         if s.max_tokens is not None and s.max_tokens < 1:
             yield f"{s.where}.max_tokens: must be at least 1"
+        yield from key_rules.problems(s.rules, s.where)
 
 
 def keyring(sources: Iterable[KeySource], resolve: dict[str, str]) -> tuple[Keyring, list[str]]:
@@ -230,7 +255,7 @@ def keyring(sources: Iterable[KeySource], resolve: dict[str, str]) -> tuple[Keyr
         keys.append(
             Key(
                 name=name, digest=digest(s.key), admin=s.admin, models=scope,
-                cache_group=s.cache_group, max_tokens=s.max_tokens,
+                cache_group=s.cache_group, max_tokens=s.max_tokens, rules=s.rules,
             )
         )
     return Keyring(tuple(keys)), bad

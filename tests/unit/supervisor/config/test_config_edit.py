@@ -272,7 +272,11 @@ path = "a.gguf"
     for key in (api, named, admin):
         assert key not in rendered and key not in repr(data)
     assert data["server"]["api_keys"] == [
-        "***", {"key": "***", "name": "ci", "models": ["a"], "cache_group": None, "max_tokens": None}
+        "***", {
+            "key": "***", "name": "ci", "models": ["a"], "cache_group": None, "max_tokens": None,
+            "requests_per_minute": None, "tokens_per_minute": None, "tokens_per_day": None, "max_in_flight": None,
+            "priority": "normal", "request_priority": False,
+        }
     ]
     assert data["server"]["admin_keys"] == ["***"]
     # Every key of the schema is there, unset ones as comments in TOML.

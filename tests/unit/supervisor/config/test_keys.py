@@ -8,6 +8,7 @@ import pytest
 
 from supervisor.config import keys
 from supervisor.config import ConfigError, load, parse
+from supervisor.config.key_rules import KeyRules
 from supervisor.config.keys import ApiKeyTable, KeyFileError, Keyring, KeySource
 from tests.harness import write_gguf, config_text
 from tests.secrets import secret
@@ -178,7 +179,7 @@ def test_key_problems_are_config_errors_without_the_keys(tmp_path: Path) -> None
     text = str(exc.value)
     assert "server.api_keys[1]: a key must be at least 8 characters" in text
     assert "server.admin_keys[0]: the same key as server.api_keys[0]" in text
-    assert "server.api_keys_file: keys.txt:1: after the key, only name=NAME, models=A,B, cache_group=GROUP and max_tokens=N may follow" in text
+    assert "server.api_keys_file: keys.txt:1: after the key, only name=NAME, models=A,B, cache_group=GROUP, max_tokens=N and requests_per_minute=" in text
     assert ALICE not in text and "tiny" not in text
 
 
@@ -194,3 +195,34 @@ def test_a_key_table_with_an_unknown_field_is_a_config_error(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as exc:
         parse(text, tmp_path)
     assert exc.value.problems == ["server.api_keys[0].owner: unknown key"]
+
+
+def test_a_keys_quotas_and_priority_come_from_its_table_and_its_file_line() -> None:
+    [table] = keys.from_config(
+        [ApiKeyTable(key=ALICE, tokens_per_day=5000, max_in_flight=2, priority="interactive")], []
+    )
+    assert table.rules.tokens_per_day == 5000 and table.rules.max_in_flight == 2
+    assert table.rules.rank == 0 and table.rules.limited
+    [line] = keys.parse_file(f"{BOB} requests_per_minute=30 priority=batch request_priority=true\n", "keys.txt")
+    assert line.rules.requests_per_minute == 30 and line.rules.rank == 2 and line.rules.request_priority
+    [plain] = keys.parse_file(f"{BOB}\n", "keys.txt")
+    assert not plain.rules.limited and plain.rules.rank == 1
+    ring = _ring(line)
+    assert ring.keys[0].rules == line.rules
+
+
+@pytest.mark.parametrize(
+    "field, said",
+    [("priority=urgent", "$.priority"), ("tokens_per_minute=lots", "$.tokens_per_minute"), ("request_priority=maybe", "$.request_priority")],
+)
+def test_a_bad_rule_on_a_keys_file_line_names_the_line_and_the_field(field: str, said: str) -> None:
+    with pytest.raises(KeyFileError) as err:
+        list(keys.parse_file(f"{BOB}\n{ALICE} {field}\n", "keys.txt"))
+    assert "keys.txt:2" in str(err.value) and said in str(err.value) and ALICE not in str(err.value)
+
+
+def test_a_quota_below_one_is_a_problem_naming_it() -> None:
+    rules = KeyRules(tokens_per_minute=0, max_in_flight=-1)
+    found = list(keys.problems([KeySource("server.api_keys[0]", ALICE, None, None, rules=rules)]))
+    assert any("server.api_keys[0].tokens_per_minute" in p for p in found)
+    assert any("server.api_keys[0].max_in_flight" in p for p in found)
