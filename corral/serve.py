@@ -22,6 +22,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from corral.args import config_path, print_problems
 from corral.listen import CannotListen, open_listeners
 from router.app import create_app
+from router.usage import gate as usage_gate
 from router.upstream import service as upstream_service
 from router.server.auth import refuse_bind
 from supervisor import pid_file
@@ -131,6 +132,8 @@ async def _serve_on(
             # (stop_grace for Shutdown, then for SIGTERM, then SIGKILL).
             with trio.move_on_after(3 * cfg.supervisor.stop_grace + 5):
                 await supervisor.stop()
+            # What the ledger has queued is written before the process ends.
+            await trio.to_thread.run_sync(usage_gate.of(app).ledger.close)
             nursery.cancel_scope.cancel()
 
 

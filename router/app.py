@@ -31,6 +31,8 @@ from router.server.errors import Rendered, http_problem
 from router.upstream import relay
 from router.upstream import service as upstream_service
 from router.upstream.metrics import UpstreamCollector
+from router.usage import gate as usage_gate
+from router.usage import routes as usage_routes
 from supervisor.config import Config, ConfigError
 from supervisor.errors import CorralError, InternalError
 from supervisor.supervisor import Supervisor
@@ -89,6 +91,8 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     # Preflights are answered before keys are checked: browsers send none with them.
     cors.install(app, lambda: supervisor.config.server.cors_origins)
     auth.install(app, supervisor)
+    # Right after the key check, before any relay: a key's quotas reach upstream models too.
+    usage = usage_gate.install(app, supervisor, lambda path: dialect_of(path).name)
     image_urls.install(app, lambda: supervisor.config.server.image_url_hosts)
     # After the key check: a request for a model served elsewhere is relayed from here.
     upstreams = upstream_service.install(app, supervisor, lambda path: dialect_of(path).name)
@@ -141,8 +145,9 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
         d.register(blueprint, server)
         app.register_blueprint(blueprint)
     admin.register(app, supervisor, upstreams.view, upstreams.fleet)
+    usage_routes.register(app)
     dashboard.register(app)
-    metrics.register(app, supervisor, [UpstreamCollector(upstreams.pool)])
+    metrics.register(app, supervisor, [UpstreamCollector(upstreams.pool), usage_gate.UsageCollector(usage, supervisor)])
     return app
 
 

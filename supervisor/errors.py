@@ -73,6 +73,15 @@ class Overloaded(CorralError):
         self.retry_after = retry_after
 
 
+class QuotaExceeded(Overloaded):
+    """A key past one of its quotas (429, with Retry-After; router/usage/quotas.py).
+    `limit` names the rule: "tokens_per_minute"."""
+
+    def __init__(self, message: str, retry_after: float, limit: str) -> None:
+        super().__init__(message, retry_after)
+        self.limit = limit
+
+
 class WorkerCrashed(CorralError):
     """The worker died or broke the protocol while a request was in flight (502)."""
 

@@ -46,6 +46,7 @@ class Record:
     path: str
     started: float  # time.monotonic()
     key: str | None = None  # the key's name, never the key
+    key_id: str | None = None  # its owner digest (the usage ledger's and quotas' identity)
     model: str | None = None
     upstream: str | None = None  # the replica that answered, for a model served elsewhere
     status: int | None = None
@@ -60,6 +61,7 @@ class Record:
     load_wait: float | None = None  # seconds waiting for the model to load (or for room)
     slot_wait: float | None = None  # seconds in line for a slot
     ended: float | None = None  # time.monotonic() when the answer was done
+    quota_held: bool = False  # counted as begun against its key's quotas (router/usage/gate.py)
 
     def fields(self, now: float) -> dict[str, Any]:
         return {

@@ -156,7 +156,7 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
             is_loopback(access_log.peer(request.scope)),
         )
         if key is not None and (record := access_log.current()) is not None:
-            record.key = key.name
+            record.key, record.key_id = key.name, key.owner
 
 
 def refuse_bind(host: str, ring: Keyring, allow_insecure_bind: bool) -> str | None:

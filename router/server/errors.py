@@ -24,6 +24,7 @@ _STATUS: dict[type[e.CorralError], int] = {
     e.NotFound: 404,
     e.ModelNotFound: 404,
     e.Overloaded: 429,
+    e.QuotaExceeded: 429,
     e.WorkerCrashed: 502,
     e.WorkerUnavailable: 503,
     e.InternalError: 500,

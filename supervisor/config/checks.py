@@ -117,6 +117,11 @@ def check(file: ConfigFile, base_dir: Path, broken: set[str] = set()) -> Iterato
         yield f"server.slot_save_max_bytes: must be 0 (no bound) or more, got {srv.slot_save_max_bytes}"
     if srv.pid_file is not None and not resolve_path(srv.pid_file, base_dir).parent.is_dir():
         yield f"server.pid_file: no such folder: {resolve_path(srv.pid_file, base_dir).parent}"
+    if srv.state_dir is not None and (state := resolve_path(srv.state_dir, base_dir)).exists() and not state.is_dir():
+        yield f"server.state_dir: not a directory: {state}"
+    for key in ("usage_hourly_for", "usage_daily_for"):
+        if not _seconds(value := getattr(srv, key)):
+            yield f"server.{key}: must be a finite number >= 0, got {value}"
     for i, origin in enumerate(srv.cors_origins):
         if not _ORIGIN.fullmatch(origin) and not _host_entry(origin):
             yield (

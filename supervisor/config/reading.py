@@ -118,6 +118,7 @@ def parse(
         api_keys_file=None if srv.api_keys_file is None else str(resolve_path(srv.api_keys_file, base_dir)),
         models_dir=None if srv.models_dir is None else str(resolve_path(srv.models_dir, base_dir)),
         pid_file=None if srv.pid_file is None else str(resolve_path(srv.pid_file, base_dir)),
+        state_dir=None if srv.state_dir is None else str(resolve_path(srv.state_dir, base_dir)),
     )
     return with_server(
         Config(

@@ -127,6 +127,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     fleet: list[str] = []
     fleet_key_env: str | None = None
     fleet_key_file: str | None = None
+    # A folder for what must outlive a restart: the usage ledger (usage.sqlite3: requests and
+    # tokens by key, model and hour; router/usage/), which GET /admin/usage and `corral usage`
+    # read and keys' tokens_per_day count from. Made if missing; relative to the config file.
+    # Unset: the ledger is kept in memory and a restart forgets it. Read at start only.
+    state_dir: str | None = None
+    # The ledger keeps hours for this long, then one row a UTC day; days for usage_daily_for
+    # (0: for ever).
+    usage_hourly_for: Seconds = 14 * 86400.0
+    usage_daily_for: Seconds = 400 * 86400.0
 
 
 class SupervisorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -182,6 +182,9 @@ def test_nothing_imports_the_command_line() -> None:
 ROUTER_LAYERS: dict[str, tuple[str, ...]] = {
     "router.server": ("router.generation", "router.api", "router.app"),
     "router.upstream": ("router.generation", "router.api", "router.app"),
+    # The usage ledger and quotas sit beside the server's parts: they read the access log's
+    # records and the keys, and no dialect or generation code.
+    "router.usage": ("router.generation", "router.api", "router.app", "router.upstream"),
     "router.generation": ("router.api", "router.app"),
     "router.api": ("router.app",),
 }
@@ -199,7 +202,7 @@ def dialects() -> list[str]:
 def test_the_router_shows_the_server_the_generation_the_upstreams_and_a_folder_per_dialect() -> None:
     router = ROOT / "router"
     folders = sorted(p.name for p in router.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert folders == ["api", "generation", "server", "upstream"]
+    assert folders == ["api", "generation", "server", "upstream", "usage"]
     assert sorted(p.name for p in router.glob("*.py")) == ["__init__.py", "app.py"]
     assert {"router.api.openai", "router.api.llama"} <= set(dialects())
 

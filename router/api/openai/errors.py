@@ -29,6 +29,7 @@ _KIND: dict[type[e.CorralError], tuple[str, str | None]] = {
     e.ModelNotFound: ("invalid_request_error", "model_not_found"),
     e.NotFound: ("invalid_request_error", "not_found"),
     e.Overloaded: ("rate_limit_error", "rate_limit_exceeded"),
+    e.QuotaExceeded: ("rate_limit_error", "rate_limit_exceeded"),
     e.WorkerCrashed: ("server_error", "worker_crashed"),
     e.WorkerUnavailable: ("server_error", "model_unavailable"),
     e.InternalError: ("server_error", "internal_error"),
