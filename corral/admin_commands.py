@@ -156,7 +156,8 @@ def find_key(args: argparse.Namespace, env: dict[str, str]) -> str | None:
 # ---- the commands ------------------------------------------------------------------------
 
 
-def add(sub: Subparsers) -> None:
+def common_options() -> argparse.ArgumentParser:
+    """The options every command that calls a running server takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url", action="append",
@@ -172,6 +173,11 @@ def add(sub: Subparsers) -> None:
         help=f"a file holding the admin key (default: ${at.KEY_ENV}; none is needed on loopback with no admin_keys)",
     )
     common.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="how long to wait for the server")
+    return common
+
+
+def add(sub: Subparsers) -> None:
+    common = common_options()
 
     def parser(name: str, help: str, run: Any, timeout: float) -> argparse.ArgumentParser:
         p = sub.add_parser(
@@ -214,7 +220,7 @@ def _width() -> int:
     return shutil.get_terminal_size((10_000, 24)).columns
 
 
-def _run(args: argparse.Namespace, command: Any) -> int:
+def run_with_server(args: argparse.Namespace, command: Any) -> int:
     """A command's common frame: find the server and key, run, turn Exit into a code."""
     try:
         timeout = args.timeout if args.timeout is not None else args.default_timeout
@@ -251,7 +257,7 @@ def status(args: argparse.Namespace) -> int:
             raise Exit(at.FAILED, f"{server.url}: {exc}") from None
         return at.OK
 
-    return _run(args, run)
+    return run_with_server(args, run)
 
 
 def _fleet_status(args: argparse.Namespace) -> int:
@@ -320,7 +326,7 @@ def load(args: argparse.Namespace) -> int:
         print(_describe(body.get("model")))
         return at.OK
 
-    return _run(args, run)
+    return run_with_server(args, run)
 
 
 def unload(args: argparse.Namespace) -> int:
@@ -337,7 +343,7 @@ def unload(args: argparse.Namespace) -> int:
         print(_describe(model))
         return at.OK
 
-    return _run(args, run)
+    return run_with_server(args, run)
 
 
 def reset(args: argparse.Namespace) -> int:
@@ -347,7 +353,7 @@ def reset(args: argparse.Namespace) -> int:
         print(f"{_describe(body.get('model'))}: {what}")
         return at.OK
 
-    return _run(args, run)
+    return run_with_server(args, run)
 
 
 def reload(args: argparse.Namespace) -> int:
@@ -366,4 +372,4 @@ def reload(args: argparse.Namespace) -> int:
             print(line)
         return at.OK
 
-    return _run(args, run)
+    return run_with_server(args, run)

@@ -14,6 +14,8 @@
                                   --signal, sends SIGHUP to [server] pid_file's pid)
   corral status | load NAME | unload NAME | reset NAME | reload
                                   see and steer a running server (corral/admin_commands.py)
+  corral usage [--key K] [--by day] [--csv]
+                                  who used how much: the usage ledger (corral/usage_command.py)
   corral chat MODEL [--url URL | --config FILE]
                                   chat in the terminal, over HTTP or in-process
   corral --version
@@ -30,7 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 
-from corral import admin_commands, config_commands
+from corral import admin_commands, config_commands, usage_command
 from corral.args import add_config_option
 from corral.chat import terminal
 from corral.serve import serve_command
@@ -64,5 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     config_commands.add(sub)
     terminal.add(sub)
     admin_commands.add(sub)
+    usage_command.add(sub)
     args = ap.parse_args(argv)
     return int(args.run(args))

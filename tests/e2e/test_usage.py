@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ import ollama
 import openai
 import pytest
 
-from tests.e2e.conftest import Server, start_server, stop_server
+from tests.e2e.conftest import CHECKOUT_CORRAL, Server, start_server, stop_server
 from tests.secrets import secret
 
 ALICE, BOB, CAROL, DAVE, ADMIN = (secret(n) for n in ("use-alice", "use-bob", "use-carol", "use-dave", "use-admin"))
@@ -171,17 +173,17 @@ def _hold(server: Server, key: str, tokens: int, started: threading.Event) -> No
 @pytest.mark.parametrize("sdk", ["openai", "anthropic"])
 def test_the_official_clients_wait_as_retry_after_says_and_then_get_through(server: Server, sdk: str) -> None:
     started = threading.Event()
-    holder = threading.Thread(target=_hold, args=(server, BOB, 12, started))
+    holder = threading.Thread(target=_hold, args=(server, BOB, 3, started))
     holder.start()
     assert started.wait(30)
     t0 = time.monotonic()
     if sdk == "openai":
-        raw = openai.OpenAI(base_url=server.base, api_key=BOB, max_retries=3).chat.completions.with_raw_response.create(
+        raw = openai.OpenAI(base_url=server.base, api_key=BOB, max_retries=10).chat.completions.with_raw_response.create(
             model="gemma", messages=HI, max_tokens=1,  # type: ignore[arg-type]
         )
         retries = int(raw.http_request.headers.get("x-stainless-retry-count", "0"))
     else:
-        araw = anthropic.Anthropic(base_url=server.url, api_key=BOB, max_retries=3).messages.with_raw_response.create(
+        araw = anthropic.Anthropic(base_url=server.url, api_key=BOB, max_retries=10).messages.with_raw_response.create(
             model="gemma", max_tokens=1, messages=[{"role": "user", "content": "hi"}]
         )
         retries = int(araw.http_request.headers.get("x-stainless-retry-count", "0"))
@@ -208,6 +210,28 @@ def test_usage_as_csv_by_day_and_a_bad_parameter_named(server: Server) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "from"
     alice = httpx.get(server.url + "/admin/usage", headers={"authorization": f"Bearer {ALICE}"})
     assert alice.status_code == 403  # a key's own usage is not yet its to read: an operator's route
+
+
+def test_corral_usage_prints_the_ledger_in_the_terminal(server: Server) -> None:
+    env = {**os.environ, "CORRAL_ADMIN_KEY": ADMIN}
+    out = subprocess.run(
+        [*CHECKOUT_CORRAL, "usage", "--url", server.url, "--key", "alice"], env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    header, *lines = out.stdout.splitlines()
+    assert header.split()[:3] == ["KEY", "MODEL", "REQUESTS"]
+    row = next(line.split() for line in lines if line.split()[:2] == ["alice", "gemma"])
+    assert int(row[2]) == next(t["requests"] for t in usage(server, key="alice")["totals"] if t["model"] == "gemma")
+    as_csv = subprocess.run(
+        [*CHECKOUT_CORRAL, "usage", "--url", server.url, "--by", "day", "--csv"], env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert as_csv.returncode == 0 and "alice" in as_csv.stdout
+    assert next(csv.DictReader(io.StringIO(as_csv.stdout)))["period"] == "day"
+    refused = subprocess.run(
+        [*CHECKOUT_CORRAL, "usage", "--url", server.url], env={**os.environ, "CORRAL_ADMIN_KEY": ALICE},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert refused.returncode != 0 and "admin key" in refused.stderr
 
 
 def test_tokens_per_day_and_the_ledger_survive_a_restart(server: Server, tmp: Path) -> None:
