@@ -156,6 +156,20 @@ def _drive(page: Chromium, server: Server) -> None:
         server.url + "/admin/models/gemma", headers={"authorization": f"Bearer {ADMIN}"}
     ).json()["model"]["tokens_generated"]
     assert tokens >= 1
+    # The usage view (issue 44): the ledger's row for the admin key's chat, and its hour's
+    # bar in the chart, equal to what GET /admin/usage says.
+    usage_row = "document.querySelector('#usage tr[data-key=\"admin_keys[0]\"][data-model=gemma]')"
+    page.wait_for(f"!!{usage_row}", 30, "the chat's row in the usage view")
+    ledger = httpx.get(
+        server.url + "/admin/usage", params={"key": "admin_keys[0]", "model": "gemma"},
+        headers={"authorization": f"Bearer {ADMIN}"},
+    ).json()["totals"][0]
+    cells = page.evaluate(f"[...{usage_row}.querySelectorAll('td')].map(td => td.textContent)")
+    assert cells[:3] == ["admin_keys[0]", "gemma", str(ledger["requests"])]
+    assert cells[5] == str(ledger["generated_tokens"]) and int(cells[5]) >= 1
+    bar = page.evaluate("[...document.querySelectorAll('#usage-chart rect.bar')].map(r => r.dataset.key)")
+    assert bar == ["admin_keys[0]"]
+    assert "tokens" in page.evaluate("document.querySelector('#usage-chart rect.bar title').textContent")
 
     shot = page.screenshot(ARTIFACTS / "dashboard-ready.png")
     print(f"dashboard screenshot (model ready, after a chat): {shot}")
