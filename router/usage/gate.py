@@ -79,6 +79,11 @@ def install(app: QuartTrio, supervisor: Supervisor, dialect_of: Callable[[str], 
     path = ledger_path(supervisor.config)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
+    elif daily := [k.name for k in supervisor.config.keys.keys if k.rules.tokens_per_day is not None]:
+        log.warning(
+            "%s set tokens_per_day, and the usage ledger is kept in memory: a restart starts their day "
+            "afresh. Set [server] state_dir to keep it.", ", ".join(daily),
+        )
     usage = Usage(Ledger(path, cfg.usage_hourly_for, cfg.usage_daily_for))
     app.extensions[EXTENSION] = usage
     app.extensions.setdefault(access_log.DONE_HOOKS, []).append(usage.finished)
