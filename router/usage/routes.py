@@ -27,24 +27,32 @@ _json = msgspec.json.Encoder()
 FIELDS = ("period", "start", "key", "model", *COUNTS)
 
 
+# Epoch seconds a report may name: 1970 to the end of year 9999, what a datetime can print.
+LATEST = 253_402_300_799.0
+
+
 def instant(text: str | None, param: str) -> float | None:
     """A `from`/`to` value in epoch seconds; a 400 naming `param` if it is none."""
     if text is None or text == "":
         return None
+    bad = InvalidRequest(
+        f"`{param}` must be a UTC date (2026-11-28), a time (2026-11-28T13:00) or epoch seconds "
+        f"from 0 to {LATEST:.0f}, not {text[:40]!r}.",
+        param,
+    )
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(
-            f"`{param}` must be a UTC date (2026-11-28), a time (2026-11-28T13:00) or epoch seconds, not {text!r}.",
-            param,
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return when.timestamp()
+        try:
+            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise bad from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        seconds = when.timestamp()
+    if not 0 <= seconds <= LATEST:  # nan, inf, and times a report could not print
+        raise bad
+    return seconds
 
 
 def iso(start: int) -> str:
