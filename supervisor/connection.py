@@ -170,11 +170,13 @@ class WorkerConnection:
         hold_events: bool = False,
         cache_scope: str = "",
         media: list[Media] | None = None,
+        priority: int = 1,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events. `hold_events`: the caller reads the answer whole and never ends a choice
         early, so the worker may send each choice's events after its first at its end.
-        `cache_scope`: whose cached prefixes it may reuse (Generate.cache_scope)."""
+        `cache_scope`: whose cached prefixes it may reuse (Generate.cache_scope); `priority`:
+        its class in the worker's line (Generate.priority)."""
         rid, recv = self._open()
         self._choices[rid] = n
         c = params.constraint
@@ -185,7 +187,7 @@ class WorkerConnection:
                 id=rid, params=params, prompt=prompt, messages=messages, prompt_parts=prompt_parts,
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
                 request_id=request_id, add_generation_prompt=add_generation_prompt, infill=infill,
-                hold_events=hold_events, cache_scope=cache_scope, media=media,
+                hold_events=hold_events, cache_scope=cache_scope, media=media, priority=priority,
             )
         )
         return RequestStream(self, rid, recv, n)

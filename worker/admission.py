@@ -55,6 +55,8 @@ class Admission:
         # Prompts admitted with some of their tokens read from the cache and without, and
         # the tokens read (GET /metrics: worker/link.py sends them with each Pong).
         self.reused = self.missed = self.tokens_reused = 0
+        # Tokens a preempted or parked request found again in the cache when it came back.
+        self.tokens_resumed = 0
 
     def admit(self) -> None:
         """Move waiting requests into idle slots, reusing the best cached prefix."""
@@ -70,7 +72,9 @@ class Admission:
             self.clock += 1
             keep = self._start_in(slot, req)
             slot.scope = req.scope  # what it holds now is the request's prefix, or nothing
-            if req.sampler is None:
+            if req.sampler is not None:  # a request that lost its slot, back
+                self.tokens_resumed += keep
+            else:
                 req.cached = keep
                 self._count(keep)
                 try:

@@ -14,7 +14,8 @@ A step:
   3. one llama_decode over the whole batch;
   4. each request whose prompt is complete samples at its own batch index; the siblings of
      an n > 1 request that joined it sample there too (worker/siblings.py).
-Before a step, waiting requests take idle slots (worker/admission.py); each sampled token
+Before a step, waiting requests take idle slots (worker/admission.py), a better class
+taking one back from a worse where none is idle (worker/priority.py); each sampled token
 becomes output, or ends its request, in worker/outcomes.py, which keeps the book of who
 waits and who runs. What goes into the batch, and what to free when the KV cache is full
 (purge idle caches, then halve the batch, then preempt the newest request), are decided in
@@ -117,8 +118,7 @@ class Engine:
             self.slots, self.kv, self.entries, self.requests, m.n_vocab, self.n_ctx_slot, lambda: self.active,
             self.cache,
         )
-        # Prompt tokens fed to llama_decode so far (Pong): shows that n choices share one
-        # evaluation of their prompt, and what prefix reuse saves.
+        # Prompt tokens fed to llama_decode so far (Pong): what sharing and prefix reuse save.
         self.prompt_tokens_decoded = 0
         self.batch = BatchBuffer(m.n_batch)
         self.threads = m.threads  # read by the link for Pong
@@ -207,6 +207,7 @@ class Engine:
                 if self.slot_files.pending:  # before a request may take the slot
                     self.slot_files.step()
                 if self.requests.waiting:
+                    self.room.make_way(self.admission.clock)
                     self.admission.admit()
                 if any(s.request is not None for s in self.slots):
                     self._step()
@@ -296,8 +297,7 @@ class Engine:
             assert req is not None
             start = len(slot.cache)
             tokens = req.tokens[start : start + chunk.n]
-            # Only a request that feeds its one last sampled token drafts: not a preempted
-            # one prefilling its prompt and output again.
+            # Only a request feeding its last sampled token drafts (not one prefilling again).
             # Complete: the chunk reaches the prompt's end (not only the next image's start).
             complete = chunk.complete and start + chunk.n == len(req.tokens)
             draft = self.spec.draft(req, room) if chunk.n == 1 and complete and req.n_gen > 0 else []

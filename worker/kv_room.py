@@ -13,6 +13,7 @@ from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
 from worker.outcomes import Requests
 from worker.prefix_reuse import eviction_order
+from worker.priority import Running, to_make_way
 from worker.prompt_cache import PromptCache
 from worker.request import Request
 from worker.slots import Slot
@@ -26,6 +27,7 @@ class KvRoom:
         self, slots: list[Slot[Request]], kv: KvCache, entries: Entries[Request], cache: PromptCache, requests: Requests
     ) -> None:
         self.slots, self.kv, self.entries, self.cache, self.requests = slots, kv, entries, cache, requests
+        self.parked = 0  # requests parked for a better class (GET /metrics)
 
     def make_room(self, batch_tokens: int) -> Remedy[Request]:
         """After llama_decode returned 1 (no KV space): perform what make_room decides."""
@@ -51,9 +53,42 @@ class KvRoom:
             req.follows = req.awaits = None
             req.preempted = True
             self.requests.kv_full = True
-            self.requests.waiting.appendleft(req)
+            self.requests.requeue(req)
             log.info("KV cache full: preempted request %s (%d tokens, resumes later)", req.label, len(req.tokens))
         return remedy
+
+    def make_way(self, clock: int) -> None:
+        """Park the running requests that waiting ones of a better class displace. Not
+        while a request preempted for KV room waits: it holds the line until room comes."""
+        if self.requests.kv_full:
+            return
+        running = [
+            None if (r := s.request) is None else Running(
+                r.rank, r.t_admitted, r.follows is None and r.awaits is None and not (r.images and r.n_gen == 0)
+            )
+            for s in self.slots
+        ]
+        for i in to_make_way([w.rank for w in self.requests.waiting], running):
+            self.park(self.slots[i], clock)
+
+    def park(self, slot: Slot[Request], clock: int) -> None:
+        """Take `slot` back from its request for a waiting one of a better class
+        (worker/priority.py): the request's cells become a parked entry of its scope (or go
+        to host memory, where the model keeps no entries), and it waits at the front of its
+        class. Re-admitted, it finds them as any prompt finds a cached prefix, and goes on
+        from its last sampled token: its sampler, grammar, stop matcher and output so far
+        never left it."""
+        req = slot.request
+        assert req is not None
+        if slot.cache and self.entries.park(slot, clock) is None:
+            self.cache.spill(slot, clock)
+            self.kv.drop(slot)
+        slot.request = None
+        req.slot = None
+        req.preempted = True
+        self.parked += 1
+        self.requests.requeue(req)
+        log.info("request %s parked (%d tokens) for a request of a better class", req.label, len(req.tokens))
 
     def fail_plan(self, plan: list[Request], rc: int) -> None:
         """llama_decode refused a batch with `rc`: end each of its requests."""

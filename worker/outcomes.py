@@ -18,6 +18,7 @@ from typing import Callable
 
 from worker.constraint import ConstraintFailed
 from worker.model import LoadedModel
+from worker.priority import insert_at
 from worker.protocol import Error, FinishReason, Frame, Step, StopType, Timings, TokenEvent, TokenLogprob, Usage
 from worker.request import Request
 
@@ -37,10 +38,17 @@ class Requests:
 
     def add(self, req: Request) -> None:
         # Siblings queue right behind choice 0, so that they are admitted in the same pass
-        # where slots allow and join its prompt evaluation.
+        # where slots allow and join its prompt evaluation. By rank, then arrival
+        # (worker/priority.py).
         group = [req, *req.siblings()]
         self.by_id[req.id] = group
-        self.waiting.extend(group)
+        at = insert_at([w.rank for w in self.waiting], req.rank, front=False)
+        for i, r in enumerate(group):
+            self.waiting.insert(at + i, r)
+
+    def requeue(self, req: Request) -> None:
+        """`req` lost its slot (preempted, parked): back to the front of its rank."""
+        self.waiting.insert(insert_at([w.rank for w in self.waiting], req.rank, front=True), req)
 
     def leader(self, req: Request) -> Request | None:
         """Choice 0 of `req`'s Generate, while it is still in the engine."""

@@ -136,6 +136,7 @@ def _request(
     return Request(
         id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)),
         in_reasoning=in_reasoning, n=g.n, echo=echo, request_id=g.request_id, scope=g.cache_scope,
+        rank=g.priority,
     )
 
 

@@ -74,6 +74,7 @@ class Request:
     # The prompt's images, in order: spans of placeholder ids in `prompt` whose embeddings
     # the engine decodes (worker/media/steps.py); text never goes into a batch past one.
     images: tuple[ImageSpan, ...] = ()
+    rank: int = 1  # Generate.priority: its class in the slot line, lower first
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -96,7 +97,7 @@ class Request:
                     stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
                     in_reasoning=self.in_reasoning, request_id=self.request_id,
                     matcher=self.matcher.fork() if self.matcher is not None else None, scope=self.scope,
-                    images=self.images,
+                    images=self.images, rank=self.rank,
                 )
             )
         self.n = 1  # split once

@@ -93,6 +93,7 @@ class Generation:
         self._prompt_usages: list[Usage | None] = []  # each prompt's, from its first event
         self._owner: str | None = None  # the sending key's (owners.py), for GET /slots
         self._scope = ""  # whose cached prefixes it may reuse (router/server/cache_scope.py)
+        self._rank = 1  # its class in the slot line (supervisor/config/key_rules.py)
         # The job's parameters as sent, after the output caps: what an answer that repeats
         # them (llama-server's generation_settings) must say.
         self.params = SamplingParams()
@@ -122,6 +123,7 @@ class Generation:
         key = auth.current_key()
         gen._owner = key.owner if key is not None else None
         gen._scope = cache_scope(key, job.cache_salt)
+        gen._rank = key.rules.rank if key is not None else 1
         # The model's and the key's caps on output, as llama-server's -n: a request asking
         # more, or no limit, generates up to the cap and ends with "length".
         job = dataclasses.replace(
@@ -206,6 +208,7 @@ class Generation:
                 hold_events=not job.stream and not tools.offered,
                 cache_scope=self._scope,
                 media=list(job.media) or None,
+                priority=self._rank,
             )
             self._streams.append(stream)
             owners.enter(conn, stream.id, self._owner)

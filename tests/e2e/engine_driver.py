@@ -89,6 +89,7 @@ class EngineDriver:
         scope: str = "",
         prompt: str | None = None,
         media: list[bytes] | None = None,
+        priority: int = 1,
     ) -> tuple[int, Outcome]:
         """A request of `tokens`, or of the text `prompt` with an image (`media`) for each of
         its media markers."""
@@ -104,7 +105,7 @@ class EngineDriver:
         self.engine.submit(
             Generate(
                 id=rid, params=params, prompt_tokens=None if prompt is not None else list(tokens),
-                prompt=prompt, media=images, n=n, hold_events=hold, cache_scope=scope,
+                prompt=prompt, media=images, n=n, hold_events=hold, cache_scope=scope, priority=priority,
             )
         )
         return rid, outcome

@@ -8,7 +8,8 @@ canary's prefix reuse is at stake), prompts that share a long system prompt (par
 entries, anchors, and waiting for another request's prefill are at stake: issue 24), plain
 prompts, prompts near the limit, conversations moved out to host memory and back, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
 on, as in the worker, and gives back the cells of rejected drafts), n > 1 siblings, sampled and greedy requests, staggered
-starts and cancellations; a request alone runs ahead of the engine loop (worker/run_ahead.py). Requests
+starts and cancellations, requests of three classes (a better one parks a worse one's cells:
+issue 44); a request alone runs ahead of the engine loop (worker/run_ahead.py). Requests
 come from several cache scopes (router/server/cache_scope.py: keys that share nothing). After each mix:
 - no request was served cached tokens that only another scope's prompts hold (issue 40);
 - the engine's own check, run before every decode, found nothing to repair;
@@ -67,6 +68,7 @@ class Ask:
     cancel_after: float | None  # seconds after its own start
     hold: bool = False  # a non-streaming client's: events after the first come at the end
     scope: str = ""  # its cache scope: another scope's cells must never serve it
+    priority: int = 1  # its class: a better one parks a worse one's running request (issue 44)
 
 
 asks = st.builds(
@@ -82,6 +84,7 @@ asks = st.builds(
     cancel_after=st.one_of(st.none(), st.none(), st.floats(0.0, 1.5)),
     hold=st.booleans(),
     scope=st.sampled_from(["", "", "alice", "bob"]),
+    priority=st.sampled_from([1, 1, 0, 2]),
 )
 
 
@@ -148,7 +151,9 @@ class Mixer:
             tokens = self.prompt(ask, earlier)
             earlier.append((ask.scope, tokens))
             seed = ask.seed if ask.temperature else None
-            rid, o = d.generate(tokens, ask.max_tokens, ask.temperature, seed, ask.n, hold=ask.hold, scope=ask.scope)
+            rid, o = d.generate(
+                tokens, ask.max_tokens, ask.temperature, seed, ask.n, hold=ask.hold, scope=ask.scope, priority=ask.priority,
+            )
             started.append((rid, time.monotonic(), ask))
             outcomes.append((rid, o, ask, tokens))
         for rid, at, ask in sorted(started, key=lambda s: s[1] + (s[2].cancel_after or 1e9)):

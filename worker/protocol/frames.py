@@ -57,6 +57,11 @@ class Generate(Frame):
     # request salt. Requests of different scopes share no cells, so that no request learns
     # (from cached_tokens, or from the time its prompt took) what another key sent.
     cache_scope: str = ""
+    # Its class in the slot line (supervisor/config/key_rules.py RANKS: 0 interactive, 1
+    # normal, 2 batch; lower first, as vLLM's `priority`): a request waits behind those of
+    # a lower rank, and one waiting with no slot free parks the newest running request of a
+    # higher rank (worker/priority.py).
+    priority: int = 1
     # Images, in the order their MEDIA_MARKER stands in the rendered prompt (a chat's
     # messages, or `prompt`); a model without a projector refuses them.
     media: list[Media] | None = None
