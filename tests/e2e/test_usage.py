@@ -47,6 +47,11 @@ path = "{{MODEL}}"
 chat_template = "gemma"
 slots = 2
 n_ctx = 1024
+
+# A model served elsewhere (nothing listens there): a key's quotas are checked before any
+# request is relayed.
+[models.remote]
+upstream = "http://127.0.0.1:9"
 """
 
 HI = [{"role": "user", "content": "Say hello."}]
@@ -160,6 +165,10 @@ def test_each_quota_is_a_429_the_openai_client_reads(server: Server) -> None:
     with pytest.raises(ollama.ResponseError) as oerr:
         ol.chat(model="gemma", messages=HI, options={"num_predict": 1})
     assert oerr.value.status_code == 429 and "requests_per_minute" in str(oerr.value.error)
+    # The same quota holds for a model served elsewhere: refused here, never relayed.
+    with pytest.raises(openai.RateLimitError) as rerr:
+        oa.chat.completions.create(model="remote", messages=HI, max_tokens=1)  # type: ignore[arg-type]
+    assert "requests_per_minute" in rerr.value.message
     assert totals(server, "carol")["errors"] >= 3
 
 
