@@ -114,11 +114,23 @@ def test_the_ledger_counts_what_each_dialect_told_its_client(server: Server) -> 
     ol = ollama.Client(host=server.url, headers={"authorization": f"Bearer {ALICE}"})
     chat = ol.chat(model="gemma", messages=HI, options={"num_predict": 4, "temperature": 0})
     prompt, generated = prompt + (chat.prompt_eval_count or 0), generated + (chat.eval_count or 0)
-    # A failed request: an error, no tokens.
+    resp = oa.responses.create(model="gemma", input="Say hello.", max_output_tokens=6)
+    assert resp.usage is not None
+    prompt, generated = prompt + resp.usage.input_tokens, generated + resp.usage.output_tokens
+    cached += resp.usage.input_tokens_details.cached_tokens if resp.usage.input_tokens_details else 0
+    native = httpx.post(
+        server.url + "/completion", json={"model": "gemma", "prompt": "Once upon a time", "n_predict": 4},
+        headers={"authorization": f"Bearer {ALICE}"}, timeout=60,
+    ).json()
+    prompt, generated = prompt + native["tokens_evaluated"], generated + native["tokens_predicted"]
+    cached += native.get("tokens_cached", 0)
+    # Failed requests: errors, no tokens, in two dialects.
     with pytest.raises(openai.BadRequestError):
         oa.chat.completions.create(model="gemma", messages=HI, max_tokens=8, temperature=-1)  # type: ignore[arg-type]
-    got = totals(server, "alice", until=6)
-    assert got["requests"] == 6 and got["errors"] == 1
+    with pytest.raises(anthropic.BadRequestError):
+        an.messages.create(model="gemma", max_tokens=-5, messages=[{"role": "user", "content": "hi"}])
+    got = totals(server, "alice", until=9)
+    assert got["requests"] == 9 and got["errors"] == 2
     assert got["generated_tokens"] == generated
     assert got["prompt_tokens"] == prompt
     # Ollama's reply says no cached count; the ledger's is at least what the others said
