@@ -254,6 +254,8 @@ def cache_counts(e: Engine) -> dict[str, int]:
         "parked": len(e.entries.parked),
         "parked_hits": e.entries.hits,
         "parked_evictions": e.entries.evictions,
+        "requests_parked": e.room.parked,
+        "tokens_resumed": e.admission.tokens_resumed,
         "draft_tokens": e.spec.drafted,
         "draft_accepted": e.spec.accepted,
     }

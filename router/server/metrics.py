@@ -165,6 +165,8 @@ _PROMPT_CACHE: tuple[tuple[str, bool, str], ...] = (
     ("parked", False, "Finished prompts kept in the KV cache under sequences of their own now."),
     ("parked_hits", True, "Prompts whose prefix came from a parked entry."),
     ("parked_evictions", True, "Parked entries given up for KV room, for their sequence, or for being idle."),
+    ("requests_parked", True, "Running requests parked for a waiting one of a better class (their cells kept)."),
+    ("tokens_resumed", True, "Tokens a parked or preempted request found again in the cache when it came back."),
     ("spilled_idle", True, "Parked entries moved to host memory after going unused for 64 decode steps."),
     ("host_prompts", False, "Prompts saved in host memory now."),
     ("host_bytes", False, "Bytes of KV cells saved in host memory now."),
