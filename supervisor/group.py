@@ -28,6 +28,7 @@ from supervisor.handle import ModelHandle
 from supervisor.instances import group_state, instance_spec
 from supervisor.lease import Lease, leased
 from supervisor.lifecycle import State
+from supervisor.slot_order import Place
 from supervisor.slot_queue import Ticket
 from supervisor.stats import ModelStats
 from worker.protocol import Ready
@@ -132,8 +133,8 @@ class ModelGroup:
                 return h
         raise WorkerUnavailable(f"model {self.name!r}: that worker has stopped", retry=True)
 
-    async def take_slots(self, conn: WorkerConnection, slots: int) -> Ticket:
-        return await self.instance_of(conn).take_slots(conn, slots)
+    async def take_slots(self, conn: WorkerConnection, slots: int, place: Place = Place()) -> Ticket:
+        return await self.instance_of(conn).take_slots(conn, slots, place)
 
     async def ensure_ready(self) -> None:
         """Load every instance (an admin's load, a keep_alive): all serve once it returns."""
