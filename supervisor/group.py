@@ -101,6 +101,9 @@ class ModelGroup:
             slots=sum(s.slots for s in (ready or each[:1])),
             slots_busy=sum(s.slots_busy for s in each), queued=sum(s.queued for s in each),
             waiting=sum(s.waiting for s in each), in_flight=sum(s.in_flight for s in each),
+            waiting_by_priority={
+                c: sum(s.waiting_by_priority[c] for s in each) for c in first.waiting_by_priority
+            },
             last_used=max((s.last_used for s in each if s.last_used is not None), default=None),
             restarts=sum(s.restarts for s in each), last_error=self.last_error,
             cost_bytes=sum(s.cost_bytes for s in each),

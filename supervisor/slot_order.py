@@ -46,8 +46,11 @@ from dataclasses import dataclass, field
 AGING = 60.0
 # A class whose request arrived this recently is expected again: a request of a lower
 # class is not handed to the worker ahead of a free slot (may_run_ahead), where a request
-# of that class arriving meanwhile could no longer pass it.
-SEEN_LATELY = 60.0
+# of that class arriving meanwhile could no longer pass it. Ten minutes: longer than a
+# person's pause between two questions. The trade is lopsided: running ahead saves a
+# request one decode step, while a better request arriving behind it waits a whole
+# generation more, so the lookahead goes only where no better class is expected.
+SEEN_LATELY = 600.0
 
 INTERACTIVE, NORMAL, BATCH = 0, 1, 2
 ANONYMOUS = ""  # the owner of requests sent with no key
@@ -94,11 +97,10 @@ def effective_class(rank: int, waited: float, aging: float) -> int:
 def choose(flows: list[Flow], granted: dict[str, int], now: float, aging: float) -> Flow | None:
     """The flow whose oldest request is served next: the best class after aging, then the
     owner granted the fewest slots, then the oldest request (None: nobody waits)."""
-    return min(
-        flows,
-        key=lambda f: (effective_class(f.place.rank, now - f.since, aging), granted.get(f.place.owner, 0), f.line[0].seq),
-        default=None,
-    )
+    def turn(f: Flow) -> tuple[int, int, int]:
+        return effective_class(f.place.rank, now - f.since, aging), granted.get(f.place.owner, 0), f.line[0].seq
+
+    return min(flows, key=turn, default=None)
 
 
 class SlotOrder:

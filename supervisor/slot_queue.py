@@ -25,7 +25,8 @@ a queue_timeout every waiting request stays here, where the timeout can end its 
 A request handed ahead is served before any that arrives later, whatever their classes, so
 a request of a class below one seen lately waits here instead (SlotOrder.may_run_ahead):
 with one class, as on a server without keys, the lookahead is what it was; with several,
-an interactive request finds at most the lookahead of a quiet spell ahead of it.
+only the first request of a better class after ten quiet minutes can find requests of a
+lower one handed ahead of it (one per slot at most).
 
 Turns are decided when something changes (a request comes or leaves, slots are given back,
 the worker's slot count changes): aging that would let a request run ahead meanwhile waits
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from supervisor.config.key_rules import RANKS
 from supervisor.errors import Overloaded, WorkerUnavailable
 from supervisor.slot_order import AGING, Place, SlotOrder, Waiting
 
@@ -94,6 +96,11 @@ class SlotQueue:
             out[t.rank] = out.get(t.rank, 0) + 1
             ahead -= t.slots
         return out
+
+    def waiting_by_class(self) -> dict[str, int]:
+        """waiting_by_rank() under the classes' names, every class named (GET /admin/models)."""
+        by_rank = self.waiting_by_rank()
+        return {name: by_rank.get(rank, 0) for name, rank in RANKS.items()}
 
     @property
     def _slots(self) -> int:
