@@ -24,6 +24,7 @@ from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
 from router.server import access_log, auth, instance_key
 from router.server.cache_scope import cache_scope
+from supervisor import priority
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import Unsupported
 from supervisor.group import ModelGroup, Served
@@ -133,7 +134,7 @@ class Generation:
         try:
             leased = time.monotonic()
             # Each choice of each prompt runs in a slot of its own.
-            gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n)
+            gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n, priority.place(key, job.priority))
             if record is not None:
                 record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
             await gen._begin(job)

@@ -1,0 +1,95 @@
+"""Priority classes and fair shares through the real server (hypercorn, fake workers):
+whose request a busy one-slot model serves next, what /admin/models shows of the line, and
+the 400s for a `priority` a key may not send (issue 44)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from router.app import create_app
+from supervisor.config import parse
+from supervisor.lifecycle import State
+from supervisor.supervisor import Supervisor
+from tests.harness import config_text, write_gguf
+from tests.process.support import WORKER_COMMAND, serving_http
+from tests.secrets import secret
+
+BATCH, INTERACTIVE, CHOOSER, ADMIN = (secret(n) for n in ("prio-batch", "prio-interactive", "prio-chooser", "prio-admin"))
+KEYS = [
+    {"key": BATCH, "name": "jobs", "priority": "batch"},
+    {"key": INTERACTIVE, "name": "chat", "priority": "interactive"},
+    {"key": CHOOSER, "name": "app", "request_priority": True},
+]
+
+
+def _supervisor(tmp_path: Path) -> Supervisor:
+    write_gguf(tmp_path / "dummy.gguf")
+    text = config_text({"one": {"slots": 1, "preload": True}}, {"api_keys": KEYS, "admin_keys": [ADMIN]})
+    return Supervisor(parse(text, tmp_path), worker_command=WORKER_COMMAND)
+
+
+def _h(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def _chat(tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"model": "one", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, **extra}
+
+
+async def test_an_interactive_request_passes_a_batch_keys_line_and_a_second_key_shares_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TOKENS_PER_SEC", "20")  # 4 tokens: a fifth of a second
+    sup = _supervisor(tmp_path)
+    handle = sup.handles["one"]
+    done: list[str] = []
+    with trio.fail_after(60):
+        async with serving_http(sup) as base, httpx.AsyncClient(base_url=base, timeout=30) as c:
+            await handle.wait_for_state(State.READY)
+
+            async def ask(name: str, key: str, tokens: int = 4, **extra: Any) -> None:
+                r = await c.post("/v1/chat/completions", json=_chat(tokens, **extra), headers=_h(key))
+                assert r.status_code == 200, r.text
+                done.append(name)
+
+            async def joined(nursery: trio.Nursery, name: str, key: str, **extra: Any) -> None:
+                """Send, and return once the request waits in the line."""
+                before = handle.slot_queue.waiting
+                nursery.start_soon(partial(ask, name, key, **extra))
+                while handle.slot_queue.waiting == before:
+                    await trio.sleep(0.01)
+
+            await ask("warm", INTERACTIVE)  # interactive traffic is about
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask, "b0", BATCH, 40)  # two seconds in the slot
+                while handle.slot_queue.busy == 0:
+                    await trio.sleep(0.01)
+                for i in range(1, 5):
+                    await joined(nursery, f"b{i}", BATCH)
+                await joined(nursery, "app", CHOOSER, priority=5)  # batch too, by its own choice
+                await joined(nursery, "chat", INTERACTIVE)
+                r = await c.get("/admin/models", headers=_h(ADMIN))
+                assert r.json()["models"][0]["waiting_by_priority"] == {"interactive": 1, "normal": 0, "batch": 5}
+                assert done == ["warm"]
+            # The interactive request next; then the batch class's two keys take turns.
+            assert done == ["warm", "b0", "chat", "b1", "app", "b2", "b3", "b4"]
+
+
+async def test_a_priority_the_key_may_not_choose_is_a_400_naming_it(tmp_path: Path) -> None:
+    sup = _supervisor(tmp_path)
+    client = create_app(sup, sup.config).test_client()
+    prompt = {"model": "one", "prompt": "hi", "max_tokens": 1}
+    for path, body in (("/v1/chat/completions", _chat(1)), ("/v1/completions", prompt)):
+        for key, sent in ((BATCH, 0), (BATCH, -1), (INTERACTIVE, 1), (CHOOSER, "high"), (CHOOSER, 1.5)):
+            r = await client.post(path, json={**body, "priority": sent}, headers=_h(key))
+            assert r.status_code == 400, (path, sent)
+            error = (await r.get_json())["error"]
+            assert error["param"] == "priority" and error["type"] == "invalid_request_error", error
+    # Nothing was loaded for them.
+    assert sup.handles["one"].state is State.STOPPED
