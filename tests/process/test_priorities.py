@@ -1,6 +1,6 @@
 """Priority classes and fair shares through the real server (hypercorn, fake workers):
 whose request a busy one-slot model serves next, what /admin/models shows of the line, and
-the 400s for a `priority` a key may not send (issue 44)."""
+the 400s for a `priority` a key may not send, to a local model or relayed (issue 44)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from router.app import create_app
 from supervisor.config import parse
 from supervisor.lifecycle import State
 from supervisor.supervisor import Supervisor
-from tests.harness import config_text, write_gguf
+from tests.harness import config_text, toml_value, write_gguf
 from tests.process.support import WORKER_COMMAND, serving_http
+from tests.process.test_upstream_relay import upstream_and_front
+from tests.process.test_upstream_translation import OpenAIUpstream
 from tests.secrets import secret
 
 BATCH, INTERACTIVE, CHOOSER, ADMIN = (secret(n) for n in ("prio-batch", "prio-interactive", "prio-chooser", "prio-admin"))
@@ -93,3 +95,18 @@ async def test_a_priority_the_key_may_not_choose_is_a_400_naming_it(tmp_path: Pa
             assert error["param"] == "priority" and error["type"] == "invalid_request_error", error
     # Nothing was loaded for them.
     assert sup.handles["one"].state is State.STOPPED
+
+
+async def test_a_relayed_body_carries_only_a_priority_its_key_may_send(tmp_path: Path) -> None:
+    """An upstream (vLLM with priority scheduling, another Corral) reads `priority` as it
+    comes, and knows nothing of this server's keys: the front checks it first."""
+    tables = '[models.far]\nupstream = "{UP}"\n'
+    keys = f"api_keys = {toml_value(KEYS)}"
+    async with upstream_and_front(tmp_path, tables, server=keys, fake=OpenAIUpstream()) as (fake, front):
+        async with httpx.AsyncClient(base_url=front, timeout=10) as c:
+            body = {"model": "far", "messages": [{"role": "user", "content": "hi"}]}
+            r = await c.post("/v1/chat/completions", json={**body, "priority": -1}, headers=_h(BATCH))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+            assert fake.seen == []  # never reached the upstream
+            r = await c.post("/v1/chat/completions", json={**body, "priority": -1}, headers=_h(CHOOSER))
+            assert r.status_code == 200 and fake.seen[-1][1]["priority"] == -1
