@@ -71,7 +71,19 @@ def _queued(m: dict[str, Any], _now: float) -> str:
     parts = [m.get("waiting"), m.get("queued")]
     if not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
         return "-"
-    return str(sum(p for p in parts if isinstance(p, int)))
+    return str(sum(p for p in parts if isinstance(p, int))) + _by_class(m.get("waiting_by_priority"))
+
+
+def _by_class(counts: object) -> str:
+    """The router's line by class, as " (i1 n2 b5)" (each class's initial, the empty ones
+    left out); nothing while every request waits in the normal class, as on a server
+    whose keys all have one."""
+    if not isinstance(counts, dict):
+        return ""
+    shown = {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    if set(shown) <= {"normal"}:
+        return ""
+    return " (" + " ".join(f"{k[:1]}{v}" for k, v in shown.items()) + ")"
 
 
 COLUMNS: tuple[Column, ...] = (

@@ -28,6 +28,7 @@ from supervisor.handle import ModelHandle
 from supervisor.instances import group_state, instance_spec
 from supervisor.lease import Lease, leased
 from supervisor.lifecycle import State
+from supervisor.slot_order import Place
 from supervisor.slot_queue import Ticket
 from supervisor.stats import ModelStats
 from worker.protocol import Ready
@@ -100,6 +101,9 @@ class ModelGroup:
             slots=sum(s.slots for s in (ready or each[:1])),
             slots_busy=sum(s.slots_busy for s in each), queued=sum(s.queued for s in each),
             waiting=sum(s.waiting for s in each), in_flight=sum(s.in_flight for s in each),
+            waiting_by_priority={
+                c: sum(s.waiting_by_priority[c] for s in each) for c in first.waiting_by_priority
+            },
             last_used=max((s.last_used for s in each if s.last_used is not None), default=None),
             restarts=sum(s.restarts for s in each), last_error=self.last_error,
             cost_bytes=sum(s.cost_bytes for s in each),
@@ -132,8 +136,8 @@ class ModelGroup:
                 return h
         raise WorkerUnavailable(f"model {self.name!r}: that worker has stopped", retry=True)
 
-    async def take_slots(self, conn: WorkerConnection, slots: int) -> Ticket:
-        return await self.instance_of(conn).take_slots(conn, slots)
+    async def take_slots(self, conn: WorkerConnection, slots: int, place: Place = Place()) -> Ticket:
+        return await self.instance_of(conn).take_slots(conn, slots, place)
 
     async def ensure_ready(self) -> None:
         """Load every instance (an admin's load, a keep_alive): all serve once it returns."""

@@ -30,6 +30,7 @@ from supervisor.events import EventBus
 from supervisor.lifecycle import State
 from supervisor.replan import Immediate, Planner
 from supervisor.request_rate import RequestRate
+from supervisor.slot_order import Place
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.stats import LoadedFacts, ModelStats
 from worker.protocol import Ready
@@ -131,7 +132,8 @@ class ModelHandle:
             state=self.state, pid=pid, rss_bytes=process_rss(pid),
             slots=ready.slots if ready is not None else self.spec.slots,
             slots_busy=conn.active if conn is not None else 0, queued=conn.queued if conn is not None else 0,
-            waiting=self.slot_queue.waiting, in_flight=self.in_flight,
+            waiting=self.slot_queue.waiting, waiting_by_priority=self.slot_queue.waiting_by_class(),
+            in_flight=self.in_flight,
             last_used=self.last_used_wall,
             load_seconds=self.load_seconds,
             restarts=max(self.starts - 1, 0),
@@ -167,11 +169,12 @@ class ModelHandle:
         self.requests.record(time.monotonic())
         return Lease(conn, self._release)
 
-    async def take_slots(self, conn: WorkerConnection, slots: int) -> Ticket:
-        """`slots` of the leased worker `conn`'s slots, first come first served, within
-        the model's max_queue and queue_timeout. Raises Overloaded or WorkerUnavailable."""
+    async def take_slots(self, conn: WorkerConnection, slots: int, place: Place = Place()) -> Ticket:
+        """`slots` of the leased worker `conn`'s slots, in the turn `place` gives it
+        (supervisor/slot_order.py), within max_queue and queue_timeout. Blocks until
+        granted; cancelling leaves the line. Raises Overloaded or WorkerUnavailable."""
         self.slot_queue.resize(conn.ready.slots if conn.ready is not None else self.spec.slots)
-        return await self.slot_queue.take(slots, self.spec.max_queue, self.spec.queue_timeout)
+        return await self.slot_queue.take(slots, self.spec.max_queue, self.spec.queue_timeout, place)
 
     async def ensure_ready(self) -> None:
         """Load the model if it is not loaded, and return once it is ready. Raises like

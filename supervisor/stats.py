@@ -43,6 +43,9 @@ class ModelStats:
     slots_busy: int  # as the worker last reported (it reports every change)
     queued: int  # waiting inside the worker for a slot, or still being prepared
     waiting: int  # in the router's line for a slot (supervisor/slot_queue.py)
+    # `waiting` by the class each request stands in (its key's, or its own `priority`),
+    # before aging: {"interactive": 0, "normal": 2, "batch": 5}.
+    waiting_by_priority: dict[str, int]
     in_flight: int  # requests holding a lease
     last_used: float | None  # time.time() when the last inference request ended
     load_seconds: float | None

@@ -4,7 +4,8 @@ Run as the supervisor runs a worker:
 
     python tests/fake_worker.py --fd N --spec JSON      (or: python -m tests.fake_worker ...)
 
-It imports only the standard library, msgspec, worker.protocol and tests.behaviour, and uses
+It imports only the standard library, msgspec, worker.protocol, worker.priority (pure) and
+tests.behaviour, and uses
 plain blocking sockets and threads, so it starts in a fraction of a second and costs no CPU
 while idle.
 
@@ -19,7 +20,9 @@ What it does
 * Occupancy(active, queued) whenever either count changes, as the real engine sends it.
 * Ping -> Pong(seq, active, queued, threads), answered by the reader thread at any time (also while
   "loading"). Frames other than Ping/Shutdown that arrive before Ready wait for Ready.
-* Generate: at most `spec.slots` requests run at once, the rest queue. Every step (one Step
+* Generate: at most `spec.slots` requests run at once, the rest queue by class
+  (Generate.priority), and a better class takes a worse one's slot as the real engine
+  does (worker/priority.py: the displaced request waits at the front of its class). Every step (one Step
   frame for all running requests, FAKE_TOKENS_PER_SEC steps per second) each running
   request gains one word: "tok0", " tok1", " tok2", ... (token id 1000 + n). The request ends
   after max_tokens words (8 when max_tokens is None; 0 ends at once) with finish_reason
@@ -111,6 +114,7 @@ import msgspec  # noqa: E402
 
 from tests import fake_answers  # noqa: E402
 from tests.behaviour import Behaviour  # noqa: E402
+from worker.priority import Running, insert_at, to_make_way  # noqa: E402
 from worker.protocol import (  # noqa: E402
     Cancel,
     Detokenize,
@@ -202,6 +206,8 @@ class Request:
     index: int = 0  # the choice, of a Generate with n > 1
     echo: str | None = None  # the prompt text, for the choice's first event
     params: SamplingParams | None = None  # as sent, for SlotsQuery
+    rank: int = 1  # Generate.priority
+    admitted: float = 0.0  # when it last took a slot
 
 
 class Engine:
@@ -275,14 +281,15 @@ class Engine:
         reqs = [
             Request(
                 g.id, n_prompt, max_tokens, list(g.params.stop), g.params.timings_per_token,
-                index=i, echo=text if g.echo else None, params=g.params,
+                index=i, echo=text if g.echo else None, params=g.params, rank=g.priority,
             )
             for i in range(max(g.n, 1))
         ]
         if max_tokens <= 0:
             self.out.send(Step(events=[self.final(req, "length") for req in reqs]))
             return
-        self.waiting.extend(reqs)
+        at = insert_at([w.rank for w in self.waiting], g.priority, front=False)
+        self.waiting[at:at] = reqs
 
     def cancel(self, rid: int) -> None:
         for group in (self.active, self.waiting):
@@ -387,13 +394,25 @@ class Engine:
                 for req in self.active + self.waiting:
                     self.out.send(Step(events=[self.final(req, "cancelled")]))
                 os._exit(0)
+            self.make_way()
             while self.waiting and len(self.active) < self.spec.slots:
-                self.active.append(self.waiting.pop(0))
+                req = self.waiting.pop(0)
+                req.admitted = time.monotonic()
+                self.active.append(req)
             if self.active:
                 self.step()
             self.report_occupancy()
             if self.active:
                 time.sleep(self.interval)
+
+    def make_way(self) -> None:
+        """As the real engine (worker/priority.py): a waiting request of a better class
+        takes a worse one's slot, which goes back to the front of its class."""
+        running: list[Running | None] = [Running(r.rank, r.admitted, True) for r in self.active]
+        running += [None] * (self.spec.slots - len(running))
+        for i in sorted(to_make_way([w.rank for w in self.waiting], running), reverse=True):
+            req = self.active.pop(i)
+            self.waiting.insert(insert_at([w.rank for w in self.waiting], req.rank, front=True), req)
 
     def report_occupancy(self) -> None:
         """As the real engine: an Occupancy frame whenever the counts change."""

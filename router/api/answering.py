@@ -22,8 +22,9 @@ from router.generation.remote.outbound import sent_fields
 from router.generation.remote.run import RemoteGeneration
 from router.generation.run import Generation
 from router.generation.stream import events
-from router.server import access_log, sse
+from router.server import access_log, auth, sse
 from router.upstream.remote import RemoteModel
+from supervisor import priority
 from supervisor.config import projector
 from supervisor.errors import Unsupported
 from supervisor.group import ModelGroup, Served
@@ -141,7 +142,7 @@ async def _embed(
     asked = time.monotonic()
     async with handle.lease() as conn:
         leased = time.monotonic()
-        ticket = await handle.take_slots(conn, len(inputs))
+        ticket = await handle.take_slots(conn, len(inputs), priority.place(auth.current_key(), None))
         if record is not None:
             record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
         try:

@@ -63,6 +63,9 @@ class GenerationJob:
     # A prompt's images and sounds (llama-server's multimodal_data, Ollama's /api/generate
     # images), one for each MEDIA_MARKER in it; a chat's travel in their messages.
     media: tuple[Media, ...] = ()
+    # vLLM's `priority`, as sent where the key may send it: the request's class in the slot
+    # line (supervisor/priority.py); None: its key's.
+    priority: int | None = None
 
     @property
     def images(self) -> list[Media]:

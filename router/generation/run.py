@@ -24,6 +24,7 @@ from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
 from router.server import access_log, auth, instance_key
 from router.server.cache_scope import cache_scope
+from supervisor import priority
 from supervisor.connection import RequestStream, WorkerConnection
 from supervisor.errors import Unsupported
 from supervisor.group import ModelGroup, Served
@@ -123,7 +124,7 @@ class Generation:
         key = auth.current_key()
         gen._owner = key.owner if key is not None else None
         gen._scope = cache_scope(key, job.cache_salt)
-        gen._rank = key.rules.rank if key is not None else 1
+
         # The model's and the key's caps on output, as llama-server's -n: a request asking
         # more, or no limit, generates up to the cap and ends with "length".
         job = dataclasses.replace(
@@ -135,7 +136,8 @@ class Generation:
         try:
             leased = time.monotonic()
             # Each choice of each prompt runs in a slot of its own.
-            gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n)
+            gen._ticket = await handle.take_slots(gen.conn, len(job.prompts) * job.n, priority.place(key, job.priority))
+            gen._rank = gen._ticket.rank  # the worker's line is by class too (worker/priority.py)
             if record is not None:
                 record.load_wait, record.slot_wait = leased - asked, time.monotonic() - leased
             await gen._begin(job)

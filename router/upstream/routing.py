@@ -35,6 +35,7 @@ from router.server.cache_scope import cache_scope
 from router.upstream import remote
 from router.upstream.affinity import session_key
 from router.upstream.relay import Relay, loop_problem
+from supervisor import priority
 from supervisor.config.keys import Key
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import InvalidRequest, Unsupported, WorkerUnavailable
@@ -162,6 +163,8 @@ def install(
                     "(set upstream_dialects if the upstream speaks this route's dialect).",
                     "model",
                 )
+            if dialect == "openai":
+                priority.relayed(sender, decoded)  # an upstream may take it, whatever the key may
             sent = _salted(decoded, sender) if spec.cache_salt and dialect in _SALTED else decoded
             relayed = await relay.send(
                 spec, key, path, request.query_string.decode("latin-1"), headers,

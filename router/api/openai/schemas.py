@@ -138,6 +138,9 @@ class ChatRequest(SamplingFields, forbid_unknown_fields=True):
     web_search_options: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    # vLLM's: lower is served earlier; its sign picks the slot line's class, where the key
+    # may choose (supervisor/priority.py).
+    priority: Int32 | None = None
 
 
 # Fields of OpenAI's request schemas that Corral accepts and does not act on, and why. Any
@@ -167,6 +170,7 @@ class CompletionRequest(SamplingFields, forbid_unknown_fields=True):
     suffix: str | None = None
     best_of: Int32 | None = None
     logprobs: Int32 | None = None
+    priority: Int32 | None = None  # as ChatRequest's
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -10,6 +10,8 @@ from router.api.openai import schemas
 from router.generation import media, structured, tool_schemas
 from router.generation.prompts import Prompt
 from router.generation.job import GenerationJob
+from router.server import auth
+from supervisor import priority
 from worker.protocol import Constraint, SamplingParams
 
 
@@ -37,6 +39,7 @@ def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = Samp
         add_generation_prompt=request_fields.generation_prompt(r),
         effort=r.reasoning_effort,
         cache_salt=r.cache_salt,
+        priority=priority.requested(auth.current_key(), r.priority),
     )
 
 
@@ -62,6 +65,7 @@ def completion_job(r: schemas.CompletionRequest, model: str, defaults: SamplingP
         n=r.n,
         echo=r.echo,
         cache_salt=r.cache_salt,
+        priority=priority.requested(auth.current_key(), r.priority),
     )
 
 

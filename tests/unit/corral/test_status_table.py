@@ -169,3 +169,17 @@ def test_models_served_elsewhere_are_a_line_each_with_their_replicas() -> None:
     assert alone.startswith("upstream qwen: 1 of 2 replicas up") and "no models configured" not in alone
     fleet = render_fleet([("http://front:8080", {**PAYLOAD, "upstreams": UPSTREAMS})], 400, NOW)
     assert fleet.splitlines()[-1].startswith("front:8080: upstream qwen: 1 of 2 replicas up")
+
+
+def test_queued_shows_the_line_by_class_once_a_class_other_than_normal_waits() -> None:
+    def cell(**fields: Any) -> str:
+        header, row = render({"models": [model("m", state="ready", waiting=7, queued=1, **fields)]}, 200, NOW).splitlines()
+        start = header.index("QUEUED") + len("QUEUED")  # right-aligned under its header
+        return row[:start].split("  ")[-1].strip()
+
+    by = {"interactive": 1, "normal": 2, "batch": 4}
+    assert cell(waiting_by_priority=by) == "8 (i1 n2 b4)"
+    assert cell(waiting_by_priority={"interactive": 0, "normal": 0, "batch": 7}) == "8 (b7)"
+    # One class, as without keys, or an older server's answer: the count alone.
+    assert cell(waiting_by_priority={"interactive": 0, "normal": 7, "batch": 0}) == "8"
+    assert cell() == "8"

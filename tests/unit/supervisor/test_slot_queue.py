@@ -1,4 +1,5 @@
-"""The slot line: arrival order, the max_queue bound, queue_timeout, and Retry-After."""
+"""The slot line: arrival order, the max_queue bound, queue_timeout, Retry-After, and the
+turns of classes and keys."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import trio
 import trio.testing
 
 from supervisor.errors import Overloaded, WorkerUnavailable
+from supervisor.slot_order import BATCH, INTERACTIVE, SEEN_LATELY, Place
 from supervisor.slot_queue import RETRY_AFTER_MAX, SlotQueue, Ticket
 
 
@@ -256,3 +258,126 @@ async def test_a_flood_of_refusals_stays_cheap_and_bounded(autojump_clock: trio.
     await trio.sleep(RETRY_AFTER_MAX + 1)
     assert q.retry_after() == pytest.approx(1.0)  # every promise has come due
     held.release()
+
+
+# ---- classes, fair shares and aging (issue 44; the rules: tests/unit/supervisor/test_slot_order.py)
+
+INTERACTIVE_KEY, BATCH_KEY = Place(INTERACTIVE, "i"), Place(BATCH, "b")
+
+
+async def _served_in_order(q: SlotQueue, held: Ticket, places: list[tuple[str, Place]], timeout: float = LINE) -> list[str]:
+    """The names of `places`' requests, each taking one slot, in the order they are served
+    once `held` is released (they join the line one after another, in the order given)."""
+    order: list[str] = []
+
+    async def wait(name: str, place: Place) -> None:
+        t = await q.take(1, None, timeout, place)
+        order.append(name)
+        await trio.sleep(0.01)
+        t.release()
+
+    async with trio.open_nursery() as nursery:
+        for name, place in places:
+            nursery.start_soon(wait, name, place)
+            await trio.testing.wait_all_tasks_blocked()
+        assert order == []
+        held.release()
+    return order
+
+
+async def test_a_better_class_is_served_before_the_requests_already_waiting() -> None:
+    q = _queue(1)
+    # (held by the best class: nobody takes its slot back, so the order alone shows)
+    held = await q.take(1, None, LINE, INTERACTIVE_KEY)
+    places = [*((f"b{i}", BATCH_KEY) for i in range(3)), ("normal", Place()), ("i", INTERACTIVE_KEY)]
+    assert await _served_in_order(q, held, places) == ["i", "normal", "b0", "b1", "b2"]
+
+
+async def test_a_slot_a_worse_class_holds_is_granted_to_a_better_one_at_once() -> None:
+    """The worker parks the worse one's request (worker/priority.py): the better one does
+    not wait for it; one of the same or a worse class does."""
+    q = _queue(1)
+    batch = await q.take(1, None, LINE, BATCH_KEY)
+    with trio.move_on_after(1):
+        normal = await q.take(1, None, LINE, Place())
+    assert q.busy == 2  # over the worker's one slot: the batch request is parked there
+    with trio.move_on_after(1):
+        urgent = await q.take(1, None, LINE, INTERACTIVE_KEY)
+    assert q.busy == 3
+    got: list[Ticket] = []
+
+    async def another(place: Place) -> None:
+        got.append(await q.take(1, None, LINE, place))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(another, INTERACTIVE_KEY)  # the interactive class's slot is taken
+        nursery.start_soon(another, BATCH_KEY)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        urgent.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(got) == 1 and got[0].rank == 0
+        for t in (got[0], normal, batch):
+            t.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(got) == 2 and got[1].rank == 2
+        got[1].release()
+    assert q.busy == 0
+
+
+async def test_a_key_with_one_request_waits_behind_one_of_anothers_many_not_all() -> None:
+    q = _queue(1)
+    a, b = Place(owner="a"), Place(owner="b")
+    held = await q.take(1, None, LINE, a)
+    places = [*((f"a{i}", a) for i in range(4)), ("b", b)]
+    assert await _served_in_order(q, held, places) == ["a0", "b", "a1", "a2", "a3"]
+
+
+async def test_a_request_that_aged_two_classes_goes_before_a_fresh_interactive_one(autojump_clock: trio.abc.Clock) -> None:
+    q = SlotQueue("m", aging=10.0)
+    q.resize(1)
+    held = await q.take(1, None, LINE, INTERACTIVE_KEY)
+    order: list[str] = []
+
+    async def wait(name: str, place: Place) -> None:
+        (await q.take(1, None, LINE, place)).release()
+        order.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, "batch", BATCH_KEY)
+        await trio.sleep(25.0)  # past two aging periods: it stands in the interactive class
+        nursery.start_soon(wait, "i", INTERACTIVE_KEY)
+        await trio.sleep(1.0)
+        held.release()
+    assert order == ["batch", "i"]
+
+
+async def test_a_lower_class_is_not_handed_to_the_worker_ahead_while_a_better_one_is_about(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    q = _queue(1)
+    running = await q.take(1, None, 0, INTERACTIVE_KEY)
+    got: list[Ticket] = []
+
+    async def batch() -> None:
+        got.append(await q.take(1, None, 0, BATCH_KEY))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(batch)
+        await trio.testing.wait_all_tasks_blocked()
+        # It waits here, where an interactive request coming next can still pass it...
+        assert q.busy == 1 and q.waiting == 1
+        ahead = await q.take(1, None, 0, INTERACTIVE_KEY)  # ...as this one does
+        assert q.busy == 2 and q.waiting_by_rank() == {INTERACTIVE: 1, BATCH: 1}
+        running.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and q.waiting_by_rank() == {BATCH: 1}  # "ahead" took the slot freed
+        ahead.release()
+    assert len(got) == 1 and q.busy == 1 and q.waiting == 0
+    got[0].release()
+    # Once no better class has come for a while, the lookahead is everyone's again.
+    await trio.sleep(SEEN_LATELY)
+    held = [await q.take(1, None, 0, BATCH_KEY) for _ in range(2)]
+    assert q.busy == 2 and q.waiting_by_rank() == {BATCH: 1}
+    for t in held:
+        t.release()

@@ -23,6 +23,7 @@ from router.generation.stream import events
 from router.server import sse
 from supervisor.config import ModelSpec
 from supervisor.errors import ContextOverflow, CorralError, WorkerCrashed
+from supervisor.slot_order import Place
 from supervisor.slot_queue import SlotQueue, Ticket
 from supervisor.lease import Lease
 from worker.protocol import SamplingParams, Timings, TokenEvent, Usage
@@ -70,8 +71,8 @@ class FakeHandle:
     async def acquire(self) -> Lease:
         return Lease(self.conn, self._release)  # type: ignore[arg-type]
 
-    async def take_slots(self, conn: object, slots: int) -> Ticket:
-        return await self.slot_queue.take(slots, None, 0)
+    async def take_slots(self, conn: object, slots: int, place: Place = Place()) -> Ticket:
+        return await self.slot_queue.take(slots, None, 0, place)
 
     def _release(self) -> None:
         self.released += 1
