@@ -53,6 +53,7 @@ from worker.media.steps import ImageSteps
 from worker.model import LoadedModel
 from worker.outcomes import Requests
 from worker.preparer import Preparer, Work
+from worker.priority import in_step
 from worker.prompt_cache import CacheOptions, PromptCache
 from worker.protocol import (
     Cancel, Error, Frame, Generate, Occupancy, SetCacheBudget, SetThreads, SlotFile, Step, TokenEvent,
@@ -289,7 +290,7 @@ class Engine:
         Returns (request, tokens fed, batch index of its last token, wants logits, draft)."""
         self.batch.clear()
         budget = min(budget, self.batch.capacity)
-        chunks = plan_batch(self.slots, pending_tokens, budget)
+        chunks = plan_batch(in_step(self.slots, pending_tokens), pending_tokens, budget)
         room = budget - sum(c.n for c in chunks) if drafting else 0
         plan: list[Fed] = []
         for chunk in chunks:
@@ -297,10 +298,9 @@ class Engine:
             assert req is not None
             start = len(slot.cache)
             tokens = req.tokens[start : start + chunk.n]
-            # Only a request feeding its last sampled token drafts (not one prefilling again).
             # Complete: the chunk reaches the prompt's end (not only the next image's start).
             complete = chunk.complete and start + chunk.n == len(req.tokens)
-            draft = self.spec.draft(req, room) if chunk.n == 1 and complete and req.n_gen > 0 else []
+            draft = self.spec.draft(req, room) if chunk.n == 1 and complete and req.n_gen > 0 else []  # not prefilling
             room -= len(draft)
             logits = "all" if draft else "last" if complete else "none"
             first = self.batch.add(tokens + draft, self.kv.position(slot.cache, start), slot.seq_id, logits)

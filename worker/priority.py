@@ -21,7 +21,9 @@ reached the worker, and the one thing only the worker can do: take a slot back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
+
+from worker.slots import Slot
 
 
 @dataclass(frozen=True)
@@ -72,3 +74,31 @@ def to_make_way(waiting: Sequence[int], running: Sequence[Running | None]) -> li
         out.append(v)
         left[v] = Running(rank, float("inf"), parkable=False)  # it runs there now
     return out
+
+
+def worst_in_step(running: Sequence[tuple[int, bool]]) -> int | None:
+    """The worst rank a decode step may carry, given each running request's (rank, whether
+    it is still prefilling its prompt); None: every rank. A step that carries a class's
+    prompt carries no worse class: the prompt is then the step's whole work, and its first
+    token comes as fast as on an idle model (on two cores, three batch decodes beside a
+    short prompt made its step 40% longer: bench/priorities.py). The worse classes lose
+    that step, once per prompt chunk of a better one."""
+    prefilling = [rank for rank, pre in running if pre]
+    return min(prefilling) if prefilling else None
+
+
+class Ranked(Protocol):
+    rank: int
+    n_gen: int
+
+
+R = TypeVar("R", bound=Ranked)
+
+
+def in_step(slots: Sequence[Slot[R]], pending: Callable[[Slot[R]], int]) -> Sequence[Slot[R]]:
+    """The slots whose requests the next step may carry (`worst_in_step`); `pending` says
+    how many of a slot's tokens are still to decode."""
+    worst = worst_in_step([(r.rank, r.n_gen == 0 and pending(s) > 0) for s in slots if (r := s.request) is not None])
+    if worst is None:
+        return slots
+    return [s for s in slots if s.request is None or s.request.rank <= worst]

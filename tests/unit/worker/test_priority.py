@@ -59,3 +59,12 @@ def test_making_way_parks_only_worse_parkable_ones_each_for_one_waiting(
 def test_with_one_class_nothing_is_ever_parked() -> None:
     running: list[Running | None] = [Running(1, float(i), True) for i in range(4)]
     assert to_make_way([1, 1, 1], running) == []
+
+
+def test_a_step_carrying_a_classs_prompt_carries_no_worse_class() -> None:
+    from worker.priority import worst_in_step
+
+    assert worst_in_step([(2, False), (2, False), (0, True)]) == 0
+    assert worst_in_step([(0, False), (1, True), (2, False)]) == 1  # the better decode goes along
+    assert worst_in_step([(2, True), (0, False)]) == 2  # a batch prompt keeps nobody out
+    assert worst_in_step([(1, False), (2, False)]) is None
