@@ -22,7 +22,7 @@ def priorities(doc: Doc, png: Path) -> Path:
     bars(
         left, ["p50 / idle", "p95 / idle"],
         {n: [results[n]["p50_over_idle"], results[n]["p95_over_idle"]] for n in names},
-        "interactive TTFT against its idle p50 (log)", colours=colours, log=True, label=lambda v: f"{v:.2f}x",
+        "interactive TTFT against the same percentile idle (log)", colours=colours, log=True, label=lambda v: f"{v:.2f}x",
     )
     left.axhline(1.5, linestyle="--", linewidth=1, color="grey")
     left.set_title("interactive time to first token (target: p95 within 1.5x)")

@@ -167,7 +167,11 @@ def _drive(page: Chromium, server: Server) -> None:
     cells = page.evaluate(f"[...{usage_row}.querySelectorAll('td')].map(td => td.textContent)")
     assert cells[:3] == ["admin_keys[0]", "gemma", str(ledger["requests"])]
     assert cells[5] == str(ledger["generated_tokens"]) and int(cells[5]) >= 1
-    bar = page.evaluate("[...document.querySelectorAll('#usage-chart rect.bar')].map(r => r.dataset.key)")
+    # Who waits at which priority, as corral status shows it (issue 44).
+    assert page.evaluate("byClass({interactive: 1, normal: 0, batch: 5})") == " (i1 b5)"
+    assert page.evaluate("byClass({interactive: 0, normal: 3, batch: 0})") == ""
+    assert page.evaluate(row("gemma", "queue")) == "0"
+        bar = page.evaluate("[...document.querySelectorAll('#usage-chart rect.bar')].map(r => r.dataset.key)")
     assert bar == ["admin_keys[0]"]
     assert "tokens" in page.evaluate("document.querySelector('#usage-chart rect.bar title').textContent")
 
