@@ -28,7 +28,9 @@ import pytest
 from tests.e2e.conftest import CHECKOUT_CORRAL, Server, start_server, stop_server
 from tests.secrets import secret
 
-ALICE, BOB, CAROL, DAVE, ADMIN = (secret(n) for n in ("use-alice", "use-bob", "use-carol", "use-dave", "use-admin"))
+ALICE, BOB, CAROL, DAVE, ERIN, ADMIN = (
+    secret(n) for n in ("use-alice", "use-bob", "use-carol", "use-dave", "use-erin", "use-admin")
+)
 
 CONFIG = f"""
 [server]
@@ -39,6 +41,7 @@ api_keys = [
   {{ key = "{BOB}", name = "bob", max_in_flight = 1 }},
   {{ key = "{CAROL}", name = "carol", requests_per_minute = 2 }},
   {{ key = "{DAVE}", name = "dave", tokens_per_day = 40 }},
+  {{ key = "{ERIN}", name = "erin", tokens_per_minute = 30 }},
 ]
 admin_keys = ["{ADMIN}"]
 
@@ -184,6 +187,21 @@ def test_each_quota_is_a_429_the_openai_client_reads(server: Server) -> None:
     assert totals(server, "carol")["errors"] >= 3
 
 
+def test_tokens_per_minute_is_a_429_once_the_minute_holds_them(server: Server) -> None:
+    oa = openai.OpenAI(base_url=server.base, api_key=ERIN, max_retries=0)
+    first = oa.completions.with_raw_response.create(model="gemma", prompt="Once upon a time", max_tokens=40, temperature=0)
+    assert first.headers["x-ratelimit-limit-tokens"] == "30"
+    used = first.parse().usage
+    assert used is not None and used.total_tokens > 30
+    with pytest.raises(openai.RateLimitError) as err:
+        oa.completions.create(model="gemma", prompt="Again", max_tokens=1)
+    assert "tokens_per_minute" in err.value.message
+    h = err.value.response.headers
+    assert h["x-ratelimit-remaining-tokens"] == "0"
+    # The wait named is until the tokens leave the minute: under 60 s, and not at once.
+    assert 1 <= int(h["retry-after"]) <= 60
+
+
 def _hold(server: Server, key: str, tokens: int, started: threading.Event) -> None:
     body = {"model": "gemma", "prompt": "Count:", "max_tokens": tokens, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.base + "/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=60) as r:
@@ -194,7 +212,7 @@ def _hold(server: Server, key: str, tokens: int, started: threading.Event) -> No
 @pytest.mark.parametrize("sdk", ["openai", "anthropic"])
 def test_the_official_clients_wait_as_retry_after_says_and_then_get_through(server: Server, sdk: str) -> None:
     started = threading.Event()
-    holder = threading.Thread(target=_hold, args=(server, BOB, 3, started))
+    holder = threading.Thread(target=_hold, args=(server, BOB, 30, started))
     holder.start()
     assert started.wait(30)
     t0 = time.monotonic()
