@@ -11,6 +11,7 @@ Only a key with quotas gets them: a figure for a limit that does not exist would
 from __future__ import annotations
 
 import datetime as dt
+from typing import Callable
 
 from router.usage.quotas import Standing
 
@@ -31,17 +32,22 @@ def go_duration(seconds: float) -> str:
     return f"{sec}s"
 
 
-def openai(st: Standing) -> dict[str, str]:
+def _family(st: Standing, name: Callable[[str, str], str], reset: Callable[[float], str]) -> dict[str, str]:
+    """The headers of each limit `st` has: `name(kind, field)` spells a header."""
     out: dict[str, str] = {}
-    if st.requests_limit is not None and st.requests_remaining is not None:
-        out["x-ratelimit-limit-requests"] = str(st.requests_limit)
-        out["x-ratelimit-remaining-requests"] = str(st.requests_remaining)
-        out["x-ratelimit-reset-requests"] = go_duration(st.requests_reset)
-    if st.tokens_limit is not None and st.tokens_remaining is not None:
-        out["x-ratelimit-limit-tokens"] = str(st.tokens_limit)
-        out["x-ratelimit-remaining-tokens"] = str(st.tokens_remaining)
-        out["x-ratelimit-reset-tokens"] = go_duration(st.tokens_reset)
+    for kind, limit, remaining, seconds in (
+        ("requests", st.requests_limit, st.requests_remaining, st.requests_reset),
+        ("tokens", st.tokens_limit, st.tokens_remaining, st.tokens_reset),
+    ):
+        if limit is not None and remaining is not None:
+            out[name(kind, "limit")] = str(limit)
+            out[name(kind, "remaining")] = str(remaining)
+            out[name(kind, "reset")] = reset(seconds)
     return out
+
+
+def openai(st: Standing) -> dict[str, str]:
+    return _family(st, lambda kind, field: f"x-ratelimit-{field}-{kind}", go_duration)
 
 
 def anthropic(st: Standing, wall: float) -> dict[str, str]:
@@ -49,13 +55,4 @@ def anthropic(st: Standing, wall: float) -> dict[str, str]:
         when = dt.datetime.fromtimestamp(wall + seconds, dt.timezone.utc).replace(microsecond=0)
         return when.isoformat().replace("+00:00", "Z")
 
-    out: dict[str, str] = {}
-    if st.requests_limit is not None and st.requests_remaining is not None:
-        out["anthropic-ratelimit-requests-limit"] = str(st.requests_limit)
-        out["anthropic-ratelimit-requests-remaining"] = str(st.requests_remaining)
-        out["anthropic-ratelimit-requests-reset"] = at(st.requests_reset)
-    if st.tokens_limit is not None and st.tokens_remaining is not None:
-        out["anthropic-ratelimit-tokens-limit"] = str(st.tokens_limit)
-        out["anthropic-ratelimit-tokens-remaining"] = str(st.tokens_remaining)
-        out["anthropic-ratelimit-tokens-reset"] = at(st.tokens_reset)
-    return out
+    return _family(st, lambda kind, field: f"anthropic-ratelimit-{kind}-{field}", at)

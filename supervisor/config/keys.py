@@ -38,7 +38,7 @@ from typing import Iterable, Iterator
 import msgspec
 
 from supervisor.config import key_rules
-from supervisor.config.key_rules import KeyRules, Priority
+from supervisor.config.key_rules import KeyRules
 
 ENV = "CORRAL_API_KEYS"
 
@@ -49,8 +49,9 @@ _KEY_CHARS = re.compile(r"[\x21-\x7e]+")
 MIN_KEY_LENGTH = 8
 
 
-class ApiKeyTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """A `{ key = ..., name = ..., models = [...] }` entry of `[server] api_keys`."""
+class ApiKeyTable(KeyRules, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A `{ key = ..., name = ..., models = [...] }` entry of `[server] api_keys`, with the
+    quotas and priority of its KeyRules, which the table spells flat."""
 
     key: str
     name: str | None = None
@@ -61,13 +62,6 @@ class ApiKeyTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # The most tokens one request of this key may generate; a request asking more is cut
     # to it, as llama-server's -n cuts n_predict.
     max_tokens: int | None = None
-    # Quotas and the slot line's class (supervisor/config/key_rules.py).
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None
-    tokens_per_day: int | None = None
-    max_in_flight: int | None = None
-    priority: Priority = "normal"
-    request_priority: bool = False
 
     def rules(self) -> KeyRules:
         return key_rules.from_fields({f: getattr(self, f) for f in key_rules.FIELDS})
