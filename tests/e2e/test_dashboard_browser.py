@@ -171,7 +171,7 @@ def _drive(page: Chromium, server: Server) -> None:
     assert page.evaluate("byClass({interactive: 1, normal: 0, batch: 5})") == " (i1 b5)"
     assert page.evaluate("byClass({interactive: 0, normal: 3, batch: 0})") == ""
     assert page.evaluate(row("gemma", "queue")) == "0"
-        bar = page.evaluate("[...document.querySelectorAll('#usage-chart rect.bar')].map(r => r.dataset.key)")
+    bar = page.evaluate("[...document.querySelectorAll('#usage-chart rect.bar')].map(r => r.dataset.key)")
     assert bar == ["admin_keys[0]"]
     assert "tokens" in page.evaluate("document.querySelector('#usage-chart rect.bar title').textContent")
 
