@@ -197,6 +197,9 @@ def serve_command(args: argparse.Namespace) -> int:
             return 1
     try:
         trio.run(partial(serve, cfg, server_overrides=overrides))
+    except ConfigError as exc:  # what only starting finds out (the state_dir's ledger)
+        print_problems(exc)
+        return 1
     except CannotListen as exc:
         hint = "choose another port with --port N (make serve PORT=N)"
         if isinstance(path, Path):

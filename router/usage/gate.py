@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -30,7 +31,7 @@ from router.usage import entries, headers
 from router.usage.entries import Entry, day_of
 from router.usage.ledger import Ledger
 from router.usage.quotas import QuotaBook
-from supervisor.config import Config
+from supervisor.config import Config, ConfigError
 from supervisor.errors import QuotaExceeded
 from supervisor.supervisor import Supervisor
 
@@ -77,14 +78,18 @@ def install(app: QuartTrio, supervisor: Supervisor, dialect_of: Callable[[str], 
     after the key check is installed."""
     cfg = supervisor.config.server
     path = ledger_path(supervisor.config)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    elif daily := [k.name for k in supervisor.config.keys.keys if k.rules.tokens_per_day is not None]:
+    if path is None and (daily := [k.name for k in supervisor.config.keys.keys if k.rules.tokens_per_day is not None]):
         log.warning(
             "%s set tokens_per_day, and the usage ledger is kept in memory: a restart starts their day "
             "afresh. Set [server] state_dir to keep it.", ", ".join(daily),
         )
-    usage = Usage(Ledger(path, cfg.usage_hourly_for, cfg.usage_daily_for))
+    try:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(path, cfg.usage_hourly_for, cfg.usage_daily_for)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:  # a folder it may not write, a file not a ledger
+        raise ConfigError([f"server.state_dir: cannot keep the usage ledger at {path}: {exc}"]) from None
+    usage = Usage(ledger)
     app.extensions[EXTENSION] = usage
     app.extensions.setdefault(access_log.DONE_HOOKS, []).append(usage.finished)
 

@@ -25,7 +25,7 @@ import ollama
 import openai
 import pytest
 
-from tests.e2e.conftest import CHECKOUT_CORRAL, Server, start_server, stop_server
+from tests.e2e.conftest import CHECKOUT_CORRAL, DEMO_MODEL, Server, start_server, stop_server
 from tests.secrets import secret
 
 ALICE, BOB, CAROL, DAVE, ERIN, ADMIN = (
@@ -291,3 +291,16 @@ def test_tokens_per_day_and_the_ledger_survive_a_restart(server: Server, tmp: Pa
         assert (tmp / "state" / "usage.sqlite3").is_file()
     finally:
         stop_server(again)
+
+
+@pytest.mark.parametrize("where", ["unwritable", "not-a-ledger"])
+def test_a_state_dir_that_cannot_hold_the_ledger_is_a_clear_start_error(tmp_path: Path, where: str) -> None:
+    state = "/proc/corral-no-such" if where == "unwritable" else "state"
+    if where == "not-a-ledger":
+        (tmp_path / "state").mkdir()
+        (tmp_path / "state" / "usage.sqlite3").write_text("not a database\\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[server]\nport = 1\nstate_dir = "{state}"\n[models.gemma]\npath = "{DEMO_MODEL}"\n')
+    out = subprocess.run([*CHECKOUT_CORRAL, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "server.state_dir: cannot keep the usage ledger" in out.stderr and "Traceback" not in out.stderr
