@@ -73,9 +73,11 @@ NO_ADMIN_KEYS = (
 def authorize(ring: Keyring, access: Access, presented: str | None, loopback: bool) -> Key | None:
     """The key a request acts with (None: it needs none, and sent none that matches).
     Raises Unauthorized or Forbidden."""
-    if access is Access.OPEN:
-        return None
     key = ring.match(presented) if presented is not None else None
+    if access is Access.OPEN:
+        # Anyone may call it; a configured key sent anyway is still the caller's (an admin
+        # key's scrape of a public /metrics sees the per-key series), a wrong one is ignored.
+        return key
     if access is Access.ADMIN:
         if not ring.admin_keys_configured:
             if ring.api_keys_required:

@@ -125,15 +125,21 @@ def of(app: QuartTrio) -> Usage:
 
 
 class UsageCollector(Collector):
-    """Per-key series in /metrics. Keys are configured, so the label set is bounded (by the
-    keys configured since start: a reload that drops one keeps its counts until a restart,
-    as counters must)."""
+    """Per-key series in /metrics, for an admin key's scrape (with keys configured). Keys
+    are configured, so the label set is bounded (by the keys configured since start: a
+    reload that drops one keeps its counts until a restart, as counters must)."""
 
     def __init__(self, usage: Usage, supervisor: Supervisor) -> None:
         self._usage = usage
         self._supervisor = supervisor
 
     def collect(self) -> Iterable[Metric]:
+        ring = self._supervisor.config.keys
+        scraper = current_key()
+        if (ring.api_keys_required or ring.admin_keys_configured) and (scraper is None or not scraper.admin):
+            # An anonymous scrape of a public /metrics (public_metrics): who uses how much
+            # is the operator's to see, not every client's.
+            return
         names = ("requests", "prompt_tokens", "prompt_tokens_cached", "generation_tokens", "errors")
         helps = (
             "Requests answered, by key and model.", "Prompt tokens (cached included), by key and model.",

@@ -36,6 +36,7 @@ CONFIG = f"""
 [server]
 port = {{PORT}}
 state_dir = "state"
+public_metrics = true
 api_keys = [
   {{ key = "{ALICE}", name = "alice" }},
   {{ key = "{BOB}", name = "bob", max_in_flight = 1 }},
@@ -238,6 +239,12 @@ def test_metrics_carry_per_key_series(server: Server) -> None:
     assert 'corral_key_requests_total{key="alice",model="gemma"}' in text
     assert 'corral_key_quota_refusals_total{key="carol",limit="requests_per_minute"}' in text
     assert 'corral_key_in_flight{key="bob"} 0.0' in text
+    # /metrics is public here (public_metrics), but who uses how much is an admin key's to see.
+    anonymous = httpx.get(server.url + "/metrics", timeout=30)
+    assert anonymous.status_code == 200 and "corral_requests_total" in anonymous.text
+    assert "corral_key_" not in anonymous.text
+    with_a_key = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {ALICE}"}, timeout=30).text
+    assert "corral_key_" not in with_a_key
 
 
 def test_usage_as_csv_by_day_and_a_bad_parameter_named(server: Server) -> None:

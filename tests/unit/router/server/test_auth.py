@@ -247,3 +247,16 @@ def test_cors_origins_must_be_origins(tmp_path: Path, origin: str) -> None:
 
 def test_good_cors_origins_pass(tmp_path: Path) -> None:
     _parse(tmp_path, cors_origins=["https://app.example", "http://localhost:3000", "*"])
+
+
+def test_an_open_route_knows_a_configured_key_sent_to_it_and_ignores_a_wrong_one() -> None:
+    from router.server.auth import Access, authorize
+    from supervisor.config import keys as keys_mod
+
+    ring, _ = keys_mod.keyring(
+        [KeySource("server.admin_keys[0]", "admin-key-123456", None, None, admin=True)], {}
+    )
+    key = authorize(ring, Access.OPEN, "admin-key-123456", loopback=False)
+    assert key is not None and key.admin
+    assert authorize(ring, Access.OPEN, "wrong-key-1234567", loopback=False) is None
+    assert authorize(ring, Access.OPEN, None, loopback=False) is None
