@@ -96,15 +96,16 @@ def install(app: QuartTrio, supervisor: Supervisor, dialect_of: Callable[[str], 
     @app.before_request
     async def check_quota() -> None:
         key = current_key()
-        if key is None or request.method != "POST" or not key.rules.limited:
+        # (the record releases what is admitted, when the answer is done: no record, no count)
+        record = access_log.current()
+        if key is None or record is None or request.method != "POST" or not key.rules.limited:
             return
         refusal = usage.book.admit(key.owner, key.rules, time.monotonic(), time.time())
         g.corral_quota = key
         if refusal is not None:
             usage.refused[(key.name, refusal.limit)] += 1
             raise QuotaExceeded(refusal.message, refusal.retry_after, refusal.limit)
-        if (record := access_log.current()) is not None:
-            record.quota_held = True
+        record.quota_held = True
 
     @app.after_request
     async def rate_limit_headers(response: Response) -> Response:
