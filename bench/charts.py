@@ -74,6 +74,16 @@ def write_chart(json_path: Path, png: Path | None = None) -> Path | None:
         return draw(json.loads(json_path.read_text()), png or json_path.with_suffix(".png"))
 
 
+def publish(out: Path, name: str, doc: object, lines: Sequence[str]) -> None:
+    """A run's results: NAME.json (`doc`), NAME.md (`lines`) and NAME.png in `out`, and the
+    table on the terminal."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    write_chart(out / f"{name}.json")
+    print("\n".join(lines))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):

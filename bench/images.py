@@ -41,7 +41,7 @@ import httpx
 import numpy as np
 
 from bench import projector
-from bench.charts import write_chart
+from bench.charts import publish
 from bench.throughput import DEFAULT_MODEL, OUT, llama_server_at, start_corral
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,8 +201,6 @@ def main() -> int:
         with llama_server_at(a.llama_server, a.model, ["--mmproj", str(mmproj)], {"LLAMA_MEDIA_MARKER": "<__media__>"}) as url:
             results["llama-server"] = measure(url, a.streams, a.images, a.tokens, side, 1000, a.control)
     setup = {"size": a.size, "streams": a.streams, "images": a.images, "tokens": a.tokens, "cpus": os.cpu_count()}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "images.json").write_text(json.dumps({"setup": setup, "results": results}, indent=2) + "\n")
     lines = [
         f"Image requests beside {a.streams} running text streams ({a.images} images of {side} px, "
         f"{a.size} projector, {os.cpu_count()} CPUs), one run:",
@@ -218,9 +216,7 @@ def main() -> int:
             f"| {r['worst_over_median']:.2f} | {r['tokens_during']} "
             f"| {statistics.median(r['image_first_token_s']):.2f} | {r['images_per_s']:.3f} |"
         )
-    (OUT / "images.md").write_text("\n".join(lines) + "\n")
-    write_chart(OUT / "images.json")
-    print("\n".join(lines))
+    publish(OUT, "images", {"setup": setup, "results": results}, lines)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import signal
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from bench.charts import write_chart
+from bench.charts import publish
 from bench.throughput import DEFAULT_MODEL, OUT, SLOTS, bench_http, free_port, serve_corral, wait_healthy
 
 N_CTX = 4096
@@ -100,10 +99,8 @@ def main() -> int:
                 "kv_bytes_per_token": {"corral": kv_bytes_per_token(c_log), "llama-server": kv_bytes_per_token(l_log)},
                 "tok_s": {name: {str(c): r for c, r in by_c.items()} for name, by_c in rates.items()},
             })
-    OUT.mkdir(parents=True, exist_ok=True)
     doc = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "n_ctx": N_CTX,
            "tokens": a.tokens, "rounds": a.rounds, "results": results}
-    (OUT / "load_options.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
         f"KV cache types and flash attention, demo model, {N_CTX} cells, greedy completions of {a.tokens} tokens, "
         f"{a.rounds} paired rounds, {os.cpu_count()} CPU cores, {doc['date']}:",
@@ -122,9 +119,7 @@ def main() -> int:
         lines.append(
             f"| {r['cache']} | {r['flash_attn']} | {kvb['corral']:,.0f} / {kvb['llama-server']:,.0f} | {pair('1')} | {pair('4')} |"
         )
-    (OUT / "load_options.md").write_text("\n".join(lines) + "\n")
-    write_chart(OUT / "load_options.json")
-    print("\n".join(lines))
+    publish(OUT, "load_options", doc, lines)
     return 0
 
 

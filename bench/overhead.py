@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import platform
 import shutil
 import statistics
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 import httpx
 
-from bench.charts import write_chart
+from bench.charts import publish
 from bench.throughput import DEFAULT_MODEL, OUT, ROOT, free_port, prompt, wait_healthy
 
 BASELINE = "27e4582"  # issue 10's last commit: before keys, the slot line, logs and metrics
@@ -121,8 +120,6 @@ def main() -> int:
         "rates": rates,
         "ratio_median": {s: statistics.median(n / b for n, b in zip(v["now"], v["baseline"])) for s, v in rates.items()},
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# Request-path overhead: {result['head']} against {args.baseline}, same run",
         "",
@@ -134,9 +131,7 @@ def main() -> int:
             f"| {s} ({SHAPES[s][0]} × {SHAPES[s][1]} tokens × {SHAPES[s][2]}) | {statistics.median(v['now']):.1f} "
             f"| {statistics.median(v['baseline']):.1f} | {result['ratio_median'][s]:.3f} |"
         )
-    (OUT / "overhead.md").write_text("\n".join(lines) + "\n")
-    write_chart(OUT / "overhead.json")
-    print("\n".join(lines))
+    publish(OUT, "overhead", result, lines)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import signal
@@ -38,7 +37,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from bench.charts import write_chart
+from bench.charts import publish
 from bench.throughput import DEFAULT_MODEL, OUT, llama_server_at, start_corral
 
 INTERACTIVE_KEY = "bench-interactive-key-0001"
@@ -194,8 +193,6 @@ def main() -> int:
         "slots": 4, "batch": a.batch, "batch_tokens": a.batch_tokens, "every_s": a.every, "seconds": a.seconds,
         "cpus": os.cpu_count(),
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "priorities.json").write_text(json.dumps({"setup": setup, "results": results}, indent=2) + "\n")
     one = results["corral (one class)"]["batch_tok_s"]
     lines = [
         f"An interactive key's chat turns beside a batch key's {a.batch} long generations in flight, "
@@ -209,9 +206,7 @@ def main() -> int:
             f"| {name} | {r['idle_p50_s']:.3f} / {r['idle_p95_s']:.3f} | {r['p50_s']:.3f} | {r['p95_s']:.3f} | {r['p50_over_idle']:.2f} "
             f"| {r['p95_over_idle']:.2f} | {r['batch_tok_s']:.1f} | {r['batch_tok_s'] / one:.2f} |"
         )
-    (OUT / "priorities.md").write_text("\n".join(lines) + "\n")
-    write_chart(OUT / "priorities.json")
-    print("\n".join(lines))
+    publish(OUT, "priorities", {"setup": setup, "results": results}, lines)
     return 0
 
 

@@ -3,6 +3,7 @@ bench/results/, and every results table there has its PNG beside it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,14 @@ def test_every_chart_is_shown_in_the_docs() -> None:
     docs = "".join(p.read_text() for p in (RESULTS.parent.parent / "docs").rglob("*.md"))
     unshown = sorted(p.name for p in RESULTS.glob("*.png") if f"../bench/results/{p.name})" not in docs)
     assert unshown == []
+
+
+def test_publish_writes_the_json_the_table_and_the_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.charts import publish
+
+    doc = json.loads((RESULTS / "priorities.json").read_text())
+    publish(tmp_path, "priorities", doc, ["| a |", "|---|"])
+    assert json.loads((tmp_path / "priorities.json").read_text()) == doc
+    assert (tmp_path / "priorities.md").read_text() == "| a |\n|---|\n"
+    assert (tmp_path / "priorities.png").stat().st_size > 0
+    assert "| a |" in capsys.readouterr().out
