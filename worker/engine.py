@@ -7,23 +7,20 @@ they and other commands arrive on a thread-safe queue and are applied between st
 step's results leave as one Step frame, followed by an Occupancy frame when the counts of
 busy slots or waiting requests changed.
 
-A step:
+A step serves the running requests of one LoRA set, in turns (worker/adapters.py):
   1. every generating request contributes its last sampled token;
-  2. requests still prefilling their prompt fill the rest of the batch, in chunks, never
-     past n_batch;
+  2. prompts still prefilling fill the rest of the batch, in chunks, never past n_batch;
   3. one llama_decode over the whole batch;
-  4. each request whose prompt is complete samples at its own batch index; the siblings of
-     an n > 1 request that joined it sample there too (worker/siblings.py).
+  4. each request whose prompt is complete samples at its own batch index, with the n > 1
+     siblings that joined it (worker/siblings.py).
 Before a step, waiting requests take idle slots (worker/admission.py), a better class
 taking one back from a worse where none is idle (worker/priority.py); each sampled token
-becomes output, or ends its request, in worker/outcomes.py, which keeps the book of who
-waits and who runs. What goes into the batch, and what to free when the KV cache is full
-(purge idle caches, then halve the batch, then preempt the newest request), are decided in
-worker/step_plan.py; this module performs them. Every change to a sequence's KV cells goes through
-worker/kv_cache.py, which changes the slot's books with it, and before each decode checks
-that the two agree for every slot (a slot that does not is dropped, never served from).
-When one request generates and nothing else is at work or waiting, its steps run back to
-back without the loop's rounds until anything else needs the loop (worker/run_ahead.py).
+becomes output, or ends its request, in worker/outcomes.py. What goes into the batch, and
+what to free when the KV cache is full (idle caches, then half the batch, then the newest
+request), are decided in worker/step_plan.py; this module performs them. Every change to a
+sequence's KV cells goes through worker/kv_cache.py, which checks before each decode that
+cells and books agree for every slot (a slot that does not is dropped, never served from).
+A lone stream's steps run back to back without the loop's rounds (worker/run_ahead.py).
 
 Nothing a request carries may abort the process: the batch never exceeds n_batch, sampling
 only happens where logits were requested, and sampler chains always end in dist or greedy.
@@ -34,10 +31,11 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import llama_cpp
 
+from worker.adapters import Adapters
 from worker.admission import Admission
 from worker.batch import BatchBuffer
 from worker.constraint import Constraints, tokenizer_for
@@ -113,6 +111,8 @@ class Engine:
         # Who waits, who runs, and how each ends (worker/outcomes.py).
         self.requests = Requests(m, self.n_ctx_slot, emit)
         self.room = KvRoom(self.slots, self.kv, self.entries, self.cache, self.requests)
+        # LoRA adapters: each step serves one set, in turns (worker/adapters.py).
+        self.adapters = Adapters(m.ctx, m.adapters, self.kv)
         # Speculative decoding, by n-gram lookup or a draft model (worker/speculation.py).
         self.spec = Speculation(self.kv, 0 if embeddings else draft_max, self.n_ctx_slot, draft_model)
         self.admission = Admission(
@@ -126,25 +126,22 @@ class Engine:
         self._reported = (0, 0)  # the (active, queued) of the last Occupancy frame
         # Structured output: llguidance's view of the vocabulary, built while the model
         # loaded (worker/link.py), else by the first constrained request.
-        self.constraints = Constraints(
-            (lambda: vocabulary) if vocabulary is not None else (lambda: tokenizer_for(m.vocab, m.n_vocab, m.is_eog)),
-            m.n_vocab,
-        )
-        self.prep = Preparer(
-            m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit, constrain=self.constraints.matcher,
-            projector=projector,
-        )
+        self.constraints = Constraints((lambda: vocabulary) if vocabulary is not None else (
+            lambda: tokenizer_for(m.vocab, m.n_vocab, m.is_eog)), m.n_vocab)
+        self.prep = Preparer(m, self.n_ctx_slot, embeddings, deliver=self.inbox.put, emit=emit,
+                             constrain=self.constraints.matcher, projector=projector, n_adapters=len(m.adapters))
         # Images: encoded on a thread of their own, decoded into each request's sequence by
         # the image step (worker/media/steps.py).
         self.images = None if projector is None else ImageSteps(
-            m.ctx, Encoder(projector, lambda: self.inbox.put(Wake()), n_ctx_slot=self.n_ctx_slot, options=m.options), self.kv, self.room, self.requests
+            m.ctx, Encoder(projector, lambda: self.inbox.put(Wake()), n_ctx_slot=self.n_ctx_slot, options=m.options), self.kv, self.room, self.requests,
+            self.adapters.apply,
         )
         # An embedding model's jobs, a batch per loop (worker/embeddings.py).
         self.embeds = EmbedLine(m, self.batch, len(self.slots), emit) if embeddings else None
         # llama-server's slot save, restore and erase, each once its slot is idle.
         self.slot_files = SlotFiles(m, self.kv, self.entries, self.slots, self.n_ctx_slot, emit, projector is not None)
         # A lone stream's steps, back to back while nothing else needs the loop.
-        self.ahead = RunAhead(m.ctx, self.batch, self.kv, self.requests, self.spec, self.inbox.empty, self.hold)
+        self.ahead = RunAhead(m.ctx, self.batch, self.kv, self.requests, self.spec, self.inbox.empty, self.hold, self.adapters.apply)
 
     # ---- public, thread-safe ------------------------------------------------------------------
 
@@ -284,13 +281,13 @@ class Engine:
 
     # ---- one step -----------------------------------------------------------------------------
 
-    def _build(self, budget: int, drafting: bool) -> list[Fed]:
+    def _build(self, slots: Sequence[Slot[Request]], budget: int, drafting: bool) -> list[Fed]:
         """Fill the batch as plan_batch says; then, with `drafting`, give generating requests
         the room left for n-gram drafts (speculative decoding), verified in this same step.
         Returns (request, tokens fed, batch index of its last token, wants logits, draft)."""
         self.batch.clear()
         budget = min(budget, self.batch.capacity)
-        chunks = plan_batch(in_step(self.slots, pending_tokens), pending_tokens, budget)
+        chunks = plan_batch(slots, pending_tokens, budget)
         room = budget - sum(c.n for c in chunks) if drafting else 0
         plan: list[Fed] = []
         for chunk in chunks:
@@ -321,11 +318,13 @@ class Engine:
                 self.admission.copy_awaited(f)
         if self.images is not None:
             self.images.step(self.slots)
-        budget = self.batch.capacity
-        drafting = True
+        budget, drafting = self.batch.capacity, True
         self.spec.prepare(self.slots)
+        # One class's prompt keeps worse classes out (worker/priority.py), one adapter set
+        # the others (worker/adapter_turns.py).
+        slots = self.adapters.turn(in_step(self.slots, pending_tokens), pending_tokens, lambda r: r.adapters)
         while True:
-            plan = self._build(budget, drafting)
+            plan = self._build(slots, budget, drafting)
             if not plan:
                 return
             rc = llama_cpp.llama_decode(self.m.ctx, self.batch.struct())

@@ -20,6 +20,7 @@ from typing import Callable, Sequence, TypeVar
 
 import llama_cpp
 
+from worker.adapter_turns import owner_scope
 from worker.kv_positions import last_position, position, whole
 from worker.kv_rules import Attention
 from worker.slots import Slot
@@ -38,6 +39,12 @@ class KvCache:
         # Cached prefixes that matched a prompt but could not be kept, because the sliding
         # window's cells no longer reach down to them: the prompt was decoded again.
         self.prefixes_refused = 0
+        # The LoRA set the context decodes under, as the suffix it gives a scope
+        # (worker/adapter_turns.py), and the decodes that placed cells in a sequence of
+        # another set's scope: each one is a bug, a prefix of one adapter set served to
+        # another (the suite asserts none).
+        self.under: Callable[[], str] = lambda: ""
+        self.sets_crossed = 0
 
     # ---- questions ----------------------------------------------------------------------------
 
@@ -131,6 +138,9 @@ class KvCache:
 
     def decoded(self, slot: Slot[R], tokens: Sequence[int]) -> None:
         """A decode that succeeded placed `tokens` after `slot`'s cached ones."""
+        if (under := self.under()) != slot.scope[len(owner_scope(slot.scope)):]:
+            self.sets_crossed += 1
+            log.error("slot %d: cells decoded under LoRA set %r in a sequence of scope %r", slot.seq_id, under, slot.scope)
         slot.cache.extend(tokens)
 
     # ---- the invariant ----------------------------------------------------------------------
@@ -145,6 +155,9 @@ class KvCache:
                 continue  # an empty book agrees only with no cells, which one call tells
             pos_min, pos_max = self.span(slot)
             problem = self._problem(slot.cache, pos_min, pos_max)
+            owner = getattr(slot.request, "scope", slot.scope)  # (a request's, where one runs)
+            if problem is None and slot.cache and owner != slot.scope:
+                problem = f"it holds cells of scope {slot.scope!r} for a request of scope {owner!r}"
             if problem is None:
                 continue
             self.repairs += 1

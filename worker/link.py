@@ -303,6 +303,9 @@ def cache_options(spec: WorkerSpec, model: LoadedModel) -> CacheOptions:
     # not) do not read back; under other RoPE values or metadata they would read back and
     # be silently wrong (keys are stored rotated).
     layout += " " + " ".join(f"{k}={getattr(spec, k)}" for k in CELL_OPTIONS)
+    # A saved prompt of a LoRA set names its adapters by index (worker/adapter_turns.py):
+    # another list, or another file at a path, would give it to another computation.
+    layout += " lora=" + ";".join(_file_identity(a.path) for a in spec.lora)
     return CacheOptions(
         ram_bytes=spec.prompt_cache_bytes,
         folder=folder,
@@ -310,6 +313,11 @@ def cache_options(spec: WorkerSpec, model: LoadedModel) -> CacheOptions:
         fingerprint=fingerprint(spec.path, model.template_source, llama_cpp_version(), layout),
         persist_seconds=PERSIST_SECONDS - 1.0,
     )
+
+
+def _file_identity(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def llama_cpp_version() -> str:

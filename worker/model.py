@@ -12,11 +12,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import llama_cpp
 
 from worker import chat_formats
+from worker.adapters import load_adapters
 from worker.chat_template import BuiltinTemplate, ChatTemplate
 from worker.fim_tokens import FimTokens
 from worker.kv_rules import Attention
@@ -77,6 +78,7 @@ class LoadedModel:
     kv_caches: list[KvCache] = field(default_factory=list)
     overridden: list[tuple[str, str]] = field(default_factory=list)
     device_bytes: dict[str, int] = field(default_factory=dict)  # what each GPU holds (Ready)
+    adapters: list[Any] = field(default_factory=list)  # LoRA adapters, as spec.lora lists them (worker/adapters.py)
 
     def __post_init__(self) -> None:
         self._pieces: dict[int, bytes] = {}
@@ -245,6 +247,11 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         told = why.replace(spec.path, "the model file").replace(str(Path(spec.path).parent), "the models' folder")
         raise LoadError(f"llama.cpp could not load the model file ({told})", f"llama.cpp could not load {spec.path}: {why}")
 
+    try:
+        adapters = load_adapters(model, spec.lora)
+    except LoadError:
+        llama_cpp.llama_model_free(model)
+        raise
     vocab = llama_cpp.llama_model_get_vocab(model)
     threads = spec.threads or default_threads()
     cparams = llama_cpp.llama_context_default_params()
@@ -317,6 +324,7 @@ def load(spec: WorkerSpec, progress: Callable[[float], None]) -> LoadedModel:
         options=spec,
         threads_batch=spec.threads_batch,
         kv_caches=made.caches,
+        adapters=adapters,
         overridden=said.overridden,
         device_bytes={d: said.device_bytes.get(d, 0) + made.device_bytes.get(d, 0) for d in {**said.device_bytes, **made.device_bytes}},
         fim=FimTokens(

@@ -34,6 +34,7 @@ the same lock, so a Cancel that finds the request gone reaches the engine after 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
@@ -87,8 +88,10 @@ class Preparer:
         emit: Callable[[Frame], None],
         constrain: Compile | None = None,
         projector: Projector | None = None,
+        n_adapters: int = 0,
     ) -> None:
         self.m = m
+        self.n_adapters = n_adapters  # LoRA adapters loaded: the indices Generate.adapters may name
         self._projector = projector  # a model's mmproj: prompts with images (worker/media/)
         self._constrain = constrain
         self.n_ctx_slot = n_ctx_slot
@@ -182,6 +185,10 @@ class Preparer:
                     )
             elif (problem := pooling_problem(self.m.pooling or "", frame.native)) is not None:
                 raise RequestRejected("unsupported", problem, "model")
+        if isinstance(frame, Generate) and frame.adapters:
+            bad = [i for i, scale in frame.adapters if not 0 <= i < self.n_adapters or not math.isfinite(scale)]
+            if bad:  # the router sends none of these; a frame that does cannot crash the engine
+                raise RequestRejected("invalid_request", f"no LoRA adapter {bad[0]} with a finite scale is loaded", "lora")
         if isinstance(frame, Generate) and frame.params.constraint is not None:
             # GBNF converts in Python, holding the GIL: here, at full priority (as_lark).
             lark = as_lark(frame.params.constraint)

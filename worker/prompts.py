@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from worker import chat_formats
+from worker.adapter_turns import adapter_set, scope_suffix
 from worker.chat_template import ChatTemplate, TemplateError, TemplateTooLong
 from worker.protocol import (
     Detokenize,
@@ -131,12 +132,13 @@ def _request(
     if not prompt:
         raise RequestRejected("invalid_request", "the prompt is empty", param)
     room = n_ctx_slot - len(prompt)
+    adapters = adapter_set(g.adapters)
     p = g.params
     max_new = room if p.max_tokens is None else min(p.max_tokens, room)
     return Request(
         id=g.id, params=p, prompt=prompt, max_new=max_new, stops=StopMatcher(tuple(p.stop)),
-        in_reasoning=in_reasoning, n=g.n, echo=echo, request_id=g.request_id, scope=g.cache_scope,
-        rank=g.priority,
+        in_reasoning=in_reasoning, n=g.n, echo=echo, request_id=g.request_id,
+        scope=g.cache_scope + scope_suffix(adapters), rank=g.priority, adapters=adapters,
     )
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from worker.adapter_turns import AdapterSet
 from worker.logits import LogitBias, LogitsAdjustment
 from worker.logprobs import LogprobQueue
 from worker.media.spans import ImageSpan, text_ahead
@@ -75,6 +76,9 @@ class Request:
     # the engine decodes (worker/media/steps.py); text never goes into a batch past one.
     images: tuple[ImageSpan, ...] = ()
     rank: int = 1  # Generate.priority: its class in the slot line, lower first
+    # Generate.adapters: the LoRA set it decodes under (worker/adapter_turns.py), which its
+    # scope names too, so that no prefix crosses sets.
+    adapters: AdapterSet = ()
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -97,7 +101,7 @@ class Request:
                     stops=StopMatcher(self.stops.stops), index=i, echo=self.echo,
                     in_reasoning=self.in_reasoning, request_id=self.request_id,
                     matcher=self.matcher.fork() if self.matcher is not None else None, scope=self.scope,
-                    images=self.images, rank=self.rank,
+                    images=self.images, rank=self.rank, adapters=self.adapters,
                 )
             )
         self.n = 1  # split once

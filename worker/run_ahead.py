@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 import llama_cpp
 
+from worker.adapter_turns import AdapterSet
 from worker.batch import BatchBuffer
 from worker.event_hold import EventHold
 from worker.kv_cache import KvCache
@@ -74,8 +75,12 @@ class RunAhead:
         spec: Speculation,
         idle: Callable[[], bool],
         emit: EventHold,
+        apply: Callable[[AdapterSet], None] = lambda _: None,
     ) -> None:
         self.ctx, self.batch, self.kv, self.requests, self.spec = ctx, batch, kv, requests, spec
+        # Makes the request's LoRA set the context's (worker/adapters.py): the step before
+        # may have served another set whose last request just ended.
+        self.apply = apply
         self.idle = idle  # nothing in the engine's inbox
         self.emit = emit  # the engine's: it knows whose events wait for their end
         self.limit = LIMIT  # steps at most before the loop's full step (0: never run ahead)
@@ -87,6 +92,7 @@ class RunAhead:
         slot = req.slot
         assert slot is not None and req.sampler is not None
         held = self.emit.holds(req.id)
+        self.apply(req.adapters)
         events: list[TokenEvent] = []
         done = 0
         while done < self.limit and self.idle() and req.slot is slot:

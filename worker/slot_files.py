@@ -29,6 +29,7 @@ from worker import slot_folder
 from worker.kv_cache import KvCache
 from worker.kv_entries import Entries
 from worker.model import LoadedModel
+from worker.adapter_turns import owner_scope
 from worker.protocol import Error, ErrorCode, Frame, SlotFile, SlotFileResult
 from worker.request import Request
 from worker.seq_state import load_state, read_state
@@ -75,7 +76,7 @@ class SlotFiles:
     def _act(self, frame: SlotFile, slot: Slot[Request]) -> Frame:
         t0 = time.perf_counter()
         # To a caller limited to its own cells, another scope's slot is an empty one.
-        foreign = frame.own_only and bool(slot.cache) and slot.scope != frame.cache_scope
+        foreign = frame.own_only and bool(slot.cache) and owner_scope(slot.scope) != frame.cache_scope
         if frame.action == "erase":
             n = 0 if foreign else len(slot.cache)
             if not foreign:
@@ -93,6 +94,12 @@ class SlotFiles:
                     id=frame.id, code="invalid_request", param="id_slot",
                     message=f"Unable to save slot: slot {frame.slot} holds no cache of this key's",
                 )
+            if slot.scope != owner_scope(slot.scope):
+                # A slot file holds tokens and cells, not the adapters they were decoded
+                # under: restored, they would pass for the base model's.
+                return Error(id=frame.id, code="unsupported", param="id_slot", message=(
+                    f"Unable to save slot: slot {frame.slot} holds cells decoded under LoRA adapters, which a slot file cannot record"
+                ))
             return self._save(frame, slot, t0)
         return self._restore(frame, slot, t0)
 

@@ -90,6 +90,7 @@ class EngineDriver:
         prompt: str | None = None,
         media: list[bytes] | None = None,
         priority: int = 1,
+        adapters: list[tuple[int, float]] | None = None,
     ) -> tuple[int, Outcome]:
         """A request of `tokens`, or of the text `prompt` with an image (`media`) for each of
         its media markers."""
@@ -106,6 +107,7 @@ class EngineDriver:
             Generate(
                 id=rid, params=params, prompt_tokens=None if prompt is not None else list(tokens),
                 prompt=prompt, media=images, n=n, hold_events=hold, cache_scope=scope, priority=priority,
+                adapters=adapters or [],
             )
         )
         return rid, outcome
@@ -143,6 +145,8 @@ class EngineDriver:
         sliding-window one a contiguous run ending at n-1 that reaches down to the window of
         position n. Call only while the engine is idle."""
         problems = []
+        if self.engine.kv.sets_crossed:  # cells decoded under one LoRA set into another's sequence
+            problems.append(f"{self.engine.kv.sets_crossed} decodes crossed LoRA sets")
         att = self.model.attention
         seqs = [*self.engine.slots, *self.engine.entries.checked()]
         ids = [s.seq_id for s in seqs]

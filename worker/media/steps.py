@@ -22,10 +22,11 @@ that image's embeddings decoded into its own sequence, before the step's batch.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp
 
+from worker.adapter_turns import AdapterSet
 from worker.kv_cache import KvCache
 from worker.kv_room import KvRoom
 from worker.media.encoder import Encoder
@@ -40,9 +41,14 @@ log = logging.getLogger("worker.media")
 
 class ImageSteps:
     def __init__(
-        self, ctx: llama_cpp.llama_context_p, encoder: Encoder, kv: KvCache, room: KvRoom, requests: Requests
+        self, ctx: llama_cpp.llama_context_p, encoder: Encoder, kv: KvCache, room: KvRoom, requests: Requests,
+        apply: Callable[[AdapterSet], None] = lambda _: None,
     ) -> None:
         self.ctx, self.encoder, self.kv, self.room, self.requests = ctx, encoder, kv, room, requests
+        # Makes a request's LoRA set the context's before its image is decoded in place
+        # (worker/adapters.py); the context beside the engine holds none, so a request
+        # with adapters never decodes there.
+        self.apply = apply
         self.decoded_tokens = 0  # image positions decoded (they count as prompt tokens decoded)
         self.placed = 0  # images decoded beside the engine whose cells were put in place
 
@@ -66,7 +72,7 @@ class ImageSteps:
                     continue
                 beside = self.encoder.beside
                 end = text_after(req.images, span, len(req.tokens))
-                if beside is not None and not span.in_place and beside.fits(end):
+                if beside is not None and not span.in_place and not req.adapters and beside.fits(end):
                     if not span.busy:
                         prefix = read_state(self.ctx, slot.seq_id) if span.start else b""
                         self.encoder.want_decoded(span, req.scope, prefix, req.tokens[span.end : end])
@@ -75,6 +81,7 @@ class ImageSteps:
                     self.encoder.want(span, req.scope)
                     if span.embd is None:
                         break
+                self.apply(req.adapters)
                 rc = self.encoder.projector.decode(self.ctx, span, slot.seq_id)
                 if rc == 0:
                     self.kv.decoded(slot, span.tokens)

@@ -58,6 +58,7 @@ from worker.protocol.framing import (
     MAX_FRAME_BYTES,
     ProtocolError,
 )
+from worker.protocol.load_options import LoraAdapter
 from worker.protocol.parameters import (
     Infill,
     InfillChunk,
@@ -82,6 +83,7 @@ from worker.protocol.parameters import (
 )
 
 __all__ = [
+    "LoraAdapter",
     "Cancel",
     "ChatMessage",
     "Constraint",

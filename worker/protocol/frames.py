@@ -65,6 +65,10 @@ class Generate(Frame):
     # Images, in the order their MEDIA_MARKER stands in the rendered prompt (a chat's
     # messages, or `prompt`); a model without a projector refuses them.
     media: list[Media] | None = None
+    # The LoRA adapters it decodes under: (index in the worker's loaded list, scale), no
+    # scale 0, by index (worker/adapter_turns.py); empty: the base model. The router
+    # resolves a request's `lora`, or the served name's scales, into this.
+    adapters: list[tuple[int, float]] = []
 
 
 class Embed(Frame):

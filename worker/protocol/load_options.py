@@ -11,7 +11,7 @@ loads as `llama-server -m FILE` would.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Iterable, Literal
 
 import msgspec
 
@@ -37,6 +37,30 @@ QUANTIZED_KV = frozenset(t for t, (_, block, _) in KV_TYPES.items() if block > 1
 # layer's expert tensors, kept in host memory while the rest goes to the GPU.
 EXPERTS_PATTERN = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 MAX_DEVICES = 16  # llama_max_devices(): tensor_split has at most 15 entries
+
+
+class LoraAdapter(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A LoRA adapter GGUF loaded with the model (llama-server's --lora, --lora-scaled),
+    and the scale a request gets when it names none (its own `lora`, or POST
+    /lora-adapters, sets others). The worker loads the file; scales are the router's:
+    each request's travel in its Generate frame (Generate.adapters)."""
+
+    path: str
+    scale: float = 1.0
+
+
+# ((adapter index, scale), ...), by index, no scale 0: what one request decodes under.
+AdapterSet = tuple[tuple[int, float], ...]
+BASE: AdapterSet = ()
+
+
+def adapter_set(pairs: Iterable[tuple[int, float]]) -> AdapterSet:
+    """The set that (index, scale) pairs name: scale 0 left out (llama.cpp drops it), a
+    later pair for the same index wins, ordered by index; -0.0 is 0."""
+    scales: dict[int, float] = {}
+    for index, scale in pairs:
+        scales[index] = float(scale)
+    return tuple((i, s) for i, s in sorted(scales.items()) if s != 0.0)
 
 
 class LoadOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -96,6 +120,10 @@ class LoadOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     # Metadata overrides (--override-kv), "key=type:value" with type int, float, bool or
     # str: "tokenizer.ggml.add_bos_token=bool:false".
     override_kv: list[str] = []
+    # LoRA adapters (supervisor/config/lora.py): the config's relative paths, absolute in
+    # the resolved spec; a base model's spec lists its own first, then those of the adapter
+    # models (`base = NAME`) it serves, each once.
+    lora: list[LoraAdapter] = []
 
 
 # The options a KV cell's bytes depend on: a saved prompt (worker/prompt_store.py) is read
