@@ -129,6 +129,7 @@ class ModelHandle:
         pong = conn.stats if conn is not None else None
         return ModelStats(
             name=self.name, aliases=tuple(self.spec.aliases), modalities=projector.modalities(self.spec.mmproj),
+            lora=tuple(a.path.rpartition("/")[2] for a in self.spec.lora),
             state=self.state, pid=pid, rss_bytes=process_rss(pid),
             slots=ready.slots if ready is not None else self.spec.slots,
             slots_busy=conn.active if conn is not None else 0, queued=conn.queued if conn is not None else 0,

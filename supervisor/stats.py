@@ -75,3 +75,5 @@ class ModelStats:
     tokens_generated: int | None = None
     # What its prompts may hold besides text: its projector's ("vision", "audio").
     modalities: tuple[str, ...] = ()
+    # The LoRA adapters its worker loads, by file name (supervisor/config/lora.py).
+    lora: tuple[str, ...] = ()

@@ -166,7 +166,26 @@ def _tensors_of_version(path: Path, size: int, mtime_ns: int) -> tuple[tuple[str
     return tuple(out)
 
 
-def _whole(f: BinaryIO, size: int, tensors: list[tuple[str, int]] | None = None) -> str | None:
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's ne (ggml's order: the innermost dimension first), by name, from the
+    header's tensor table: what an adapter's shapes are checked against. Raises NotGGUF or
+    OSError."""
+    st = path.stat()
+    return dict(_shapes_of_version(path, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes_of_version(path: Path, size: int, mtime_ns: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    with open(path, "rb") as f:
+        _whole(f, size, shapes=shapes)
+    return tuple(shapes)
+
+
+def _whole(
+    f: BinaryIO, size: int, tensors: list[tuple[str, int]] | None = None,
+    shapes: list[tuple[str, tuple[int, ...]]] | None = None,
+) -> str | None:
     if f.read(4) != GGUF_MAGIC:
         raise NotGGUF("no GGUF magic")
     version, n_tensors, n_kv = _read(f, "IQQ")
@@ -193,12 +212,16 @@ def _whole(f: BinaryIO, size: int, tensors: list[tuple[str, int]] | None = None)
         if n_dims > 8:
             raise NotGGUF("implausible tensor shape")
         dims = _read(f, "Q" * n_dims) if n_dims else ()
+        if shapes is not None:
+            shapes.append((name, tuple(int(d) for d in dims)))  # type: ignore[call-overload]
         ttype, offset = _read(f, "IQ")
         assert isinstance(ttype, int) and isinstance(offset, int)
         if ttype not in _BLOCKS:
             if tensors is not None:
                 tensors.clear()
-            return None  # a type newer than this table: let llama.cpp judge the rest
+            if shapes is None:
+                return None  # a type newer than this table: let llama.cpp judge the rest
+            continue  # (its shape is read all the same)
         elements = math.prod(int(d) for d in dims)  # type: ignore[call-overload]
         per_block, block_bytes = _BLOCKS[ttype]
         end = max(end, offset + elements // per_block * block_bytes)

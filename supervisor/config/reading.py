@@ -17,7 +17,7 @@ from pathlib import Path
 
 from msgspec.structs import replace
 
-from supervisor.config import gguf_meta, keys, models_dir, upstreams
+from supervisor.config import gguf_meta, keys, lora, models_dir, upstreams
 from supervisor.config.checks import check, resolve_path
 from supervisor.config.convert import convert_table, show, suggestion
 from supervisor.config.key_paths import quote
@@ -64,7 +64,9 @@ def parse(
     file, broken, problems = _convert(raw)
     problems = early + problems + list(check(file, base_dir, broken))
     for name, m in file.models.items():
-        problems += upstreams.problems(f"models.{quote(name)}", m, base_dir, os.environ)
+        if m.base is None:
+            problems += upstreams.problems(f"models.{quote(name)}", m, base_dir, os.environ)
+        problems += lora.table_problems(f"models.{quote(name)}", m, file.models, base_dir)
     problems += upstreams.fleet_problems(file.server, base_dir, os.environ)
     keyring, key_problems = _keys(file, base_dir, api_keys_env)
     problems += key_problems
@@ -77,6 +79,7 @@ def parse(
     if problems:  # refused anyway: every problem in one go
         raise ConfigError(problems + list(unloadable.values()), source)
     default_idle = file.supervisor.idle_timeout
+    loads, views = lora.plan(file.models, base_dir)
     models = {
         name: ModelSpec(
             name=name,
@@ -100,6 +103,7 @@ def parse(
                     prompt_cache_dir=None if m.prompt_cache_dir is None else str(resolve_path(m.prompt_cache_dir, base_dir)),
                     draft_model=None if m.draft_model is None else str(resolve_path(m.draft_model, base_dir)),
                     mmproj=None if m.mmproj is None else str(resolve_path(m.mmproj, base_dir)),
+                    lora=loads.get(name, []),
                 )
             ),
         )
@@ -123,7 +127,7 @@ def parse(
     return with_server(
         Config(
             server, file.supervisor, models, keys=keyring, unloadable=unloadable, upstreams=remote,
-            fleet_key=upstreams.fleet_key(file.server, base_dir, os.environ)[0],
+            fleet_key=upstreams.fleet_key(file.server, base_dir, os.environ)[0], lora=views,
         ),
         overrides,
     )

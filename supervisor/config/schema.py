@@ -16,6 +16,7 @@ import msgspec
 
 from supervisor.config.convert import Seconds
 from supervisor.config.keys import ApiKeyTable, Keyring
+from supervisor.config.lora_views import LoraView
 from worker.protocol import ModelOptions, SamplingParams
 
 
@@ -226,8 +227,11 @@ class ModelConfig(GenerationDefaults, forbid_unknown_fields=True, frozen=True):
     """A `[models.NAME]` table: the worker's options and the generation defaults
     (inherited), and the supervisor's own."""
 
-    # The GGUF file, or none for a model served elsewhere (`upstream`).
+    # The GGUF file, or none for a model served elsewhere (`upstream`) or an adapter model.
     path: str | None = None
+    # An adapter model (supervisor/config/lora.py): another model's name, whose worker
+    # serves this name with this table's `lora` adapters applied.
+    base: str | None = None
     aliases: list[str] = []
     tags: list[str] = []  # shown in /v1/models, as llama-server's --tags
     idle_timeout: Seconds | None = None  # overrides [supervisor] idle_timeout
@@ -347,16 +351,36 @@ class Config:
     # The admin key sent to the [server] fleet's servers (read from fleet_key_env or
     # fleet_key_file), or None.
     fleet_key: str | None = None
+    # Each served name with LoRA adapters, and each adapter model (`base =`): name -> the
+    # adapters its requests apply (supervisor/config/lora.py).
+    lora: dict[str, LoraView] = field(default_factory=dict)
 
     def resolve(self, name: str) -> ModelSpec | None:
-        """The model a request's `model` field names, by name or alias."""
+        """The model a request's `model` field names, by name or alias; an adapter
+        model's name resolves to its base, whose worker serves it."""
         spec = self.models.get(name)
         if spec is not None:
             return spec
         for spec in self.models.values():
             if name in spec.aliases:
                 return spec
-        return None
+        view = self.adapter_model(name)
+        return None if view is None else self.models.get(view.model)
+
+    def lora_view(self, name: str) -> LoraView | None:
+        """The adapters of the name (or alias) a request sent, or None: none apply."""
+        view = self.lora.get(name)
+        if view is not None:
+            return view
+        spec = self.resolve(name)
+        if spec is not None and name in spec.aliases:
+            return self.lora.get(spec.name)
+        return next((v for v in self.lora.values() if name in v.aliases), None)
+
+    def adapter_model(self, name: str) -> LoraView | None:
+        """The adapter model a name or alias names, or None."""
+        view = self.lora.get(name) or next((v for v in self.lora.values() if name in v.aliases), None)
+        return view if view is not None and view.adapter_model else None
 
     def upstream(self, name: str) -> UpstreamSpec | None:
         """The upstream model a request's `model` field names, by name or alias."""

@@ -35,8 +35,16 @@ def effective(cfg: Config) -> dict[str, Any]:
             api_key_file=up.api_key_file, timeout=up.timeout, max_concurrency=up.max_concurrency,
             upstream_dialects=sorted(up.dialects), upstream_cache_salt=up.cache_salt,
         )
+    for name, view in cfg.lora.items():
+        # A name's own adapters, as its table lists them (a base model's worker loads its
+        # adapter models' too: supervisor/config/lora.py); an adapter model's table whole.
+        own = [{"path": str(a.path), "scale": a.scale} for a in view.adapters]
+        if view.adapter_model:
+            models[name] = {"path": None, "base": view.model, "lora": own, "aliases": list(view.aliases), "tags": list(view.tags)}
+        elif name in models:
+            models[name]["lora"] = own
     for table in models.values():  # a model served here only: its upstream keys, unset
-        for key in UPSTREAM_KEYS:
+        for key in (*UPSTREAM_KEYS, "base"):
             table.setdefault(key, None)
     data: dict[str, Any] = {
         "server": msgspec.to_builtins(cfg.server),

@@ -21,6 +21,7 @@ from tests.harness import write_gguf
 # change of it restarts none of them (issue 43).
 SUPERVISOR_ONLY = {
     "path", "aliases", "tags", "idle_timeout", "preload", "pinned", "instances", "max_queue", "queue_timeout",
+    "base",  # an adapter model's: it has no worker of its own (supervisor/config/lora.py)
 } | (
     set(GenerationDefaults.__struct_fields__) - set(ModelOptions.__struct_fields__)  # the router applies these
 ) | set(UPSTREAM_KEYS)  # the router's relay reads these, from Config.upstreams
@@ -36,9 +37,9 @@ def test_every_config_key_but_the_supervisors_reaches_the_worker() -> None:
     not_carried = fields(ModelConfig) - SUPERVISOR_ONLY - fields(WorkerSpec)
     assert not not_carried, f"add {sorted(not_carried)} to worker.protocol.ModelOptions"
     assert fields(ModelConfig) - SUPERVISOR_ONLY == fields(ModelOptions)
-    # The resolved spec has every key of the table but the upstream ones (UpstreamSpec's),
-    # plus the model's name.
-    assert fields(ModelSpec) == fields(ModelConfig) - set(UPSTREAM_KEYS) | {"name"}
+    # The resolved spec has every key of the table but the upstream ones (UpstreamSpec's)
+    # and an adapter model's `base` (Config.lora's), plus the model's name.
+    assert fields(ModelSpec) == fields(ModelConfig) - set(UPSTREAM_KEYS) - {"base"} | {"name"}
 
 
 def spec_with(**options: Any) -> ModelSpec:
