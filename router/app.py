@@ -24,7 +24,7 @@ from router.api.openai.errors import render_config_error
 from router.api.openai.schemas import IGNORED
 from router.generation import image_urls
 from router.server import (
-    access_log, admin, auth, bodies, connections, cors, dashboard, instance_key, metrics, openapi, readiness,
+    access_log, adapter_scales, admin, auth, bodies, connections, cors, dashboard, instance_key, metrics, openapi, readiness,
     site_guard,
 )
 from router.server.errors import Rendered, http_problem
@@ -138,8 +138,12 @@ def create_app(supervisor: Supervisor, config: Config) -> QuartTrio:
     async def openapi_json() -> Response:
         return Response(spec, content_type="application/json")
 
-    find = auth.scoped_resolve(supervisor)
-    server = Server(supervisor, autoload.gated(find, supervisor), started=int(time.time()), find=find, upstreams=upstreams.pool)
+    lora_scales = adapter_scales.Scales()  # POST /lora-adapters' (router/server/adapter_scales.py)
+    find = auth.scoped_resolve(supervisor, lora_scales)
+    server = Server(
+        supervisor, autoload.gated(find, supervisor), started=int(time.time()), find=find, upstreams=upstreams.pool,
+        lora_scales=lora_scales,
+    )
     for d in DIALECTS:
         blueprint = Blueprint(d.name, __name__)
         d.register(blueprint, server)

@@ -171,6 +171,7 @@ class WorkerConnection:
         cache_scope: str = "",
         media: list[Media] | None = None,
         priority: int = 1,
+        adapters: list[tuple[int, float]] | None = None,
     ) -> RequestStream:
         """Queue a generation of `n` choices; never blocks. Iterate the stream for its
         events. `hold_events`: the caller reads the answer whole and never ends a choice
@@ -188,6 +189,7 @@ class WorkerConnection:
                 tools=tools, template_kwargs=template_kwargs, prompt_tokens=prompt_tokens, n=n, echo=echo,
                 request_id=request_id, add_generation_prompt=add_generation_prompt, infill=infill,
                 hold_events=hold_events, cache_scope=cache_scope, media=media, priority=priority,
+                adapters=adapters or [],
             )
         )
         return RequestStream(self, rid, recv, n)

@@ -10,11 +10,12 @@ the internal request (router/generation/job.py), its renderer of the internal ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from quart import Blueprint
 
+from router.server.adapter_scales import Scales
 from router.server.errors import Rendered
 from router.server.openapi import Operation
 from router.upstream import remote
@@ -40,6 +41,7 @@ class Server:
     # (/models/load, GET /props of an asleep model): never refused for autoload.
     find: Resolve
     upstreams: Upstreams | None = None  # models served elsewhere (router/upstream/)
+    lora_scales: Scales = field(default_factory=Scales)  # POST /lora-adapters' (router/server/adapter_scales.py)
 
     def generating(self, model: str | None, hint: str = "; use /v1/embeddings") -> Served:
         """`resolve`, for a route that generates text: a model that serves embeddings

@@ -66,6 +66,9 @@ class GenerationJob:
     # vLLM's `priority`, as sent where the key may send it: the request's class in the slot
     # line (supervisor/priority.py); None: its key's.
     priority: int | None = None
+    # llama-server's per-request `lora`: (adapter id, scale) of the served name's adapters,
+    # the others at 0 (router/generation/adapters.py); None: the name's scales.
+    lora: tuple[tuple[int, float], ...] | None = None
 
     @property
     def images(self) -> list[Media]:

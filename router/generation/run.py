@@ -15,14 +15,14 @@ from typing import Any
 
 import msgspec
 
-from router.generation import instances, owners
+from router.generation import adapters, instances, owners
 from router.generation.job import GenerationJob
 from router.generation.prompt_bound import bounded_text, refuse_if_too_long
 from router.generation.prompts import Prompt, is_tokens
 from router.generation.sampling import capped
 from router.generation.tagged_calls import ParamTypes
 from router.generation.tool_grammar import tool_choice_constraint
-from router.server import access_log, auth, instance_key
+from router.server import access_log, adapter_scales, auth, instance_key
 from router.server.cache_scope import cache_scope
 from supervisor import priority
 from supervisor.connection import RequestStream, WorkerConnection
@@ -95,6 +95,7 @@ class Generation:
         self._owner: str | None = None  # the sending key's (owners.py), for GET /slots
         self._scope = ""  # whose cached prefixes it may reuse (router/server/cache_scope.py)
         self._rank = 1  # its class in the slot line (supervisor/config/key_rules.py)
+        self._adapters: list[tuple[int, float]] = []  # its LoRA set (router/generation/adapters.py)
         # The job's parameters as sent, after the output caps: what an answer that repeats
         # them (llama-server's generation_settings) must say.
         self.params = SamplingParams()
@@ -124,6 +125,7 @@ class Generation:
         key = auth.current_key()
         gen._owner = key.owner if key is not None else None
         gen._scope = cache_scope(key, job.cache_salt)
+        gen._adapters = adapters.for_worker(adapter_scales.current(), job.lora)
 
         # The model's and the key's caps on output, as llama-server's -n: a request asking
         # more, or no limit, generates up to the cap and ends with "length".
@@ -211,6 +213,7 @@ class Generation:
                 cache_scope=self._scope,
                 media=list(job.media) or None,
                 priority=self._rank,
+                adapters=self._adapters,
             )
             self._streams.append(stream)
             owners.enter(conn, stream.id, self._owner)

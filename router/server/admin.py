@@ -74,6 +74,11 @@ def register(
                 "config_error": supervisor.config_error,
                 "needs_restart": list(supervisor.needs_restart),
                 "upstreams": upstreams(),
+                # Names served by a model's worker with LoRA adapters (`base =`).
+                "adapter_models": [
+                    {"name": v.name, "base": v.model, "aliases": list(v.aliases), "lora": [a.path.name for a in v.adapters]}
+                    for v in supervisor.config.lora.values() if v.adapter_model
+                ],
             }
         )
 

@@ -28,10 +28,11 @@ from typing import Callable
 from quart import g, has_app_context, request
 from quart_trio import QuartTrio
 
-from router.server import access_log
+from router.server import access_log, adapter_scales
 from supervisor.errors import Forbidden, Unauthorized
 from supervisor.group import Served
 from supervisor.config.keys import Key, Keyring
+from supervisor.config.lora_views import LoraView
 from supervisor.supervisor import Supervisor, no_model, unknown_model
 
 
@@ -41,10 +42,12 @@ class Access(Enum):
     ADMIN = "admin"
 
 
-def access_of(path: str, public_metrics: bool = False) -> Access:
+def access_of(path: str, public_metrics: bool = False, method: str = "GET") -> Access:
     if path in ("/health", "/v1/health", "/") or (public_metrics and path == "/metrics"):
         return Access.OPEN
     if path == "/metrics" or path == "/admin" or path.startswith("/admin/"):
+        return Access.ADMIN
+    if path == "/lora-adapters" and method == "POST":  # every key's requests decode under its scales
         return Access.ADMIN
     return Access.API
 
@@ -64,7 +67,7 @@ def presented_key(authorization: str | None, x_api_key: str | None) -> str | Non
 MISSING = "You didn't provide an API key. Send it as `Authorization: Bearer KEY` or `x-api-key: KEY`."
 INCORRECT = "Incorrect API key provided."
 NO_ADMIN_KEYS = (
-    "/admin and /metrics need an admin key, and this server has API keys but no admin key: "
+    "/admin, /metrics and POST /lora-adapters need an admin key, and this server has API keys but no admin key: "
     "set [server] admin_keys and send one (corral's commands read it from $CORRAL_ADMIN_KEY "
     "or --admin-key-file); [server] public_metrics = true opens /metrics alone."
 )
@@ -83,12 +86,12 @@ def authorize(ring: Keyring, access: Access, presented: str | None, loopback: bo
             if ring.api_keys_required:
                 raise Forbidden(NO_ADMIN_KEYS)
             if not loopback:
-                raise Forbidden("/admin and /metrics answer loopback clients only while no key is configured.")
+                raise Forbidden("/admin, /metrics and POST /lora-adapters answer loopback clients only while no key is configured.")
             return key
         if key is None:
             raise Unauthorized(INCORRECT if presented is not None else MISSING)
         if not key.admin:
-            raise Forbidden("This key is not an admin key: /admin and /metrics need one.")
+            raise Forbidden("This key is not an admin key: /admin, /metrics and POST /lora-adapters need one.")
         return key
     if key is None and ring.api_keys_required:
         raise Unauthorized(INCORRECT if presented is not None else MISSING)
@@ -120,20 +123,40 @@ def current_key() -> Key | None:
     return key
 
 
-def scoped_resolve(supervisor: Supervisor) -> Callable[[str | None], Served]:
+def scoped_resolve(supervisor: Supervisor, scales: adapter_scales.Scales | None = None) -> Callable[[str | None], Served]:
     """supervisor.resolve, as the current request's key sees the models: one outside its
-    scope answers exactly as one that does not exist."""
+    scope answers exactly as one that does not exist. An adapter model resolves to its
+    base's handle, under its own name for keys, and is remembered with its adapters for
+    the request's generation (router/server/adapter_scales.py)."""
 
     def resolve(model: str | None) -> Served:
         handle = supervisor.resolve(model)
+        config = supervisor.config
+        view = config.lora_view(model) if model is not None else None
+        if view is None or view.model != handle.name:
+            view = config.lora.get(handle.name)
+        served = view.name if view is not None and view.adapter_model else handle.name
         key = current_key()
-        if key is not None and not key.may_use(handle.name):
+        if key is not None and not key.may_use(served):
             raise no_model() if model is None else unknown_model(model)
         if (record := access_log.current()) is not None:
-            record.model = handle.name
+            record.model = served
+        adapter_scales.remember(view, (scales or adapter_scales.Scales()).of(view) if view is not None else ())
         return handle
 
     return resolve
+
+
+def adapter_models(supervisor: Supervisor) -> list[tuple[LoraView, Served]]:
+    """The adapter models (`base =`) the current request's key may see, each with the
+    handle of the model whose worker serves it (for /v1/models and /api/tags)."""
+    key = current_key()
+    out = []
+    for view in supervisor.config.lora.values():
+        handle = supervisor.handles.get(view.model)
+        if view.adapter_model and handle is not None and (key is None or key.may_use(view.name)):
+            out.append((view, handle))
+    return out
 
 
 def visible(handle: Served) -> bool:
@@ -150,7 +173,7 @@ def install(app: QuartTrio, supervisor: Supervisor) -> None:
     async def check_key() -> None:
         key = g.corral_key = authorize(
             supervisor.config.keys,
-            access_of(request.path, supervisor.config.server.public_metrics),
+            access_of(request.path, supervisor.config.server.public_metrics, request.method),
             presented_key(request.headers.get("authorization"), request.headers.get("x-api-key")),
             # Quart's request.remote_addr comes from a Remote-Addr header it sets first
             # and the client's own headers then join: one reordering away from a client

@@ -7,7 +7,7 @@ from __future__ import annotations
 from quart import Blueprint
 
 from router.api.dialect import Dialect, Server
-from router.api.llama import errors, features_off, routes, schemas, slot_files
+from router.api.llama import errors, features_off, lora_routes, routes, schemas, slot_files
 from router.server.openapi import Operation
 
 _E = schemas.NativeErrorBody
@@ -31,12 +31,13 @@ OPERATIONS = (
 
 
 def _owns(path: str) -> bool:
-    return routes.owns(path) or path in features_off.PATHS or path.startswith("/slots/")
+    return routes.owns(path) or path in features_off.PATHS or path in lora_routes.PATHS or path.startswith("/slots/")
 
 
 def _register(app: Blueprint, server: Server) -> None:
     routes.register(app, server)
     features_off.register(app, server)
+    lora_routes.register(app, server)
     slot_files.register(app, server)
 
 

@@ -14,7 +14,7 @@ import msgspec
 
 from router.api.llama.schemas import InfillRequest, NativeCompletionRequest
 from router.api.openai import fields as request_fields
-from router.generation import media, structured
+from router.generation import adapters, media, structured
 from router.generation.job import GenerationJob
 from router.generation.prompts import Prompt, prompt_list
 from supervisor.errors import InvalidRequest, Unsupported
@@ -43,8 +43,6 @@ def native_params(r: NativeCompletionRequest, defaults: SamplingParams = Samplin
         value = getattr(r, name)
         if value != off:
             raise Unsupported(f"'{name}' is not supported (only its default, {off}, is accepted).", name)
-    if r.lora:
-        raise Unsupported("LoRA adapters are not supported.", "lora")
     constraint = structured.constraint(request_fields.json_schemas(None, r.json_schema), r.grammar)
     if r.seed is not None and not -1 <= r.seed <= 0xFFFFFFFF:
         raise InvalidRequest("Invalid 'seed': expected -1 (random) or a value from 0 to 4294967295.", "seed")
@@ -83,11 +81,15 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
     if isinstance(r.prompt, dict) and "multimodal_data" in r.prompt:
         text, images = media.multimodal_prompt(r.prompt, "prompt")
         return GenerationJob(
-            model=model, params=params, prompt=text, media=tuple(images), stream=r.stream, cache_salt=r.cache_salt
+            model=model, params=params, prompt=text, media=tuple(images), stream=r.stream, cache_salt=r.cache_salt,
+            lora=adapters.requested(r.lora),
         )
     prompts = native_prompts(r)
     if len(prompts) > 1:  # one answer each, in order: `index` tells them apart
-        return GenerationJob(model=model, params=params, prompt_list=tuple(prompts), stream=r.stream, cache_salt=r.cache_salt)
+        return GenerationJob(
+            model=model, params=params, prompt_list=tuple(prompts), stream=r.stream, cache_salt=r.cache_salt,
+            lora=adapters.requested(r.lora),
+        )
     (prompt,) = prompts
     return GenerationJob(
         model=model,
@@ -96,6 +98,7 @@ def completion_job(r: NativeCompletionRequest, model: str, defaults: SamplingPar
         prompt_parts=tuple(prompt) if not isinstance(prompt, str) else None,
         stream=r.stream,
         cache_salt=r.cache_salt,
+        lora=adapters.requested(r.lora),
     )
 
 
@@ -134,4 +137,6 @@ def infill_job(r: InfillRequest, model: str, defaults: SamplingParams) -> Genera
             raise InvalidRequest(f'"{param}" must be a string, or token ids and strings in one list', param)
         sides.append(parts)
     infill = Infill(prefix=sides[0], suffix=sides[1], extra=extra, prompt=r.prompt)
-    return GenerationJob(model=model, params=params, infill=infill, stream=r.stream, cache_salt=r.cache_salt)
+    return GenerationJob(
+        model=model, params=params, infill=infill, stream=r.stream, cache_salt=r.cache_salt, lora=adapters.requested(r.lora)
+    )

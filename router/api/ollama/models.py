@@ -116,8 +116,9 @@ def context_length(h: Served) -> int:
     return min(h.spec.n_ctx, h.spec.n_ctx_slot or h.spec.n_ctx)
 
 
-def tag_entries(h: Served) -> list[dict[str, Any]]:
-    """The model, then each of its aliases (what a client may name it by), one digest."""
+def tag_entries(h: Served, names: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The model, then each of its aliases (what a client may name it by), one digest;
+    `names`: an adapter model's, served by `h`."""
     f = facts(h.spec.path)
     digest = served_digest(h, f)
     return [
@@ -125,7 +126,7 @@ def tag_entries(h: Served) -> list[dict[str, Any]]:
             "name": tagged(name), "model": tagged(name), "modified_at": f.modified_at, "size": f.size,
             "digest": digest, "details": details(f.meta),
         }
-        for name in (h.name, *h.spec.aliases)
+        for name in (names or (h.name, *h.spec.aliases))
     ]
 
 

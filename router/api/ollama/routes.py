@@ -171,7 +171,10 @@ def register(app: Blueprint, server: Server) -> None:
             and (key is None or key.may_use(up.name))
             for name in (up.name, *up.aliases)
         ]
-        return _json_response({"models": [e for h in visible for e in models.tag_entries(h)] + served_elsewhere})
+        adapter_models = [
+            e for view, h in auth.adapter_models(server.supervisor) for e in models.tag_entries(h, (view.name, *view.aliases))
+        ]
+        return _json_response({"models": [e for h in visible for e in models.tag_entries(h)] + adapter_models + served_elsewhere})
 
     @app.post("/api/show")
     async def show() -> Response:

@@ -30,6 +30,7 @@ from router.server import access_log, auth, bodies
 from router.server.json_body import decode
 from router.upstream.pool import replica_view
 from supervisor.config import projector
+from supervisor.config.lora_views import LoraView
 from supervisor.config.schema import UpstreamSpec
 from supervisor.errors import Unsupported
 from supervisor.group import ModelGroup, Served
@@ -133,10 +134,20 @@ def register(app: Blueprint, server: Server) -> None:
             if not up.local and (key is None or key.may_use(up.name))
         ]
 
+    def adapter_entry(view: LoraView, h: Served) -> dict[str, object]:
+        """An adapter model: its base's state under its own names, with vLLM's `parent`
+        (the base model, whose worker and memory it shares)."""
+        entry = model_entry(h)
+        entry.pop("instances", None)
+        entry.pop("upstream", None)
+        entry.update(id=view.name, aliases=[view.name, *view.aliases], tags=list(view.tags), parent=view.model)
+        return entry
+
     @app.get("/v1/models")
     @app.get("/models")
     async def list_models() -> Response:
         data = [model_entry(h) for h in server.supervisor.handles.values() if auth.visible(h)]
+        data += [adapter_entry(view, h) for view, h in auth.adapter_models(server.supervisor)]
         data += [upstream_entry(up) for up in remote_only()]
         return json_response({"object": "list", "data": data})
 
@@ -147,7 +158,10 @@ def register(app: Blueprint, server: Server) -> None:
         model it names. Loads nothing."""
         if (up := server.supervisor.config.upstream(model)) is not None and up in remote_only():
             return json_response(upstream_entry(up))
-        return json_response(model_entry(server.find(model)))
+        handle = server.find(model)
+        if (view := server.supervisor.config.adapter_model(model)) is not None:
+            return json_response(adapter_entry(view, handle))
+        return json_response(model_entry(handle))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")

@@ -105,6 +105,9 @@ class SamplingFields(msgspec.Struct, forbid_unknown_fields=True):
     # vLLM's: requests with different salts share no cached prefix, even under one key
     # (router/server/cache_scope.py).
     cache_salt: Salt | None = None
+    # llama-server's: [{id, scale}] of the model's LoRA adapters, the others at 0
+    # (router/generation/adapters.py).
+    lora: list[Any] | None = None
 
 
 class ChatRequest(SamplingFields, forbid_unknown_fields=True):

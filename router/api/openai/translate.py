@@ -7,7 +7,7 @@ import msgspec
 
 from router.api.openai import fields as request_fields
 from router.api.openai import schemas
-from router.generation import media, structured, tool_schemas
+from router.generation import adapters, media, structured, tool_schemas
 from router.generation.prompts import Prompt
 from router.generation.job import GenerationJob
 from router.server import auth
@@ -40,6 +40,7 @@ def chat_job(r: schemas.ChatRequest, model: str, defaults: SamplingParams = Samp
         effort=r.reasoning_effort,
         cache_salt=r.cache_salt,
         priority=priority.requested(auth.current_key(), r.priority),
+        lora=adapters.requested(r.lora),
     )
 
 
@@ -66,6 +67,7 @@ def completion_job(r: schemas.CompletionRequest, model: str, defaults: SamplingP
         echo=r.echo,
         cache_salt=r.cache_salt,
         priority=priority.requested(auth.current_key(), r.priority),
+        lora=adapters.requested(r.lora),
     )
 
 

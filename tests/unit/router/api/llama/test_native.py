@@ -14,7 +14,7 @@ from router.api.timings import timings_json
 from router.generation.events import Finish
 from router.api.llama.render import NativeCompletion, pick_fields
 from router.api.llama.schemas import NativeCompletionRequest
-from router.api.llama.translate import native_params, native_prompts
+from router.api.llama.translate import completion_job, native_params, native_prompts
 from supervisor import errors as e
 from tests.unit.worker.test_prompts import FakeModel, prepare
 from worker.prompts import detokenize_texts, piece
@@ -97,12 +97,25 @@ def test_n_predict_and_max_tokens() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("mirostat", 2), ("typical_p", 0.5), ("dry_multiplier", 0.8), ("xtc_probability", 0.5),
-     ("dynatemp_range", 0.5), ("lora", [{"id": 0, "scale": 1.0}])],
+     ("dynatemp_range", 0.5)],
 )
 def test_what_corral_cannot_do_is_refused_by_name(field: str, value: Any) -> None:
     with pytest.raises(e.Unsupported) as info:
         native_params(req(**{field: value}))
     assert info.value.param == field
+
+
+def test_lora_becomes_the_jobs_adapter_scales_and_a_bad_entry_is_a_400_naming_it() -> None:
+    """llama-server's per-request `lora` (server-schema.cpp): an array of {id, scale},
+    scale defaulting to 0; an empty one leaves the model's scales (construct_lora_list
+    runs only for a non-empty list)."""
+    job = completion_job(req(prompt="hi", lora=[{"id": 1, "scale": 0.5}, {"id": 0}]), "m", SamplingParams())
+    assert job.lora == ((1, 0.5), (0, 0.0))
+    assert completion_job(req(prompt="hi", lora=[]), "m", SamplingParams()).lora is None
+    for bad in ([{"id": "0", "scale": 1}], [{"id": 0, "scale": float("nan")}], [3], [{"id": 0, "x": 1}]):
+        with pytest.raises(e.InvalidRequest) as info:
+            completion_job(req(prompt="hi", lora=bad), "m", SamplingParams())
+        assert info.value.param == "lora"
 
 
 def test_grammar_and_json_schema_become_the_constraint() -> None:
