@@ -120,12 +120,14 @@ class Generation:
     ) -> Generation:
         record = access_log.current()
         asked = time.monotonic()
+        # Before the lease: an unknown adapter id is a 400 that must not leave one taken.
+        chosen = adapters.for_worker(adapter_scales.current(), job.lora)
         gen = cls(await handle.acquire())
+        gen._adapters = chosen
         gen._record = record
         key = auth.current_key()
         gen._owner = key.owner if key is not None else None
         gen._scope = cache_scope(key, job.cache_salt)
-        gen._adapters = adapters.for_worker(adapter_scales.current(), job.lora)
 
         # The model's and the key's caps on output, as llama-server's -n: a request asking
         # more, or no limit, generates up to the cap and ends with "length".
