@@ -57,17 +57,16 @@ def load_adapters(model: llama_cpp.llama_model_p, adapters: Sequence[LoraAdapter
 class Adapters:
     """The adapters of one context: which set it holds, and the turns between sets."""
 
-    def __init__(self, ctx: llama_cpp.llama_context_p, handles: Sequence[Any], kv: KvCache | None = None) -> None:
+    def __init__(
+        self, ctx: llama_cpp.llama_context_p, handles: Sequence[Any], kv: KvCache | None = None, turn_steps: int = 1
+    ) -> None:
         self.ctx = ctx
         self.handles = list(handles)
         self.current: AdapterSet = BASE
-        self.turns = Turns()
+        self.turns = Turns(turn_steps)
         self.switches = 0  # how often the set changed (each a graph reservation)
         if kv is not None:  # every decode's cells are checked against the set held (kv.sets_crossed)
             kv.under = lambda: scope_suffix(self.current)
-
-    def valid(self, s: AdapterSet) -> bool:
-        return all(0 <= i < len(self.handles) for i, _ in s)
 
     def apply(self, s: AdapterSet) -> None:
         """Make `s` the context's set, when it is not already."""

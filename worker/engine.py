@@ -112,7 +112,7 @@ class Engine:
         self.requests = Requests(m, self.n_ctx_slot, emit)
         self.room = KvRoom(self.slots, self.kv, self.entries, self.cache, self.requests)
         # LoRA adapters: each step serves one set, in turns (worker/adapters.py).
-        self.adapters = Adapters(m.ctx, m.adapters, self.kv)
+        self.adapters = Adapters(m.ctx, m.adapters, self.kv, m.options.lora_turn_steps)
         # Speculative decoding, by n-gram lookup or a draft model (worker/speculation.py).
         self.spec = Speculation(self.kv, 0 if embeddings else draft_max, self.n_ctx_slot, draft_model)
         self.admission = Admission(

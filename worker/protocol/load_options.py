@@ -63,6 +63,9 @@ def adapter_set(pairs: Iterable[tuple[int, float]]) -> AdapterSet:
     return tuple((i, s) for i, s in sorted(scales.items()) if s != 0.0)
 
 
+LORA_TURN_STEPS = 4  # see lora_turn_steps: measured best of 1, 2, 4, 8 (docs/lora.md)
+
+
 class LoadOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     # Flash attention (-fa): "auto" lets llama.cpp use it where every layer's device has
     # it. A quantized V cache needs it: with "auto" llama.cpp turns it on, with "off" the
@@ -124,6 +127,11 @@ class LoadOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     # the resolved spec; a base model's spec lists its own first, then those of the adapter
     # models (`base = NAME`) it serves, each once.
     lora: list[LoraAdapter] = []
+    # Steps an adapter set keeps the batch, while requests of several sets run, before
+    # another set's turn (worker/adapter_turns.py): longer turns pay the graph reservation
+    # a change of set costs less often; shorter ones keep each set's tokens coming more
+    # evenly. Shares stay weighted by requests either way.
+    lora_turn_steps: int = LORA_TURN_STEPS
 
 
 # The options a KV cell's bytes depend on: a saved prompt (worker/prompt_store.py) is read
