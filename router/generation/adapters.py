@@ -22,6 +22,9 @@ from supervisor.errors import InvalidRequest
 from worker.protocol.load_options import adapter_set
 
 
+MAX_ENTRIES = 256  # a model loads at most 64 adapters (supervisor/config/lora.py); a few repeats are harmless
+
+
 def requested(value: Any, param: str = "lora") -> Requested | None:
     """A request's `lora` field, checked: an array of `{id, scale}` objects (scale
     defaults to 0, as llama-server's json_value does). None: absent or empty, the name's
@@ -30,6 +33,8 @@ def requested(value: Any, param: str = "lora") -> Requested | None:
         return None
     if not isinstance(value, list):
         raise InvalidRequest(f"'{param}' must be an array of objects with 'id' and 'scale' fields", param)
+    if len(value) > MAX_ENTRIES:
+        raise InvalidRequest(f"'{param}' names at most {MAX_ENTRIES} adapters, got {len(value)}", param)
     out: list[tuple[int, float]] = []
     for i, entry in enumerate(value):
         if not isinstance(entry, dict) or set(entry) - {"id", "scale"}:

@@ -47,6 +47,10 @@ def problem(adapter: Path, model: Path) -> str | None:
         return f"{adapter}: cannot be read ({exc})"
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
         return f"{adapter}: not a LoRA adapter (general.type {meta.get('general.type')!r}, adapter.type {meta.get('adapter.type')!r})"
+    if "adapter.alora.invocation_tokens" in meta:
+        # llama-server applies one only after its invocation tokens; applied to the whole
+        # prompt it would answer, silently, as another model.
+        return f"{adapter}: an activated LoRA (aLoRA), which Corral does not serve"
     arch, base_arch = meta.get("general.architecture"), base_meta.get("general.architecture")
     if arch != base_arch:
         return f"{adapter}: an adapter for architecture {arch!r}, and the model is {base_arch!r}"
@@ -85,6 +89,8 @@ def _shape_problem(stem: str, w: tuple[int, ...], a: tuple[int, ...], b: tuple[i
 
 def table_problems(at: str, m: ModelConfig, models: Mapping[str, ModelConfig], base_dir: Path) -> Iterator[str]:
     """What is wrong with a table's `lora` and `base`."""
+    if not 1 <= m.lora_turn_steps <= 256:
+        yield f"{at}.lora_turn_steps: must be 1..256, got {m.lora_turn_steps}"
     if len(m.lora) > MAX_ADAPTERS:
         yield f"{at}.lora: at most {MAX_ADAPTERS} adapters, got {len(m.lora)}"
     for i, a in enumerate(m.lora):

@@ -53,6 +53,9 @@ class ServerFlags:
     kv_unified: bool = False
     reasoning: str | None = None
     verbose: bool = False
+    # --lora FILE (scale 1) and --lora-scaled FILE:SCALE, in order; with
+    # --lora-init-without-apply, every one at 0 until a request or POST /lora-adapters.
+    lora: tuple[tuple[str, float], ...] = ()
     server_tools: str | None = None
     ignored: tuple[str, ...] = field(default=())
 
@@ -61,7 +64,7 @@ class ServerFlags:
 # KV cache types, group attention, ...): read so that their value is not taken for a flag.
 _IGNORED_WITH_VALUE = (
     "--model-url", "--model-draft", "--ubatch-size", "--n-gpu-layers", "-ctk", "-ctv", "-fa",
-    "--slot-save-path", "--grp-attn-n", "--grp-attn-w", "--lora", "--spec-type",
+    "--slot-save-path", "--grp-attn-n", "--grp-attn-w", "--spec-type",
     "--spec-draft-n-max", "--spec-draft-n-min", "--spec-synth-len", "--spec-synth-rates",
     "--mmproj-url", "--media-path", "--cache-ram", "--tools-runtime",
     "--mcp-servers-config", "--mcp-servers-json", "--log-file",
@@ -111,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning", "-rea")
     p.add_argument("--verbose", "-v", action="store_true")
     p.add_argument("--tools")
+    p.add_argument("--lora", action="append", default=[])
+    p.add_argument("--lora-scaled", action="append", default=[])
+    p.add_argument("--lora-init-without-apply", action="store_true")
     for flag in _IGNORED_WITH_VALUE:
         p.add_argument(flag, dest="ignored_" + flag.strip("-").replace("-", "_"), action="append")
     for flag in _IGNORED_SWITCHES:
@@ -128,6 +134,13 @@ def read_flags(argv: list[str], local_model: str) -> ServerFlags:
     ignored = tuple(
         k.removeprefix("ignored_") for k, v in vars(a).items() if k.startswith("ignored_") and v
     )
+    lora = [(f, 1.0) for arg in a.lora for f in arg.split(",") if f]
+    for arg in a.lora_scaled:
+        for item in arg.split(","):
+            path, _, scale = item.rpartition(":")
+            lora.append((path, float(scale)))
+    if a.lora_init_without_apply:
+        lora = [(path, 0.0) for path, _ in lora]
     return ServerFlags(
         host=a.host, port=a.port, model=model, alias=a.alias, tags=a.tags, n_ctx=a.ctx_size,
         n_batch=a.batch_size, parallel=a.parallel, threads=a.threads, temperature=a.temp,
@@ -138,7 +151,7 @@ def read_flags(argv: list[str], local_model: str) -> ServerFlags:
         models_dir=a.models_dir, models_max=a.models_max, models_preset=a.models_preset,
         models_autoload=not a.no_models_autoload, sleep_idle_seconds=a.sleep_idle_seconds,
         kv_unified=a.kv_unified, reasoning=a.reasoning, verbose=a.verbose, server_tools=a.tools,
-        ignored=ignored,
+        lora=tuple(lora), ignored=ignored,
     )
 
 
@@ -230,6 +243,8 @@ def corral_config(f: ServerFlags, model_has_template: bool = False, router_folde
         model["chat_template"] = "chatml"
     if f.reasoning in ("on", "off"):  # llama-server's default template variable for each
         model["chat_template_kwargs"] = {"enable_thinking": f.reasoning == "on"}
+    if f.lora:
+        model["lora"] = [{"path": path, "scale": scale} for path, scale in f.lora]
     if f.n_predict is not None:
         model["n_predict"] = f.n_predict
     if f.temperature is not None:

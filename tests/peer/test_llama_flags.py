@@ -105,3 +105,15 @@ def test_only_the_suites_download_starts_get_the_stand_in(tmp_path: Path) -> Non
     split = ["--hf-repo", "ggml-org/models", "--hf-file", "tinyllamas/split/stories15M-q8_0-00001-of-00003.gguf"]
     assert not is_download(split, tmp_path)
     assert not is_download(["--port", "8080", "--models-dir", "x"], tmp_path)
+
+
+def test_lora_flags_become_the_models_adapters() -> None:
+    """ServerProcess.start passes each of `lora_files` as `--lora FILE` (the suite's
+    utils.py); llama-server also takes --lora-scaled FILE:SCALE and
+    --lora-init-without-apply (common/arg.cpp)."""
+    f = read_flags(["-m", "m.gguf", "--lora", "a.gguf", "--lora-scaled", "b.gguf:0.5,c.gguf:2"], "local.gguf")
+    assert f.lora == (("a.gguf", 1.0), ("b.gguf", 0.5), ("c.gguf", 2.0))
+    model = next(iter(corral_config(f)["models"].values()))
+    assert model["lora"] == [{"path": "a.gguf", "scale": 1.0}, {"path": "b.gguf", "scale": 0.5}, {"path": "c.gguf", "scale": 2.0}]
+    quiet = read_flags(["-m", "m.gguf", "--lora", "a.gguf", "--lora-init-without-apply"], "local.gguf")
+    assert quiet.lora == (("a.gguf", 0.0),) and "lora" not in quiet.ignored

@@ -24,7 +24,7 @@ FIELDS = {
     "waiting_by_priority", "in_flight", "last_used", "load_seconds", "restarts", "last_error", "pinned",
     "cost_bytes", "threads", "loaded", "prompt_tokens_decoded", "kv_cells_used",
     "kv_repairs", "kv_prefixes_refused", "requests_per_minute",
-    "tokens_generated", "prompt_cache", "modalities",
+    "tokens_generated", "prompt_cache", "modalities", "lora",
 }
 
 

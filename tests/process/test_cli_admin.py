@@ -46,7 +46,7 @@ async def test_status_table_and_json_load_and_unload(tmp_path: Path, start_log: 
             done = await corral("status", "--json", "--url", url, cwd=tmp_path)
             assert done.returncode == 0, err(done)
             raw = json.loads(out(done))
-            assert set(raw) == {"models", "load_queue", "config_error", "needs_restart", "upstreams"}
+            assert set(raw) == {"models", "load_queue", "config_error", "needs_restart", "upstreams", "adapter_models"}
             models = {m["name"]: m for m in raw["models"]}
             assert models["chat"]["state"] == "ready" and models["chat"]["requests_per_minute"] == 2
             assert models["idle"]["state"] == "stopped" and models["idle"]["requests_per_minute"] == 0

@@ -154,6 +154,8 @@ def _sampling(job: GenerationJob) -> dict[str, Any]:
         raise Unsupported(f"'seed' cannot be sent to this model's upstream: {_WHY}.", "seed")
     if job.n != 1:
         raise Unsupported(f"'n' cannot be sent to this model's upstream: {_WHY} (one answer a request).", "n")
+    if job.lora is not None:
+        raise Unsupported(f"'lora' cannot be sent to this model's upstream: {_WHY}.", "lora")
     c = p.constraint
     if c is not None:
         if json_mode(c):

@@ -88,8 +88,17 @@ def chat_body(job: GenerationJob, model: str) -> dict[str, Any]:
         body["chat_template_kwargs"] = dict(job.template_kwargs)
     if job.effort not in (None, "none"):  # "none" is the default of the models that take it
         body["reasoning_effort"] = job.effort
+    _lora(job, body)
     body.update(stream=True, stream_options={"include_usage": True})
     return body
+
+
+def _lora(job: GenerationJob, body: dict[str, Any]) -> None:
+    """llama-server's per-request `lora`, passed on as sent: the ids are the upstream's
+    adapters (another Corral or llama-server takes it; a server that does not refuses it
+    by name rather than ignoring what was asked)."""
+    if job.lora is not None:
+        body["lora"] = [{"id": i, "scale": s} for i, s in job.lora]
 
 
 def completion_body(job: GenerationJob, model: str) -> dict[str, Any]:
@@ -102,6 +111,7 @@ def completion_body(job: GenerationJob, model: str) -> dict[str, Any]:
     body.update(_sampling(job))
     if job.echo:
         body["echo"] = True
+    _lora(job, body)
     body.update(stream=True, stream_options={"include_usage": True})
     return body
 

@@ -29,11 +29,15 @@ def base_model(path: Path, arch: str = "gemma3") -> Path:
     return path
 
 
-def adapter_with(path: Path, tensors: dict[str, np.ndarray], arch: str = "gemma3", kind: str = "adapter") -> Path:
+def adapter_with(
+    path: Path, tensors: dict[str, np.ndarray], arch: str = "gemma3", kind: str = "adapter", alora: list[int] | None = None
+) -> Path:
     w = gguf_out.start(path, arch)
     w.add_string("general.type", kind)
     w.add_string("adapter.type", "lora")
     w.add_float32("adapter.lora.alpha", 4.0)
+    if alora is not None:
+        w.add_array("adapter.alora.invocation_tokens", alora)
     for name, t in tensors.items():
         w.add_tensor(name, t)
     gguf_out.finish(w)
@@ -60,6 +64,7 @@ def test_an_adapter_made_for_the_model_fits(tmp_path: Path) -> None:
         ("suffix", "neither a lora_a nor a lora_b"),
         ("empty", "holds no lora_a/lora_b tensors"),
         ("missing", "no such file"),
+        ("alora", "an activated LoRA (aLoRA), which Corral does not serve"),
     ],
 )
 def test_an_adapter_llama_cpp_would_refuse_is_named_with_why(tmp_path: Path, case: str, expected: str) -> None:
@@ -83,6 +88,8 @@ def test_an_adapter_llama_cpp_would_refuse_is_named_with_why(tmp_path: Path, cas
         adapter_with(path, {f"{q}.lora_c": a})
     elif case == "empty":
         adapter_with(path, {})
+    elif case == "alora":
+        adapter_with(path, {f"{q}.lora_a": a, f"{q}.lora_b": b}, alora=[5, 6])
     why = lora.problem(path, base)
     assert why is not None and expected in why, why
 
@@ -114,7 +121,7 @@ def test_adapter_model_tables_are_checked(tmp_path: Path) -> None:
     base_model(tmp_path / "l.gguf", arch="llama")
     lora_adapter.write(tmp_path / "m.gguf", tmp_path / "a.gguf", rank=2)
     text = (
-        '[models.m]\npath = "m.gguf"\n'
+        '[models.m]\npath = "m.gguf"\nlora_turn_steps = 0\n'
         '[models.l]\npath = "l.gguf"\n'
         '[models.e]\npath = "m.gguf"\nembeddings = true\nlora = [{ path = "a.gguf" }]\n'
         '[models.r]\nupstream = "http://127.0.0.1:9"\nlora = [{ path = "a.gguf" }]\n'
@@ -137,5 +144,6 @@ def test_adapter_model_tables_are_checked(tmp_path: Path) -> None:
         "models.w.lora[0].path:",
         "an adapter for architecture 'gemma3', and the model is 'llama'",
         "models.v.base: 'y' must be a model served here",
+        "models.m.lora_turn_steps: must be 1..256, got 0",
     ):
         assert expected in problems, (expected, problems)

@@ -254,3 +254,10 @@ def test_audio_cannot_go_to_an_anthropic_upstream() -> None:
     with pytest.raises(Unsupported) as info:
         messages_body(GenerationJob(model="m", params=SamplingParams(), messages=(turn,), sent=frozenset()), "up")
     assert info.value.param == "messages[0].content[1].input_audio.data" and "takes no audio" in info.value.message
+
+
+def test_a_requests_lora_is_refused_by_name_for_anthropics_api() -> None:
+    """Anthropic's Messages API has no adapters: a `lora` the client sent is not dropped."""
+    with pytest.raises(Unsupported) as info:
+        messages_body(_job(lora=((0, 1.0),)), "claude-x")
+    assert info.value.param == "lora"

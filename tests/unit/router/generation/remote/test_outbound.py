@@ -194,3 +194,14 @@ def test_images_and_audio_go_as_openai_parts_and_audio_it_cannot_take_is_refused
     with pytest.raises(Unsupported) as info:
         chat_body(GenerationJob(model="m", params=SamplingParams(), messages=(turn,), sent=frozenset()), "up")
     assert info.value.param == "file" and "FLAC" in info.value.message
+
+
+def test_a_requests_lora_is_passed_on_as_sent() -> None:
+    """llama-server's per-request `lora` on a model served elsewhere: the ids are the
+    upstream's adapters, so they go as the client sent them (issue 45)."""
+    job = GenerationJob(model="m", params=SamplingParams(), messages=(ChatMessage(role="user", content="x"),),
+                        lora=((0, 0.5), (2, 1.0)))
+    assert chat_body(job, "up")["lora"] == [{"id": 0, "scale": 0.5}, {"id": 2, "scale": 1.0}]
+    text = GenerationJob(model="m", params=SamplingParams(), prompt="x", lora=((1, 1.0),))
+    assert completion_body(text, "up")["lora"] == [{"id": 1, "scale": 1.0}]
+    assert "lora" not in chat_body(GenerationJob(model="m", params=SamplingParams(), messages=job.messages), "up")
