@@ -30,6 +30,7 @@ import matplotlib
 from bench.chart_drawing import RESULTS, STYLE, Doc
 from bench.chart_images import images
 from bench.chart_load_options import load_options
+from bench.chart_lora import lora
 from bench.chart_priorities import priorities
 from bench.chart_kinds import (
     agents, choices, constraint_engines, first_constraint, hostile_prompt, overhead, speculative,
@@ -53,6 +54,7 @@ KINDS: list[tuple[str, Callable[[Doc, Path], Path]]] = [
     ("images", images),
     ("load_options", load_options),
     ("priorities", priorities),
+    ("lora", lora),
 ]
 
 

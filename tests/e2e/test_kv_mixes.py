@@ -9,9 +9,12 @@ entries, anchors, and waiting for another request's prefill are at stake: issue 
 prompts, prompts near the limit, conversations moved out to host memory and back, repeats and extensions of earlier prompts (whose answers n-gram drafts guess: speculative decoding is
 on, as in the worker, and gives back the cells of rejected drafts), n > 1 siblings, sampled and greedy requests, staggered
 starts and cancellations, requests of three classes (a better one parks a worse one's cells:
-issue 44); a request alone runs ahead of the engine loop (worker/run_ahead.py). Requests
-come from several cache scopes (router/server/cache_scope.py: keys that share nothing). After each mix:
-- no request was served cached tokens that only another scope's prompts hold (issue 40);
+issue 44), requests under LoRA adapter sets (two random-weight adapters at two scales: the
+sets take turns step by step, issue 45); a request alone runs ahead of the engine loop
+(worker/run_ahead.py). Requests come from several cache scopes (router/server/cache_scope.py:
+keys that share nothing). After each mix:
+- no request was served cached tokens that only another scope's, or another adapter set's,
+  prompts hold (issues 40 and 45), and no decode placed cells in another set's sequence;
 - the engine's own check, run before every decode, found nothing to repair;
 - every sequence's books (slots, parked entries, free ids) match the cells of both KV
   caches, read from llama.cpp's state;
@@ -26,6 +29,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -34,11 +38,13 @@ from hypothesis import strategies as st
 
 from tests.e2e.conftest import DEMO_MODEL
 from tests.e2e.engine_driver import EngineDriver
+from tests.e2e.lora_assets import adapters
 from worker.prompt_cache import CacheOptions
-from worker.protocol import WorkerSpec
+from worker.protocol import LoraAdapter, WorkerSpec
 from worker.slots import common_prefix
 
 N_CTX = int(os.environ.get("CORRAL_KV_MIX_N_CTX", "1024"))
+Key = tuple[str, tuple[tuple[int, float], ...]]  # a cache scope and an adapter set (Ask.cache_key)
 MIXES = int(os.environ.get("CORRAL_KV_MIXES", "3"))
 # The canary: a chat turn's head, which every prompt of a mix may share, and a text whose
 # greedy continuation has a wide margin at every token. llama.cpp's CPU logits for the same
@@ -69,6 +75,12 @@ class Ask:
     hold: bool = False  # a non-streaming client's: events after the first come at the end
     scope: str = ""  # its cache scope: another scope's cells must never serve it
     priority: int = 1  # its class: a better one parks a worse one's running request (issue 44)
+    adapters: tuple[tuple[int, float], ...] = ()  # its LoRA set (issue 45)
+
+    @property
+    def cache_key(self) -> tuple[str, tuple[tuple[int, float], ...]]:
+        """Whose cells it may reuse: its scope's, under its adapter set."""
+        return self.scope, self.adapters
 
 
 asks = st.builds(
@@ -85,25 +97,30 @@ asks = st.builds(
     hold=st.booleans(),
     scope=st.sampled_from(["", "", "alice", "bob"]),
     priority=st.sampled_from([1, 1, 0, 2]),
+    adapters=st.sampled_from([(), (), ((0, 1.0),), ((0, 0.5),), ((1, 1.0),)]),
 )
 
 
 class Mixer:
-    def __init__(self, draft_model: str | None = None) -> None:
+    def __init__(self, folder: Path, draft_model: str | None = None) -> None:
         if not DEMO_MODEL.is_file():
             pytest.fail(f"demo model missing at {DEMO_MODEL}: run `make model` (make test does)")
         # With host memory for saved prompts, as a worker has by default: entries the KV
         # cache gives up, or that go unused, move there and come back (worker/prompt_cache.py).
+        a, b = adapters(folder)
         self.d = EngineDriver(
-            WorkerSpec(name="mix", path=str(DEMO_MODEL), slots=4, n_ctx=N_CTX, n_batch=256, draft_model=draft_model),
+            WorkerSpec(
+                name="mix", path=str(DEMO_MODEL), slots=4, n_ctx=N_CTX, n_batch=256, draft_model=draft_model,
+                lora=[LoraAdapter(path=str(a)), LoraAdapter(path=str(b))],
+            ),
             cache=CacheOptions(ram_bytes=1 << 28),
         )
         m = self.d.model
-        # The last mixes' prompts with their replies, each with its cache scope.
-        self.conversations: list[tuple[str, list[int]]] = []
-        # Every prompt sent, with each choice's tokens after it, by cache scope: what a
-        # scope's cells can hold (parked entries and host memory outlive a mix).
-        self.sent: dict[str, list[list[int]]] = {}
+        # The last mixes' prompts with their replies, each with its cache scope and set.
+        self.conversations: list[tuple[Key, list[int]]] = []
+        # Every prompt sent, with each choice's tokens after it, by cache scope and adapter
+        # set: what a scope's cells can hold (parked entries and host memory outlive a mix).
+        self.sent: dict[Key, list[list[int]]] = {}
         self.canary = m.tokenize(CANARY_TEXT, add_special=True, parse_special=True)
         self.head = self.canary[:4]  # <bos><start_of_turn>user\n, as every chat prompt begins
         text = " ".join(f"Item {i}: the {w} river runs past {i * 7} stones." for i, w in
@@ -116,7 +133,7 @@ class Mixer:
         margins = [lp.logprob - max(t.logprob for t in lp.top if t.token != lp.token) for lp in fresh.logprobs[0]]
         assert min(margins) >= MIN_MARGIN, f"the canary has near ties, it would flip on numerics alone: {margins}"
 
-    def prompt(self, ask: Ask, earlier: list[tuple[str, list[int]]]) -> list[int]:
+    def prompt(self, ask: Ask, earlier: list[tuple[Key, list[int]]]) -> list[int]:
         body = self.corpus[ask.offset : ask.offset + ask.length]
         if ask.kind == "head":
             return self.head + body
@@ -149,10 +166,11 @@ class Mixer:
         for _, ask in timeline:
             time.sleep(max(0.0, t0 + ask.delay - time.monotonic()))
             tokens = self.prompt(ask, earlier)
-            earlier.append((ask.scope, tokens))
+            earlier.append((ask.cache_key, tokens))
             seed = ask.seed if ask.temperature else None
             rid, o = d.generate(
                 tokens, ask.max_tokens, ask.temperature, seed, ask.n, hold=ask.hold, scope=ask.scope, priority=ask.priority,
+                adapters=list(ask.adapters),
             )
             started.append((rid, time.monotonic(), ask))
             outcomes.append((rid, o, ask, tokens))
@@ -166,19 +184,21 @@ class Mixer:
                 # Only a prompt that cannot fit may be refused.
                 assert "context" in o.error or "tokens" in o.error, o.error
             if o.error is None and ask.n == 1 and o.tokens.get(0):
-                self.conversations.append((ask.scope, tokens + o.tokens[0]))
+                self.conversations.append((ask.cache_key, tokens + o.tokens[0]))
         # What each request was served from the cache, its own scope's other prompts (and
-        # their replies) must hold: this mix's, the earlier mixes' and the canary's.
-        mine = [[(a.scope, t)] + [(a.scope, t + out) for out in o.tokens.values()] for (_, o, a, t) in outcomes]
+        # their replies) under its own adapter set must hold: this mix's, the earlier
+        # mixes' and the canary's.
+        mine = [[(a.cache_key, t)] + [(a.cache_key, t + out) for out in o.tokens.values()] for (_, o, a, t) in outcomes]
+        canary: Key = ("", ())
         for j, (rid, o, ask, tokens) in enumerate(outcomes):
             cached = o.cached.get(0, 0)
             if cached:
-                others = [e for k, m in enumerate(mine) if k != j for e in m] + [("", self.canary + self.fresh)]
-                others += [(ask.scope, t) for t in self.sent.get(ask.scope, [])]
-                own = max((common_prefix(t, tokens) for s, t in others if s == ask.scope), default=0)
+                others = [e for k, m in enumerate(mine) if k != j for e in m] + [(canary, self.canary + self.fresh)]
+                others += [(ask.cache_key, t) for t in self.sent.get(ask.cache_key, [])]
+                own = max((common_prefix(t, tokens) for s, t in others if s == ask.cache_key), default=0)
                 assert cached <= own, (
-                    f"request {rid} (scope {ask.scope!r}) was served {cached} cached tokens; its scope's "
-                    f"prompts hold {own} of them"
+                    f"request {rid} (scope {ask.scope!r}, adapters {ask.adapters}) was served {cached} cached "
+                    f"tokens; its scope's prompts under its set hold {own} of them"
                 )
         for m in mine:
             self.sent.setdefault(m[0][0], []).extend(t for _, t in m)
@@ -195,8 +215,8 @@ class Mixer:
 
 
 @pytest.fixture(scope="module")
-def mixer() -> Iterator[Mixer]:
-    yield Mixer()
+def mixer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixer]:
+    yield Mixer(tmp_path_factory.mktemp("mix-lora"))
 
 
 @settings(
@@ -210,10 +230,10 @@ def test_no_mix_of_requests_changes_a_later_greedy_answer(mixer: Mixer, mix: lis
 
 
 @pytest.fixture(scope="module")
-def draft_mixer() -> Iterator[Mixer]:
+def draft_mixer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixer]:
     # The demo model drafting for itself: nearly every draft is taken, so that the most
     # cells move (worker/draft_model.py); the output must not change for it.
-    yield Mixer(draft_model=str(DEMO_MODEL))
+    yield Mixer(tmp_path_factory.mktemp("mix-lora"), draft_model=str(DEMO_MODEL))
 
 
 @settings(

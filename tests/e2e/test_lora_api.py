@@ -216,3 +216,19 @@ def test_config_check_names_an_adapter_for_another_model(server: Server, tmp_pat
     assert out.returncode != 0
     assert "models.x.lora[0].path:" in out.stdout + out.stderr
     assert "an adapter for architecture 'llama', and the model is 'gemma3'" in out.stdout + out.stderr
+
+
+def test_the_example_config_serves_both_ways(tmp_path: Path) -> None:
+    """examples/lora.toml as shipped (`make serve CONFIG=examples/lora.toml`), with this
+    run's model and adapters."""
+    from supervisor.config import parse
+    from tests.e2e.conftest import DEMO_MODEL, ROOT
+
+    a, b = adapters(tmp_path)
+    text = (ROOT / "examples" / "lora.toml").read_text()
+    for old, new in (("../models/gemma-3-270m-Q4_K_M.gguf", DEMO_MODEL), ("../models/lora-a.gguf", a), ("../models/lora-b.gguf", b)):
+        assert old in text, f"examples/lora.toml no longer names {old}"
+        text = text.replace(old, str(new))
+    cfg = parse(text, tmp_path)
+    assert [Path(x.path).name for x in cfg.models["gemma"].lora] == ["lora-a.gguf", "lora-b.gguf"]
+    assert cfg.adapter_model("support-bot") is not None and cfg.adapter_model("b") is cfg.lora["half-b"]

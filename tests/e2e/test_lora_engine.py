@@ -99,16 +99,21 @@ def test_no_prefix_crosses_adapter_sets(driver: EngineDriver) -> None:
         assert o.done.wait(120) and o.error is None, o.error
         return o.cached.get(0, 0), o.tokens[0]
 
+    def agrees(tokens: list[int], adapters: list[tuple[int, float]]) -> bool:
+        """`tokens` are what the set gives alone, up to its first near tie."""
+        own, sure = solo(driver, prompt, 8, adapters)
+        return tokens[:sure] == own[:sure]
+
     first, under_a = cached(A1)
     assert first == 0
     again, same = cached(A1)
-    assert again >= len(prompt) - 1 and same == under_a  # its own set's prefix is reused
+    assert again >= len(prompt) - 1 and agrees(same, A1)  # its own set's prefix is reused
     # The same tokens under another set, another scale, or the base model: decoded anew,
     # and what each gets is its own set's answer, not A's.
     for other in (BASE, A_HALF, B1):
         n, tokens = cached(other)
         assert n == 0, (other, n)
-        assert tokens == alone(driver, prompt, 8, other)
+        assert agrees(tokens, other), other
     driver.wait_idle()
     assert driver.cell_problems() == []
 
