@@ -12,6 +12,9 @@ MODEL  := models/gemma-3-270m-Q4_K_M.gguf
 PROJECTOR := models/mmproj-test.gguf
 # Its audio sibling (bench/audio_projector.py), for examples/audio.toml.
 AUDIO_PROJECTOR := models/mmproj-audio-test.gguf
+# Two random-weight LoRA adapters for the demo model (bench/lora_adapter.py), for
+# examples/lora.toml.
+LORA_ADAPTERS := models/lora-a.gguf models/lora-b.gguf
 CONFIG ?= examples/config.toml
 PORT   ?=
 HOST   ?=
@@ -27,7 +30,7 @@ XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope
 .PHONY: serve test check test-long setup model bench clean system-packages
 
 # make serve [CONFIG=file] [PORT=n] [HOST=address]: PORT and HOST override the file's [server].
-serve: setup model $(PROJECTOR) $(AUDIO_PROJECTOR)
+serve: setup model $(PROJECTOR) $(AUDIO_PROJECTOR) $(LORA_ADAPTERS)
 	$(BIN)/corral serve --config $(CONFIG) $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))
 
 # The suite runs in TEST_WORKERS processes, one a core (tests/conftest.py says how it is
@@ -104,6 +107,9 @@ $(PROJECTOR): $(STAMP) bench/projector.py
 $(AUDIO_PROJECTOR): $(STAMP) bench/audio_projector.py
 	mkdir -p $(dir $@)
 	$(BIN)/python -m bench.audio_projector $@
+
+models/lora-%.gguf: $(MODEL) bench/lora_adapter.py
+	$(BIN)/python -m bench.lora_adapter $(MODEL) $@ --seed $(if $(filter a,$*),1,2)
 
 clean:
 	rm -rf $(VENV) models
