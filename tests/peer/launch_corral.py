@@ -109,6 +109,7 @@ def main(argv: list[str]) -> None:
     for key in ("model", "chat_template_file", "models_dir", "models_preset"):
         if isinstance(value := getattr(flags, key), str):
             flags = dataclasses.replace(flags, **{key: os.path.abspath(value)})  # type: ignore[arg-type]
+    flags = dataclasses.replace(flags, lora=tuple((os.path.abspath(f), scale) for f, scale in flags.lora))
     has_template = flags.model is not None and "tokenizer.chat_template" in read_metadata(Path(flags.model))
     work = Path(os.environ.get("PEER_WORK", tempfile.gettempdir()))
     work.mkdir(parents=True, exist_ok=True)
