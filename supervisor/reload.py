@@ -40,6 +40,9 @@ class ConfigDiff:
     upstreams_added: tuple[str, ...] = ()
     upstreams_removed: tuple[str, ...] = ()
     upstreams_changed: tuple[str, ...] = ()
+    # Names whose LoRA adapters or scales changed (Config.lora), apart: the router applies
+    # them from the next request; a base worker restarts only when the files it loads change.
+    adapters_changed: tuple[str, ...] = ()
 
     def summary(self) -> str:
         parts = [
@@ -51,6 +54,7 @@ class ConfigDiff:
                 ("added upstream", self.upstreams_added),
                 ("removed upstream", self.upstreams_removed),
                 ("changed upstream", self.upstreams_changed),
+                ("changed adapters of", self.adapters_changed),
             )
             if names
         ]
@@ -84,4 +88,5 @@ def diff(old: Config, new: Config, listening: ServerConfig | None = None) -> Con
         upstreams_changed=tuple(
             sorted(n for n in set(old.upstreams) & set(new.upstreams) if old.upstreams[n] != new.upstreams[n])
         ),
+        adapters_changed=tuple(sorted(n for n in set(old.lora) | set(new.lora) if old.lora.get(n) != new.lora.get(n))),
     )

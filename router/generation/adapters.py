@@ -25,10 +25,12 @@ from worker.protocol.load_options import adapter_set
 MAX_ENTRIES = 256  # a model loads at most 64 adapters (supervisor/config/lora.py); a few repeats are harmless
 
 
-def requested(value: Any, param: str = "lora") -> Requested | None:
+def requested(value: Any, param: str = "lora", where: str | None = None) -> Requested | None:
     """A request's `lora` field, checked: an array of `{id, scale}` objects (scale
     defaults to 0, as llama-server's json_value does). None: absent or empty, the name's
-    scales apply."""
+    scales apply. `where`: the field the entries are in, for the messages (default
+    `param`; POST /lora-adapters' body is the array itself)."""
+    at = param if where is None else where
     if value is None:
         return None
     if not isinstance(value, list):
@@ -38,12 +40,12 @@ def requested(value: Any, param: str = "lora") -> Requested | None:
     out: list[tuple[int, float]] = []
     for i, entry in enumerate(value):
         if not isinstance(entry, dict) or set(entry) - {"id", "scale"}:
-            raise InvalidRequest(f"{param}[{i}]: must be an object with 'id' and 'scale' fields", param)
+            raise InvalidRequest(f"{at}[{i}]: must be an object with 'id' and 'scale' fields", param)
         ident, scale = entry.get("id"), entry.get("scale", 0.0)
         if not isinstance(ident, int) or isinstance(ident, bool):
-            raise InvalidRequest(f"{param}[{i}].id: must be an integer adapter id, got {ident!r}", param)
+            raise InvalidRequest(f"{at}[{i}].id: must be an integer adapter id, got {ident!r}", param)
         if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or abs(scale) > 100:
-            raise InvalidRequest(f"{param}[{i}].scale: must be a number from -100 to 100, got {scale!r}", param)
+            raise InvalidRequest(f"{at}[{i}].scale: must be a number from -100 to 100, got {scale!r}", param)
         out.append((ident, float(scale)))
     return tuple(out) or None
 

@@ -28,13 +28,14 @@ class Applying:
     scales: tuple[float, ...]  # one per view.adapters
 
 
-def check_ids(view: LoraView | None, asked: Requested, param: str = "lora") -> None:
-    """A 400 naming `param` for an id the served name has no adapter for."""
+def check_ids(view: LoraView | None, asked: Requested, where: str = "lora", param: str = "lora") -> None:
+    """A 400 naming `param` for an id the served name has no adapter for; `where`: the
+    field the entries are in (POST /lora-adapters' body is the array itself)."""
     n = 0 if view is None else len(view.adapters)
     for i, (ident, _) in enumerate(asked):
         if not 0 <= ident < n:
             has = f"its ids are 0..{n - 1}" if n else "it has none"
-            raise InvalidRequest(f"{param}[{i}].id: this model has no LoRA adapter with id {ident}: {has}", param)
+            raise InvalidRequest(f"{where}[{i}].id: this model has no LoRA adapter with id {ident}: {has}", param)
 
 
 def remember(view: LoraView | None, scales: Sequence[float]) -> None:
@@ -53,24 +54,25 @@ def current() -> Applying | None:
 
 
 class Scales:
-    """The scales POST /lora-adapters set, by served name (the config's until then).
-    Keyed by the name and its adapters' files too, so that a reload which changes the
-    list starts again from the config's scales. Kept by the router: they outlive a
-    worker's restart, as llama-server's outlive nothing but its own."""
+    """The scales POST /lora-adapters set, by served name (the config's until then). Kept
+    by the router: they outlive a worker's restart, as llama-server's outlive nothing but
+    its own. Each is set against the name's adapters as the config had them: a reload that
+    changes them (a file, its place, its scale) drops it, and the config's scales apply,
+    so that an edit of the file is never silently overridden."""
 
     def __init__(self) -> None:
-        self._set: dict[tuple[str, tuple[str, ...]], tuple[float, ...]] = {}
-
-    @staticmethod
-    def _key(view: LoraView) -> tuple[str, tuple[str, ...]]:
-        return view.name, tuple(str(a.path) for a in view.adapters)
+        self._set: dict[str, tuple[LoraView, tuple[float, ...]]] = {}
 
     def of(self, view: LoraView) -> tuple[float, ...]:
-        return self._set.get(self._key(view), tuple(a.scale for a in view.adapters))
+        held = self._set.get(view.name)
+        if held is not None and held[0] == view:
+            return held[1]
+        self._set.pop(view.name, None)
+        return tuple(a.scale for a in view.adapters)
 
     def put(self, view: LoraView, asked: Requested) -> None:
         """Set the name's scales as llama-server's POST does: each adapter named at its
         scale, every other at 0."""
-        check_ids(view, asked, "id")
+        check_ids(view, asked, "", "id")
         scales = dict(asked)
-        self._set[self._key(view)] = tuple(scales.get(i, 0.0) for i in range(len(view.adapters)))
+        self._set[view.name] = (view, tuple(scales.get(i, 0.0) for i in range(len(view.adapters))))

@@ -142,7 +142,8 @@ def plan(models: Mapping[str, ModelConfig], base_dir: Path) -> tuple[dict[str, l
             path = resolve_path(a.path, base_dir)
             index = next((i for i, b in enumerate(loaded) if b.path == str(path)), len(loaded))
             if index == len(loaded):
-                loaded.append(LoraAdapter(path=str(path), scale=a.scale))
+                # Scales are the router's (Config.lora): a changed one restarts no worker.
+                loaded.append(LoraAdapter(path=str(path)))
             entries.append(Adapter(index, path, a.scale, *_labels(path)))
         if entries or m.base is not None:
             views[name] = LoraView(name, model, tuple(entries), tuple(m.aliases), tuple(m.tags))

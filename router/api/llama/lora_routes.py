@@ -50,10 +50,10 @@ def register(app: Blueprint, server: Server) -> None:
         entries: Any = json_body.decode_any(await bodies.read_body(), api="llama-server")
         if not isinstance(entries, list):
             raise InvalidRequest("Request body must be an array", None)
-        asked = adapters.requested(entries, "id") or ()
+        asked = adapters.requested(entries, "id", where="") or ()
         applying = adapter_scales.current()
         if applying is None:
-            adapter_scales.check_ids(None, asked, "id")
+            adapter_scales.check_ids(None, asked, "", "id")
         else:
             server.lora_scales.put(applying.view, asked)
         return _json({"success": True})

@@ -83,3 +83,21 @@ def test_settings_read_at_each_request_are_not_reported_as_needing_a_restart(tmp
     new = _cfg(tmp_path, f'[server]\n{setting}\n[models.a]\npath="m.gguf"\n')
     assert new.server != old.server
     assert diff(old, new).needs_restart == ()
+
+
+def test_an_adapter_models_scale_is_the_routers_and_restarts_no_worker(tmp_path: Path) -> None:
+    """Issue 45: scales are applied by the router from the next request; the base's worker
+    restarts only when the adapter files it loads change."""
+    from bench import lora_adapter
+    from tests.unit.supervisor.config.test_lora import base_model
+
+    base_model(tmp_path / "m.gguf")
+    for name, seed in (("a.gguf", 1), ("b.gguf", 2)):
+        lora_adapter.write(tmp_path / "m.gguf", tmp_path / name, seed=seed, rank=2)
+    table = '[models.m]\npath = "m.gguf"\nlora = [{{ path = "a.gguf" }}]\n[models.bot]\nbase = "m"\nlora = [{{ path = "{}", scale = {} }}]\n'
+    old = parse(table.format("a.gguf", 0.5), tmp_path)
+    rescaled = diff(old, parse(table.format("a.gguf", 0.3), tmp_path))
+    assert (rescaled.changed, rescaled.adapters_changed) == ((), ("bot",))
+    assert rescaled.summary() == "changed adapters of bot"
+    another = diff(old, parse(table.format("b.gguf", 0.5), tmp_path))
+    assert another.changed == ("m",) and another.adapters_changed == ("bot",)  # m's worker loads b.gguf now
