@@ -105,8 +105,10 @@ async def test_every_route_but_health_and_the_dashboard_page_refuses_a_missing_o
                 # event stream never ends: its own test reads it (test_admin_events.py).
                 if path == "/admin/events":
                     continue
-                # llama-server's POST /models/unload is an admin key's too (issue 40, finding 5).
-                key = ADMIN if path.startswith("/admin") or path in ("/metrics", "/models/unload") else API
+                # llama-server's POST /models/unload is an admin key's too (issue 40, finding 5),
+                # and so is POST /lora-adapters, which sets every key's scales (issue 45).
+                admin_only = path in ("/metrics", "/models/unload") or (method, path) == ("POST", "/lora-adapters")
+                key = ADMIN if path.startswith("/admin") or admin_only else API
                 r = await client.open(path, method=method, headers=_bearer(key), scope_base=REMOTE)
                 if path in FEATURE_OFF and method in ("GET", "HEAD", "POST"):  # llama-server's 403 for a feature it was not started with
                     assert r.status_code == 403, (method, path, r.status_code)
