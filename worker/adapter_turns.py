@@ -6,7 +6,7 @@ asked for the same set, and changing the set makes llama.cpp reserve its graph a
 engine groups the running requests by set and gives each group steps in proportion to
 how many requests it holds: a smooth weighted round robin (nginx's upstream rule), in
 turns of `lora_turn_steps` steps (4 by default), which over any run of steps gives each
-group its share to within one turn and never starves a group. Weighting by requests keeps
+group its share to within a turn and a step and never starves a group. Weighting by requests keeps
 the batches large: with three requests on adapter A and one on B, A's steps carry three
 tokens and come three times as often. Turns of several steps pay the graph reservation
 once a turn: on the demo model with 4 streams over base and two adapters, turns of 1, 2,
