@@ -65,7 +65,7 @@ class Adapters:
         self.current: AdapterSet = BASE
         self.turns = Turns(turn_steps)
         self.switches = 0  # how often the set changed (each a graph reservation)
-        if kv is not None:  # every decode's cells are checked against the set held (kv.sets_crossed)
+        if kv is not None and self.handles:  # every decode's cells are checked against the set held (kv.sets_crossed)
             kv.under = lambda: scope_suffix(self.current)
 
     def apply(self, s: AdapterSet) -> None:

@@ -43,7 +43,7 @@ class KvCache:
         # (worker/adapter_turns.py), and the decodes that placed cells in a sequence of
         # another set's scope: each one is a bug, a prefix of one adapter set served to
         # another (the suite asserts none).
-        self.under: Callable[[], str] = lambda: ""
+        self.under: Callable[[], str] | None = None  # set by a model with adapters only
         self.sets_crossed = 0
 
     # ---- questions ----------------------------------------------------------------------------
@@ -138,7 +138,8 @@ class KvCache:
 
     def decoded(self, slot: Slot[R], tokens: Sequence[int]) -> None:
         """A decode that succeeded placed `tokens` after `slot`'s cached ones."""
-        if (under := self.under()) != slot.scope[len(owner_scope(slot.scope)):]:
+        # (a model without adapters pays nothing here: this runs per slot, every step)
+        if self.under is not None and (under := self.under()) != slot.scope[len(owner_scope(slot.scope)):]:
             self.sets_crossed += 1
             log.error("slot %d: cells decoded under LoRA set %r in a sequence of scope %r", slot.seq_id, under, slot.scope)
         slot.cache.extend(tokens)
